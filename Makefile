@@ -1,0 +1,145 @@
+# cifar toolchain: cifar-prep | cifar-train | cifar-eval
+#
+#   make              build bin/ (with CUDA when $(CUDA_HOME) has nvcc, cuDNN, cuBLAS, NCCL)
+#   make CUDA=0       CPU-only build
+#   make deps         install the Debian packages the project needs (apt-get as root)
+#   make test         every test: C unit tests, then the bats suites
+#   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
+#   make bench        speed figures side by side with PyTorch (CPU)
+#   make fuzz         libFuzzer targets, each for FUZZ_SECONDS
+
+CUDA_HOME ?= /usr/local/cuda
+CUDA ?= auto
+CC ?= gcc
+BIN ?= bin
+BUILD ?= build
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCHS ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 \
+              -gencode=arch=compute_90,code=compute_90
+OPT ?= -O2
+PYTHON_TORCH ?= /usr/bin/python3
+
+# Debian packages: to build, to test, and for the side-by-side benchmark.
+DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev
+DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev gnuplot-nox
+DEB_BENCH = python3-matplotlib
+DEB_ALL = $(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)
+
+# ---- CUDA detection: compile and link a probe against cuDNN, cuBLAS and NCCL ----
+ifeq ($(CUDA),auto)
+CUDA_PROBE := $(shell printf '#include <cudnn.h>\n#include <cublas_v2.h>\n#include <nccl.h>\nint main(void){return (int)cudnnGetVersion()==0;}\n' > /tmp/cifar-cuda-probe-$$$$.cu && \
+  $(NVCC) -o /tmp/cifar-cuda-probe-$$$$ /tmp/cifar-cuda-probe-$$$$.cu -L$(CUDA_HOME)/lib64 -lcudnn -lcublas -lnccl >/dev/null 2>&1 && echo 1 || echo 0; \
+  rm -f /tmp/cifar-cuda-probe-$$$$ /tmp/cifar-cuda-probe-$$$$.cu)
+override CUDA := $(CUDA_PROBE)
+endif
+
+ifeq ($(CUDA),1)
+MODE = cuda
+else
+MODE = cpu
+endif
+OBJ = $(BUILD)/$(MODE)
+
+CFLAGS_BASE = $(OPT) -g -std=gnu11 -Wall -Wextra -fopenmp -Ishared -MMD -MP
+CFLAGS += $(CFLAGS_BASE)
+LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lm -lpthread
+LDFLAGS += -fopenmp
+
+SHARED_C = $(filter-out %_cuda.c,$(wildcard shared/*.c))
+SHARED_CU =
+ifeq ($(CUDA),1)
+CFLAGS += -DCIFAR_CUDA -I$(CUDA_HOME)/include
+SHARED_C += $(wildcard shared/*_cuda.c)
+SHARED_CU = $(wildcard shared/*.cu)
+NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp \
+          --expt-relaxed-constexpr -Werror all-warnings
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lnccl -lcudart -lstdc++
+endif
+
+LIB = $(OBJ)/libcifar.a
+LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o) $(SHARED_CU:%.cu=$(OBJ)/%.cu.o)
+
+COMMANDS = cifar-prep cifar-train cifar-eval cifar-synth
+prep_SRC = $(wildcard prep/*.c)
+train_SRC = $(wildcard train/*.c)
+eval_SRC = $(wildcard eval/*.c)
+synth_SRC = pipelines/cifar-synth.c
+
+TEST_SRC = $(wildcard tests/test_*.c)
+TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
+
+.PHONY: all build-info deps deps-check test test-unit test-bats pipeline bench fuzz clean plot
+all: build-info $(COMMANDS:%=$(BIN)/%)
+
+build-info:
+	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)) -> $(BIN)/"
+
+$(OBJ)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(OBJ)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+define command_rule
+$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB)
+	@mkdir -p $(BIN)
+	$(CC) $(LDFLAGS) -o $$@ $$^ $(LDLIBS)
+endef
+$(eval $(call command_rule,cifar-prep,$(prep_SRC)))
+$(eval $(call command_rule,cifar-train,$(train_SRC)))
+$(eval $(call command_rule,cifar-eval,$(eval_SRC)))
+$(eval $(call command_rule,cifar-synth,$(synth_SRC)))
+
+$(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# ---- dependencies ----
+deps:
+	@missing=""; for p in $(DEB_ALL); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  echo "deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	else \
+	  echo "deps: missing$$missing; run: sudo apt-get install -y$$missing"; exit 1; \
+	fi
+
+# Called by test and pipeline: installs only when something is missing.
+deps-check:
+	@for p in $(DEB_BUILD) $(DEB_TEST); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps; exit $$?; }; done
+
+# ---- tests ----
+test: deps-check
+	@$(MAKE) --no-print-directory all test-bins
+	@$(MAKE) --no-print-directory test-unit test-bats
+
+test-bins: $(TEST_BINS)
+
+test-unit: $(TEST_BINS)
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+
+test-bats: all
+	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) bats tests/*.bats
+
+# ---- pipeline, bench, fuzz ----
+pipeline: deps-check
+	@$(MAKE) --no-print-directory all
+	BIN=$(abspath $(BIN)) pipelines/demo.sh
+
+bench: all
+	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+
+FUZZ_SECONDS ?= 30
+fuzz:
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
+
+clean:
+	rm -rf $(BUILD) $(BIN)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

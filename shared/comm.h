@@ -1,0 +1,66 @@
+/* comm.h: the communicator the training loop talks to (all-reduce average,
+ * broadcast, barrier), whichever transport sits behind it:
+ *   - COMM_SINGLE: world size 1, every call is a no-op;
+ *   - COMM_SHM: CPU worker processes on one machine, a POSIX shared-memory
+ *     segment named after the run id, sums in rank order (deterministic);
+ *   - COMM_NCCL: GPU workers (comm_nccl.c, CUDA builds only); the unique id is
+ *     sent from rank 0 to the others over TCP (MASTER_ADDR:MASTER_PORT).
+ * Every blocking call gives up after the timeout (a peer stopped or died) and
+ * fails with a clear message, so the launcher can restart the group. */
+#ifndef CIFAR_COMM_H
+#define CIFAR_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { COMM_SINGLE, COMM_SHM, COMM_NCCL } CommKind;
+
+/* Where this process sits in the job (torchrun's variables, or Slurm's/Open MPI's). */
+typedef struct {
+    int rank, world_size;
+    int local_rank, local_world_size;
+    int restart_count;        /* TORCHELASTIC_RESTART_COUNT / CIFAR_RESTART_COUNT */
+    char master_addr[256];
+    int master_port;
+    char run_id[64];          /* CIFAR_RUN_ID (set by the launcher), else derived from the port */
+    int from_env;             /* 1 when the variables were found */
+} DistEnv;
+
+/* Read RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+ * else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else OMPI_COMM_WORLD_*. With none
+ * set: rank 0 of 1, from_env = 0. Returns -1 with a reason on inconsistent values. */
+int dist_env_read(DistEnv *env, char *err, size_t errlen);
+
+typedef struct Comm Comm;
+
+/* Collective timeout in seconds (CIFAR_COMM_TIMEOUT, default 300). */
+double comm_timeout_seconds(void);
+
+/* Create the communicator: COMM_SINGLE when world_size == 1; COMM_SHM for CPU
+ * workers (all ranks must be on this machine); COMM_NCCL needs a CUDA build and
+ * the device already selected. Dies with a clear message on failure. */
+Comm *comm_create(CommKind kind, const DistEnv *env);
+void comm_destroy(Comm *c);
+CommKind comm_kind(const Comm *c);
+int comm_rank(const Comm *c);
+int comm_world_size(const Comm *c);
+
+/* In place: buf = mean over ranks of buf (float32, host memory for SHM, device
+ * memory for NCCL). */
+void comm_allreduce_mean(Comm *c, float *buf, size_t n);
+/* In place sum of doubles in HOST memory on every transport (metrics, counts). */
+void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n);
+/* In place: every rank gets root's bytes (host memory for SHM, device for NCCL). */
+void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
+/* Host-memory broadcast on every transport (small control data). */
+void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root);
+void comm_barrier(Comm *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

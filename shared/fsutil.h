@@ -1,0 +1,40 @@
+/* fsutil.h: durable, atomic file operations.
+ *
+ * Everything a stage produces appears under its final name only when complete:
+ * it is written to "<final>.tmp-<pid>" in the same folder, fsynced, renamed,
+ * and the folder fsynced. A crash at any point leaves the old file or the new
+ * one, never half of either; stale temporaries are recognised by the ".tmp-"
+ * infix and removed by the next run. */
+#ifndef CIFAR_FSUTIL_H
+#define CIFAR_FSUTIL_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* "<path>.tmp-<pid>" into buf. */
+void fs_temp_name(const char *final_path, char *buf, size_t buflen);
+/* fsync the folder holding `path` (so a rename in it is durable). 0 or -1/errno. */
+int fs_fsync_parent(const char *path);
+/* rename(tmp, final) then fsync the folder. 0 or -1/errno. */
+int fs_commit_rename(const char *tmp, const char *final_path);
+/* mkdir -p. 0 or -1/errno. */
+int fs_mkdirs(const char *path, int mode);
+int fs_exists(const char *path);
+int fs_is_dir(const char *path);
+/* Folder part of path into buf ("." when none). */
+void fs_dirname(const char *path, char *buf, size_t buflen);
+/* Remove "<prefix>*.tmp-<pid>" files in `dir` whose pid is not alive. Returns count. */
+int fs_remove_stale_temps(const char *dir);
+/* Write all of buf to fd, retrying short writes. 0 or -1/errno. */
+int fs_write_all(int fd, const void *buf, size_t len);
+/* Read a whole file (NUL-terminated) up to max_bytes. NULL with errno on failure
+ * (EFBIG when larger than max_bytes). */
+char *fs_read_file(const char *path, size_t max_bytes, size_t *len_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
