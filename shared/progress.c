@@ -65,7 +65,7 @@ static void progress_draw(Progress *p, const char *extra, int final) {
         int fill = (int)(frac * 24);
         for (int i = 0; i < 24; i++) bar[i] = i < fill ? '#' : '.';
         bar[24] = '\0';
-        fprintf(stderr, "\r\033[K%s [%s] %3d%% %lld/%lld %s %s/s %s %s%s", p->label, bar,
+        fprintf(stderr, "\r\033[K%s [%s] %3d%% %lld/%lld %s %s/s %s %s%s%s", p->label, bar,
                 (int)(frac * 100), (long long)p->done, (long long)p->total, p->unit, rate_s,
                 final ? el_s : "ETA", final ? "" : eta_s, extra ? "  " : "", extra ? extra : "");
         if (final) fputc('\n', stderr);
