@@ -1,0 +1,488 @@
+/* ops_cpu_impl.h: the bodies of the CPU ops (ops.h), written once over a scalar type.
+ *
+ * ops_cpu.c includes it with OPS_REAL float (the library's ops, on cblas_sgemm);
+ * tests/test_ops.c includes it with OPS_REAL double under a name prefix, so the
+ * finite-difference gradient checks run in double precision over the very same code.
+ * Define before including (once per translation unit):
+ *   OPS_REAL       float or double
+ *   OPS_FN(name)   the external name of op `name` (e.g. name, or ops_d_##name)
+ *   OPS_GEMM       cblas_sgemm or cblas_dgemm
+ *
+ * Determinism: every reduction runs over blocks of rows whose boundaries depend on
+ * the problem size only; per-block partial sums (in double) are combined in block
+ * order, so results do not depend on the thread count. Elementwise loops use static
+ * schedules. The only reductions left to BLAS are GEMM inner products, which OpenBLAS
+ * does not split across threads.
+ *
+ * Convolution: NHWC activations; im2col columns are ordered (kh, kw, ci) so each
+ * (kh, kw) tap copies `cin` contiguous floats, and the PyTorch weight
+ * [cout][cin][kh][kw] is permuted to [cout][kh][kw][cin] (tiny) in the workspace.
+ * The batch is processed in chunks of whole images so the column buffer stays in
+ * cache; 1x1 stride-1 pad-0 convolutions use x directly as the GEMM operand. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ops.h"
+
+typedef OPS_REAL real_t;
+
+/* Rows per reduction block and the cap on blocks: fixed, so the partition of a
+ * reduction depends only on its size. */
+#define OPSI_BLOCK_ROWS 512
+#define OPSI_MAX_BLOCKS 64
+/* Target size of the im2col buffer per chunk, in elements. */
+#define OPSI_COL_TARGET (96 * 1024)
+
+static int opsi_block_count(int64_t rows) {
+    int64_t nb = (rows + OPSI_BLOCK_ROWS - 1) / OPSI_BLOCK_ROWS;
+    if (nb > OPSI_MAX_BLOCKS) nb = OPSI_MAX_BLOCKS;
+    if (nb < 1) nb = 1;
+    return (int)nb;
+}
+
+static int64_t opsi_block_start(int64_t rows, int nb, int b) {
+    return rows * b / nb;
+}
+
+/* Column sums of x[rows][c] into out (overwritten), in the fixed block order. */
+static void opsi_colsums(int64_t rows, int c, const real_t *x, real_t *out) {
+    int nb = opsi_block_count(rows);
+    double *part = xcalloc((size_t)nb * (size_t)c, sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        double *acc = part + (size_t)b * (size_t)c;
+        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
+            const real_t *xr = x + r * c;
+            for (int ch = 0; ch < c; ch++) acc[ch] += xr[ch];
+        }
+    }
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0.0;
+        for (int b = 0; b < nb; b++) s += part[(size_t)b * (size_t)c + ch];
+        out[ch] = (real_t)s;
+    }
+    free(part);
+}
+
+/* y[rows][c] += bias[c] */
+static void opsi_add_bias(int64_t rows, int c, const real_t *bias, real_t *y) {
+    if (bias == NULL) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        real_t *yr = y + r * c;
+        for (int ch = 0; ch < c; ch++) yr[ch] += bias[ch];
+    }
+}
+
+/* ---------------------------------------------------------------- conv2d */
+
+static int opsi_conv_is_pointwise(const ConvSpec *cs) {
+    return cs->k == 1 && cs->stride == 1 && cs->pad == 0;
+}
+
+/* Whole images per im2col chunk: as many as fit OPSI_COL_TARGET, at least one. */
+static int opsi_conv_chunk_images(const ConvSpec *cs, int n, int oh, int ow) {
+    int64_t per_img = (int64_t)oh * ow * cs->cin * cs->k * cs->k;
+    int64_t imgs = per_img > 0 ? OPSI_COL_TARGET / per_img : n;
+    if (imgs < 1) imgs = 1;
+    if (imgs > n) imgs = n;
+    return (int)imgs;
+}
+
+size_t OPS_FN(conv2d_workspace_floats)(const ConvSpec *cs, int n, int h, int w) {
+    if (opsi_conv_is_pointwise(cs)) return 0;
+    int oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
+    int ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
+    size_t kk = (size_t)cs->cin * cs->k * cs->k;
+    size_t chunk = (size_t)opsi_conv_chunk_images(cs, n, oh, ow);
+    /* column buffer + permuted weight + permuted weight gradient */
+    return chunk * (size_t)oh * ow * kk + 2 * (size_t)cs->cout * kk;
+}
+
+/* [cout][cin][k][k] -> [cout][k][k][cin] */
+static void opsi_weight_to_hwc(const ConvSpec *cs, const real_t *w, real_t *wp) {
+    int kk2 = cs->k * cs->k;
+    for (int o = 0; o < cs->cout; o++)
+        for (int ci = 0; ci < cs->cin; ci++)
+            for (int t = 0; t < kk2; t++)
+                wp[((size_t)o * kk2 + t) * cs->cin + ci] = w[((size_t)o * cs->cin + ci) * kk2 + t];
+}
+
+/* [cout][k][k][cin] -> [cout][cin][k][k] */
+static void opsi_weight_from_hwc(const ConvSpec *cs, const real_t *wp, real_t *w) {
+    int kk2 = cs->k * cs->k;
+    for (int o = 0; o < cs->cout; o++)
+        for (int ci = 0; ci < cs->cin; ci++)
+            for (int t = 0; t < kk2; t++)
+                w[((size_t)o * cs->cin + ci) * kk2 + t] = wp[((size_t)o * kk2 + t) * cs->cin + ci];
+}
+
+/* col[(img,oy,ox)][(kh,kw,ci)] for images [img0, img0+nimg) of x[n][h][w][cin]. */
+static void opsi_im2col(const ConvSpec *cs, int h, int w, int oh, int ow, const real_t *x,
+                        int img0, int nimg, real_t *col) {
+    const int cin = cs->cin, k = cs->k, s = cs->stride, p = cs->pad;
+    const size_t kk = (size_t)cin * k * k;
+    const int64_t rows = (int64_t)nimg * oh * ow;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int img = img0 + (int)(r / ((int64_t)oh * ow));
+        int rem = (int)(r % ((int64_t)oh * ow));
+        int oy = rem / ow, ox = rem % ow;
+        real_t *dst = col + r * kk;
+        const real_t *ximg = x + (size_t)img * h * w * cin;
+        for (int kh = 0; kh < k; kh++) {
+            int iy = oy * s - p + kh;
+            for (int kw = 0; kw < k; kw++, dst += cin) {
+                int ix = ox * s - p + kw;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= w)
+                    memset(dst, 0, (size_t)cin * sizeof(real_t));
+                else
+                    memcpy(dst, ximg + ((size_t)iy * w + ix) * cin, (size_t)cin * sizeof(real_t));
+            }
+        }
+    }
+}
+
+/* dx (images [img0, img0+nimg), overwritten) = scatter-add of col. Parallel over
+ * images, each of which owns its dx region, so the order of additions is fixed. */
+static void opsi_col2im(const ConvSpec *cs, int h, int w, int oh, int ow, const real_t *col,
+                        int img0, int nimg, real_t *dx) {
+    const int cin = cs->cin, k = cs->k, s = cs->stride, p = cs->pad;
+    const size_t kk = (size_t)cin * k * k;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < nimg; i++) {
+        real_t *dimg = dx + (size_t)(img0 + i) * h * w * cin;
+        memset(dimg, 0, (size_t)h * w * cin * sizeof(real_t));
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                const real_t *src = col + (((size_t)i * oh + oy) * ow + ox) * kk;
+                for (int kh = 0; kh < k; kh++) {
+                    int iy = oy * s - p + kh;
+                    for (int kw = 0; kw < k; kw++, src += cin) {
+                        int ix = ox * s - p + kw;
+                        if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                        real_t *d = dimg + ((size_t)iy * w + ix) * cin;
+                        for (int ci = 0; ci < cin; ci++) d[ci] += src[ci];
+                    }
+                }
+            }
+    }
+}
+
+void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
+                            const real_t *weight, const real_t *bias, real_t *y,
+                            real_t *workspace) {
+    const int oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
+    const int ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
+    const int64_t rows = (int64_t)n * oh * ow;
+    if (opsi_conv_is_pointwise(cs)) {
+        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, cs->cout, cs->cin, 1, x,
+                 cs->cin, weight, cs->cin, 0, y, cs->cout);
+    } else {
+        const int kk = cs->cin * cs->k * cs->k;
+        const int chunk = opsi_conv_chunk_images(cs, n, oh, ow);
+        real_t *wp = workspace, *col = workspace + 2 * (size_t)cs->cout * kk;
+        opsi_weight_to_hwc(cs, weight, wp);
+        for (int img0 = 0; img0 < n; img0 += chunk) {
+            int nimg = n - img0 < chunk ? n - img0 : chunk;
+            int crows = nimg * oh * ow;
+            opsi_im2col(cs, h, w, oh, ow, x, img0, nimg, col);
+            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, crows, cs->cout, kk, 1, col, kk, wp,
+                     kk, 0, y + (size_t)img0 * oh * ow * cs->cout, cs->cout);
+        }
+    }
+    opsi_add_bias(rows, cs->cout, bias, y);
+}
+
+void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
+                             const real_t *weight, const real_t *dy, real_t *dx,
+                             real_t *dweight, real_t *dbias, real_t *workspace) {
+    const int oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
+    const int ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
+    const int64_t rows = (int64_t)n * oh * ow;
+    if (dbias) opsi_colsums(rows, cs->cout, dy, dbias);
+    if (opsi_conv_is_pointwise(cs)) {
+        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cs->cout, cs->cin, (int)rows, 1, dy,
+                 cs->cout, x, cs->cin, 0, dweight, cs->cin);
+        if (dx)
+            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, cs->cin, cs->cout, 1,
+                     dy, cs->cout, weight, cs->cin, 0, dx, cs->cin);
+        return;
+    }
+    const int kk = cs->cin * cs->k * cs->k;
+    const int chunk = opsi_conv_chunk_images(cs, n, oh, ow);
+    real_t *wp = workspace, *dwp = workspace + (size_t)cs->cout * kk;
+    real_t *col = workspace + 2 * (size_t)cs->cout * kk;
+    opsi_weight_to_hwc(cs, weight, wp);
+    for (int img0 = 0; img0 < n; img0 += chunk) {
+        int nimg = n - img0 < chunk ? n - img0 : chunk;
+        int crows = nimg * oh * ow;
+        const real_t *dyc = dy + (size_t)img0 * oh * ow * cs->cout;
+        opsi_im2col(cs, h, w, oh, ow, x, img0, nimg, col);
+        /* dW accumulates over chunks in chunk order: beta 0 on the first */
+        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cs->cout, kk, crows, 1, dyc, cs->cout,
+                 col, kk, img0 == 0 ? 0 : 1, dwp, kk);
+        if (dx) {
+            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, crows, kk, cs->cout, 1, dyc,
+                     cs->cout, wp, kk, 0, col, kk);
+            opsi_col2im(cs, h, w, oh, ow, col, img0, nimg, dx);
+        }
+    }
+    opsi_weight_from_hwc(cs, dwp, dweight);
+}
+
+/* ------------------------------------------------------------- batchnorm */
+
+/* Per-channel sum of (x - shift) and of its square, in double, fixed order.
+ * The shift (the first row) keeps the one-pass variance free of cancellation. */
+static void opsi_bn_moments(int64_t rows, int c, const real_t *x, const double *shift,
+                            double *s1, double *s2) {
+    int nb = opsi_block_count(rows);
+    double *part = xcalloc((size_t)nb * 2 * (size_t)c, sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
+        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
+            const real_t *xr = x + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                double d = (double)xr[ch] - shift[ch];
+                a1[ch] += d;
+                a2[ch] += d * d;
+            }
+        }
+    }
+    for (int ch = 0; ch < c; ch++) {
+        double t1 = 0.0, t2 = 0.0;
+        for (int b = 0; b < nb; b++) {
+            t1 += part[(size_t)b * 2 * c + ch];
+            t2 += part[(size_t)b * 2 * c + c + ch];
+        }
+        s1[ch] = t1;
+        s2[ch] = t2;
+    }
+    free(part);
+}
+
+/* y = x * scale[ch] + shift[ch] */
+static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *scale,
+                                const real_t *shift, real_t *y) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real_t *xr = x + r * c;
+        real_t *yr = y + r * c;
+        for (int ch = 0; ch < c; ch++) yr[ch] = xr[ch] * scale[ch] + shift[ch];
+    }
+}
+
+void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
+                                       const real_t *beta, real_t *y, real_t *save_mean,
+                                       real_t *save_invstd, real_t *running_mean,
+                                       real_t *running_var, real_t momentum, real_t eps) {
+    double *st = xmalloc((size_t)c * 3 * sizeof(double));
+    double *shift = st, *s1 = st + c, *s2 = st + 2 * (size_t)c;
+    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
+    for (int ch = 0; ch < c; ch++) shift[ch] = x[ch];
+    opsi_bn_moments(rows, c, x, shift, s1, s2);
+    for (int ch = 0; ch < c; ch++) {
+        double dm = s1[ch] / rows;
+        double mean = shift[ch] + dm;
+        double var = s2[ch] / rows - dm * dm;
+        if (var < 0) var = 0;
+        double invstd = 1.0 / sqrt(var + (double)eps);
+        save_mean[ch] = (real_t)mean;
+        save_invstd[ch] = (real_t)invstd;
+        double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
+        running_mean[ch] = (real_t)((1.0 - momentum) * running_mean[ch] + momentum * mean);
+        running_var[ch] = (real_t)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        double scale = (double)gamma[ch] * invstd;
+        aff[ch] = (real_t)scale;
+        aff[c + ch] = (real_t)((double)beta[ch] - mean * scale);
+    }
+    opsi_channel_affine(rows, c, x, aff, aff + c, y);
+    free(aff);
+    free(st);
+}
+
+void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const real_t *gamma,
+                                      const real_t *beta, const real_t *running_mean,
+                                      const real_t *running_var, real_t eps, real_t *y) {
+    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
+    for (int ch = 0; ch < c; ch++) {
+        double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)eps);
+        aff[ch] = (real_t)scale;
+        aff[c + ch] = (real_t)((double)beta[ch] - (double)running_mean[ch] * scale);
+    }
+    opsi_channel_affine(rows, c, x, aff, aff + c, y);
+    free(aff);
+}
+
+void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t *gamma,
+                                  const real_t *save_mean, const real_t *save_invstd,
+                                  const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
+    int nb = opsi_block_count(rows);
+    double *part = xcalloc((size_t)nb * 2 * (size_t)c, sizeof(double));
+    /* sum dy and sum dy * (x - mean) per channel */
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
+        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
+            const real_t *xr = x + r * c, *dyr = dy + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                a1[ch] += dyr[ch];
+                a2[ch] += (double)dyr[ch] * ((double)xr[ch] - save_mean[ch]);
+            }
+        }
+    }
+    /* dx = k1*dy + k2*x + k3 per channel (the usual formula, expanded) */
+    real_t *kc = xmalloc((size_t)c * 3 * sizeof(real_t));
+    for (int ch = 0; ch < c; ch++) {
+        double sdy = 0.0, sdyx = 0.0;
+        for (int b = 0; b < nb; b++) {
+            sdy += part[(size_t)b * 2 * c + ch];
+            sdyx += part[(size_t)b * 2 * c + c + ch];
+        }
+        double inv = save_invstd[ch], g = gamma[ch];
+        dbeta[ch] = (real_t)sdy;
+        dgamma[ch] = (real_t)(sdyx * inv);
+        double k1 = g * inv;
+        double k2 = -g * inv * inv * inv * sdyx / rows;
+        double k3 = -g * inv * sdy / rows - k2 * save_mean[ch];
+        kc[ch] = (real_t)k1;
+        kc[c + ch] = (real_t)k2;
+        kc[2 * c + ch] = (real_t)k3;
+    }
+    free(part);
+    if (dx) {
+        const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const real_t *xr = x + r * c, *dyr = dy + r * c;
+            real_t *dxr = dx + r * c;
+            for (int ch = 0; ch < c; ch++) dxr[ch] = k1[ch] * dyr[ch] + k2[ch] * xr[ch] + k3[ch];
+        }
+    }
+    free(kc);
+}
+
+/* ---------------------------------------------------------- elementwise */
+
+void OPS_FN(relu_forward)(size_t n, const real_t *x, real_t *y) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+}
+
+void OPS_FN(relu_backward)(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+}
+
+void OPS_FN(add_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+void OPS_FN(add_relu_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        real_t s = a[i] + b[i];
+        y[i] = s > 0 ? s : 0;
+    }
+}
+
+/* --------------------------------------------------------------- pooling */
+
+void OPS_FN(meanpool_forward)(int n, int hw, int c, const real_t *x, real_t *y) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        real_t *yi = y + (size_t)i * c;
+        const real_t *xi = x + (size_t)i * hw * c;
+        for (int ch = 0; ch < c; ch++) yi[ch] = 0;
+        for (int j = 0; j < hw; j++)
+            for (int ch = 0; ch < c; ch++) yi[ch] += xi[(size_t)j * c + ch];
+        for (int ch = 0; ch < c; ch++) yi[ch] /= (real_t)hw;
+    }
+}
+
+void OPS_FN(meanpool_backward)(int n, int hw, int c, const real_t *dy, real_t *dx) {
+    const real_t inv = (real_t)1 / (real_t)hw;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < hw; j++)
+            for (int ch = 0; ch < c; ch++)
+                dx[((size_t)i * hw + j) * c + ch] = dy[(size_t)i * c + ch] * inv;
+}
+
+/* ---------------------------------------------------------------- linear */
+
+void OPS_FN(linear_forward)(int n, int in, int out, const real_t *x, const real_t *weight,
+                            const real_t *bias, real_t *y) {
+    OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1, x, in, weight, in, 0, y,
+             out);
+    opsi_add_bias(n, out, bias, y);
+}
+
+void OPS_FN(linear_backward)(int n, int in, int out, const real_t *x, const real_t *weight,
+                             const real_t *dy, real_t *dx, real_t *dweight, real_t *dbias) {
+    if (dx)
+        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1, dy, out, weight, in,
+                 0, dx, in);
+    OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1, dy, out, x, in, 0, dweight,
+             in);
+    if (dbias) opsi_colsums(n, out, dy, dbias);
+}
+
+/* ------------------------------------------------------------------ loss */
+
+real_t OPS_FN(softmax_xent_forward_backward)(int n, int k, const real_t *logits,
+                                             const int32_t *labels, real_t smoothing,
+                                             real_t *dlogits, int *correct) {
+    double loss = 0.0;
+    int hits = 0;
+    const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
+    for (int i = 0; i < n; i++) {
+        const real_t *l = logits + (size_t)i * k;
+        int y = labels[i];
+        if (y < 0 || y >= k) die("softmax_xent: label %d of row %d outside [0, %d)", y, i, k);
+        int arg = 0;
+        for (int j = 1; j < k; j++)
+            if (l[j] > l[arg]) arg = j;
+        hits += arg == y;
+        double m = l[arg], s = 0.0, sum_l = 0.0;
+        for (int j = 0; j < k; j++) {
+            s += exp((double)l[j] - m);
+            sum_l += l[j];
+        }
+        double lse = m + log(s);
+        /* -sum_j target_j * log p_j with target = off + (1-smoothing) * onehot */
+        loss += -(on - off) * ((double)l[y] - lse) - off * (sum_l - k * lse);
+        if (dlogits) {
+            real_t *d = dlogits + (size_t)i * k;
+            for (int j = 0; j < k; j++) {
+                double p = exp((double)l[j] - lse);
+                d[j] = (real_t)((p - (j == y ? on : off)) / n);
+            }
+        }
+    }
+    if (correct) *correct = hits;
+    return (real_t)(loss / n);
+}
+
+/* ------------------------------------------------------------- optimizer */
+
+void OPS_FN(sgd_update)(size_t n, real_t *param, const real_t *grad, real_t *momentum_buf,
+                        const uint8_t *decay_mask, real_t lr, real_t momentum,
+                        real_t weight_decay, int nesterov, int first_step) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        real_t g = grad[i];
+        if (decay_mask == NULL || decay_mask[i]) g = g + weight_decay * param[i];
+        real_t buf = first_step ? g : momentum * momentum_buf[i] + g;
+        momentum_buf[i] = buf;
+        real_t step = nesterov ? g + momentum * buf : buf;
+        param[i] = param[i] - lr * step;
+    }
+}
