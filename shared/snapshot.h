@@ -50,7 +50,10 @@ typedef struct {
     int ndim;
     int64_t shape[4];
     size_t numel;
-    const void *data;  /* points into the loaded file */
+    const void *data;  /* points into the loaded file: 4-byte aligned for files
+                          snapshot_write made, but an I64 tensor after an F32 one
+                          with an odd count is not 8-byte aligned: copy I64 values
+                          out with memcpy (or snapshot_i64) */
 } SnapTensor;
 
 typedef struct {
@@ -62,19 +65,24 @@ typedef struct {
     size_t blob_size;
 } Snapshot;
 
-/* Read and validate the whole file. NULL with a reason in err. */
+/* Read and validate the whole file. NULL with a one-line reason in err (the
+ * caller prefixes the path): "not a cifar snapshot ...", "written by a newer
+ * version ...", "checksum mismatch: the file is corrupt ...", "truncated ...". */
 Snapshot *snapshot_read(const char *path, char *err, size_t errlen);
 /* Validate an in-memory image (the fuzzer's entry point; takes ownership of blob). */
 Snapshot *snapshot_parse(void *blob, size_t size, char *err, size_t errlen);
 void snapshot_free(Snapshot *s);
 const SnapTensor *snapshot_tensor(const Snapshot *s, const char *name);
 const char *snapshot_meta(const Snapshot *s, const char *key);
+/* Element i of an I64 tensor (alignment-safe). */
+int64_t snapshot_i64(const SnapTensor *t, size_t i);
 
 /* Snapshot files of a run folder are "<dir>/snapshot-<epochs, 6 digits>.safetensors".
  * snapshot_path_for builds that name. */
 void snapshot_path_for(const char *dir, int64_t epochs, char *buf, size_t buflen);
 /* The paths of the run's snapshots, newest (highest epoch) first; *count set.
- * Free with snapshot_list_free. Temporaries are not listed. */
+ * Free with snapshot_list_free. Temporaries are not listed. NULL with *count 0
+ * when the folder is missing or holds none. */
 char **snapshot_list(const char *dir, int *count);
 void snapshot_list_free(char **paths, int count);
 /* Delete all but the newest `keep` snapshots (keep <= 0: keep all). */
