@@ -1,0 +1,223 @@
+/* options.c: cifar-train's command line. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "train.h"
+
+static const char *usage_text =
+    "usage: cifar-train [OPTIONS] [DATA.lmdb]\n"
+    "Train the seed's ResNet on a cifar-prep LMDB (path from stdin when omitted).\n"
+    "Rerunning the same command resumes from the latest valid snapshot in --run-dir.\n"
+    "The final snapshot's path is the last line on stdout.\n"
+    "\n"
+    "Training:\n"
+    "  --epochs N             epochs in all (default 30); a larger N continues a finished run\n"
+    "  --batch-size N         images per process per step (default 256)\n"
+    "  --lr X                 peak learning rate (default 0.1)\n"
+    "  --momentum X           SGD momentum (default 0.9)\n"
+    "  --nesterov             Nesterov momentum\n"
+    "  --weight-decay X       L2 weight decay (default 5e-4)\n"
+    "  --schedule S           const | step (x0.1 at 50%% and 75%%) | cosine (default cosine)\n"
+    "  --warmup-epochs X      linear warm-up from 0 (default 1)\n"
+    "  --label-smoothing X    cross-entropy label smoothing (default 0)\n"
+    "  --seed N               initialisation, shuffling and augmentation (default 0)\n"
+    "  --normalize M          dataset (its mean/std, default) | imagenet (the seed's constants)\n"
+    "  --model FILE.json      network shape with the seed's Config fields (default: the seed's)\n"
+    "\n"
+    "Snapshots:\n"
+    "  --run-dir DIR          snapshots and metrics.jsonl (default ./run)\n"
+    "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
+    "  --keep K               keep the newest K snapshots (default 3, 0 = all)\n"
+    "\n"
+    "Devices:\n"
+    "  --device D             auto (GPU when usable, default) | cpu | cuda\n"
+    "  --threads N            CPU threads per process (default: cores / local processes)\n"
+    "  --precision P          fp32 | tf32 | bf16 (GPU; default tf32)\n"
+    "  --deterministic        deterministic GPU algorithms\n"
+    "\n"
+    "Processes (torchrun's options; workers started with RANK etc. set run directly):\n"
+    "  --nproc-per-node N     N | gpu | auto: worker processes on this node\n"
+    "  --nnodes N             nodes in the job (default 1)\n"
+    "  --node-rank R          this node's index (default 0)\n"
+    "  --master-addr A        rank 0's host (default 127.0.0.1)\n"
+    "  --master-port P        rank 0's port (default: a free one on a single node)\n"
+    "  --max-restarts N       restart the group up to N times after a failure (default 3)\n"
+    "\n"
+    "  --quiet                no progress output\n"
+    "  -h, --help             this help\n";
+
+enum {
+    OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
+    OPT_SCHEDULE, OPT_WARMUP, OPT_SMOOTH, OPT_SEED, OPT_THREADS, OPT_RUN_DIR, OPT_DEVICE,
+    OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET,
+    OPT_DIE_AFTER,
+};
+
+static const struct option long_options[] = {
+    {"epochs", required_argument, 0, OPT_EPOCHS},
+    {"save-every", required_argument, 0, OPT_SAVE_EVERY},
+    {"batch-size", required_argument, 0, OPT_BATCH},
+    {"lr", required_argument, 0, OPT_LR},
+    {"momentum", required_argument, 0, OPT_MOMENTUM},
+    {"nesterov", no_argument, 0, OPT_NESTEROV},
+    {"weight-decay", required_argument, 0, OPT_WD},
+    {"schedule", required_argument, 0, OPT_SCHEDULE},
+    {"warmup-epochs", required_argument, 0, OPT_WARMUP},
+    {"label-smoothing", required_argument, 0, OPT_SMOOTH},
+    {"seed", required_argument, 0, OPT_SEED},
+    {"threads", required_argument, 0, OPT_THREADS},
+    {"run-dir", required_argument, 0, OPT_RUN_DIR},
+    {"device", required_argument, 0, OPT_DEVICE},
+    {"normalize", required_argument, 0, OPT_NORMALIZE},
+    {"keep", required_argument, 0, OPT_KEEP},
+    {"model", required_argument, 0, OPT_MODEL},
+    {"precision", required_argument, 0, OPT_PRECISION},
+    {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
+    {"quiet", no_argument, 0, OPT_QUIET},
+    {"test-die-after-steps", required_argument, 0, OPT_DIE_AFTER},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+static long long parse_int(const char *opt, const char *text, long long lo, long long hi) {
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end != '\0' || v < lo || v > hi)
+        die_usage("--%s: expected an integer in [%lld, %lld], got '%s'", opt, lo, hi, text);
+    return v;
+}
+
+static double parse_real(const char *opt, const char *text, double lo, double hi) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || !isfinite(v) || v < lo || v > hi)
+        die_usage("--%s: expected a number in [%g, %g], got '%s'", opt, lo, hi, text);
+    return v;
+}
+
+static int parse_choice(const char *opt, const char *text, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(text, names[i]) == 0) return i;
+    die_usage("--%s: unknown value '%s'", opt, text);
+}
+
+static const char *const schedule_names[] = {"const", "step", "cosine"};
+static const char *const device_names[] = {"auto", "cpu", "cuda"};
+static const char *const normalize_names[] = {"dataset", "imagenet"};
+static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
+
+const char *schedule_name(Schedule s) { return schedule_names[s]; }
+
+static void train_options_default(TrainOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->epochs = 30;
+    o->save_every = 5;
+    o->batch_size = 256;
+    o->lr = 0.1;
+    o->momentum = 0.9;
+    o->weight_decay = 5e-4;
+    o->schedule = SCHEDULE_COSINE;
+    o->warmup_epochs = 1;
+    o->run_dir = "run";
+    o->device = DEVICE_AUTO;
+    o->normalize = NORMALIZE_DATASET;
+    o->keep = 3;
+    o->precision = PRECISION_TF32;
+}
+
+/* The data path: the positional argument, else the last non-empty line on stdin
+ * (the previous stage prints its output path last). */
+static const char *data_path_from_stdin(void) {
+    static char line[4096], last[4096];
+    last[0] = '\0';
+    while (fgets(line, sizeof line, stdin)) {
+        size_t n = strcspn(line, "\r\n");
+        line[n] = '\0';
+        if (n > 0) memcpy(last, line, n + 1);
+    }
+    if (!last[0]) die_usage("no DATA.lmdb given and none on stdin (see --help)");
+    return last;
+}
+
+void train_options_parse(TrainOptions *o, int argc, char **argv) {
+    train_options_default(o);
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+        const char *name = c >= 256 ? long_options[c - 256].name : "";
+        switch (c) {
+        case OPT_EPOCHS: o->epochs = (int)parse_int(name, optarg, 1, 1000000); break;
+        case OPT_SAVE_EVERY: o->save_every = (int)parse_int(name, optarg, 1, 1000000); break;
+        case OPT_BATCH: o->batch_size = (int)parse_int(name, optarg, 1, 65536); break;
+        case OPT_LR: o->lr = parse_real(name, optarg, 0, 100); break;
+        case OPT_MOMENTUM: o->momentum = parse_real(name, optarg, 0, 1); break;
+        case OPT_NESTEROV: o->nesterov = 1; break;
+        case OPT_WD: o->weight_decay = parse_real(name, optarg, 0, 1); break;
+        case OPT_SCHEDULE: o->schedule = (Schedule)parse_choice(name, optarg, schedule_names, 3); break;
+        case OPT_WARMUP: o->warmup_epochs = parse_real(name, optarg, 0, 1e6); break;
+        case OPT_SMOOTH: o->label_smoothing = parse_real(name, optarg, 0, 0.999); break;
+        case OPT_SEED: o->seed = (uint64_t)parse_int(name, optarg, 0, (1LL << 62)); break;
+        case OPT_THREADS: o->threads = (int)parse_int(name, optarg, 1, 1024); break;
+        case OPT_RUN_DIR: o->run_dir = optarg; break;
+        case OPT_DEVICE: o->device = (DeviceChoice)parse_choice(name, optarg, device_names, 3); break;
+        case OPT_NORMALIZE:
+            o->normalize = (NormalizeChoice)parse_choice(name, optarg, normalize_names, 2);
+            break;
+        case OPT_KEEP: o->keep = (int)parse_int(name, optarg, 0, 1000000); break;
+        case OPT_MODEL: o->model_file = optarg; break;
+        case OPT_PRECISION:
+            o->precision = (Precision)parse_choice(name, optarg, precision_names, 3);
+            break;
+        case OPT_DETERMINISTIC: o->deterministic = 1; break;
+        case OPT_QUIET: o->quiet = 1; break;
+        case OPT_DIE_AFTER: o->die_after_steps = parse_int(name, optarg, 1, 1LL << 40); break;
+        case 'h': fputs(usage_text, stdout); exit(0);
+        default: fputs("see `cifar-train --help`\n", stderr); exit(2);
+        }
+    }
+    if (argc - optind > 1) die_usage("expected one DATA.lmdb, got %d arguments", argc - optind);
+    o->data_path = optind < argc ? argv[optind] : data_path_from_stdin();
+}
+
+char *train_options_to_json(const TrainOptions *o) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "epochs", o->epochs);
+    cJSON_AddNumberToObject(j, "batch_size", o->batch_size);
+    cJSON_AddNumberToObject(j, "lr", o->lr);
+    cJSON_AddNumberToObject(j, "momentum", o->momentum);
+    cJSON_AddBoolToObject(j, "nesterov", o->nesterov);
+    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
+    cJSON_AddStringToObject(j, "schedule", schedule_names[o->schedule]);
+    cJSON_AddNumberToObject(j, "warmup_epochs", o->warmup_epochs);
+    cJSON_AddNumberToObject(j, "label_smoothing", o->label_smoothing);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddStringToObject(j, "normalize", normalize_names[o->normalize]);
+    cJSON_AddStringToObject(j, "precision", precision_names[o->precision]);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    CHECK_ALLOC(text, 1024);
+    return text;
+}
+
+double train_lr_at(const TrainOptions *o, double pos) {
+    if (o->warmup_epochs > 0 && pos < o->warmup_epochs) return o->lr * pos / o->warmup_epochs;
+    switch (o->schedule) {
+    case SCHEDULE_STEP:
+        if (pos >= 0.75 * o->epochs) return o->lr * 0.01;
+        if (pos >= 0.5 * o->epochs) return o->lr * 0.1;
+        return o->lr;
+    case SCHEDULE_COSINE: {
+        double span = o->epochs - o->warmup_epochs;
+        double t = span > 0 ? (pos - o->warmup_epochs) / span : 1.0;
+        if (t > 1) t = 1;
+        return 0.5 * o->lr * (1.0 + cos(M_PI * t));
+    }
+    case SCHEDULE_CONST:
+    default: return o->lr;
+    }
+}

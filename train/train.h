@@ -1,0 +1,56 @@
+/* train.h: cifar-train's options and its epoch loop. */
+#ifndef CIFAR_TRAIN_H
+#define CIFAR_TRAIN_H
+
+#include <stdint.h>
+
+#include "comm.h"
+#include "engine.h"
+
+typedef enum { SCHEDULE_CONST, SCHEDULE_STEP, SCHEDULE_COSINE } Schedule;
+typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
+typedef enum { NORMALIZE_DATASET, NORMALIZE_IMAGENET } NormalizeChoice;
+
+typedef struct {
+    const char *data_path;
+    int epochs;
+    int save_every;
+    int batch_size;        /* per process */
+    double lr;
+    double momentum;
+    int nesterov;
+    double weight_decay;
+    Schedule schedule;
+    double warmup_epochs;
+    double label_smoothing;
+    uint64_t seed;
+    int threads;           /* 0 = cores / local world size */
+    const char *run_dir;
+    DeviceChoice device;
+    NormalizeChoice normalize;
+    int keep;
+    const char *model_file;
+    Precision precision;
+    int deterministic;
+    int quiet;
+    /* Test hook (bats): stop with SIGKILL-like abruptness after this many steps. */
+    int64_t die_after_steps;
+} TrainOptions;
+
+/* Parse argv (launcher options already removed). Exits 2 on bad usage, 0 on --help. */
+void train_options_parse(TrainOptions *o, int argc, char **argv);
+/* The options as JSON (stored in snapshots). malloc'd. */
+char *train_options_to_json(const TrainOptions *o);
+const char *schedule_name(Schedule s);
+
+/* lr at a (fractional) epoch position. */
+double train_lr_at(const TrainOptions *o, double epoch_pos);
+
+/* The worker: one rank of the job (or the whole job when alone). Returns the exit status. */
+int train_worker(const TrainOptions *o, const DistEnv *env);
+
+/* Set by SIGINT/SIGTERM: finish the step, snapshot, exit. */
+extern volatile int g_train_stop_signal;
+void train_install_signal_handlers(void);
+
+#endif

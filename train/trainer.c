@@ -1,0 +1,524 @@
+/* trainer.c: one worker's epoch loop: data in memory, the engine, the sampler,
+ * the schedule, evaluation, metrics, snapshots and resume. */
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "checkpoint.h"
+#include "dataset.h"
+#include "fsutil.h"
+#include "model.h"
+#include "progress.h"
+#include "rng.h"
+#include "snapshot.h"
+#include "train.h"
+
+volatile int g_train_stop_signal;
+
+static void on_stop_signal(int sig) {
+    if (g_train_stop_signal) _exit(128 + sig); /* a second signal: stop now */
+    g_train_stop_signal = sig;
+}
+
+void train_install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ---- data ---- */
+
+typedef struct {
+    Dataset *ds;
+    DatasetInfo info;
+    uint8_t *train_pixels, *test_pixels;
+    int32_t *train_labels, *test_labels;
+    int64_t n_train, n_test;
+} TrainData;
+
+static void load_split(TrainData *d, const char *path, const char *name, uint8_t **pixels,
+                       int32_t **labels, int64_t *count) {
+    const DatasetSplit *sp = dataset_split(d->ds, name);
+    *count = sp ? sp->count : 0;
+    size_t rec = (size_t)d->info.height * d->info.width * d->info.channels;
+    *pixels = xmalloc((size_t)*count * rec + 1);
+    *labels = xmalloc((size_t)*count * sizeof(int32_t) + 1);
+    char err[512];
+    if (*count > 0 && dataset_load_split(d->ds, name, *pixels, *labels, err, sizeof err) != 0)
+        die("%s: %s", path, err);
+}
+
+static void train_data_load(TrainData *d, const char *path) {
+    char err[512];
+    memset(d, 0, sizeof *d);
+    d->ds = dataset_open(path, err, sizeof err);
+    if (!d->ds) die("%s: %s", path, err);
+    d->info = *dataset_info(d->ds);
+    load_split(d, path, "train", &d->train_pixels, &d->train_labels, &d->n_train);
+    load_split(d, path, "test", &d->test_pixels, &d->test_labels, &d->n_test);
+    if (d->n_train == 0) die("%s: the dataset has no \"train\" split (or it is empty)", path);
+}
+
+static void train_data_free(TrainData *d) {
+    dataset_close(d->ds);
+    free(d->train_pixels);
+    free(d->test_pixels);
+    free(d->train_labels);
+    free(d->test_labels);
+}
+
+/* ---- model and normalisation ---- */
+
+static void build_model(Model *m, const TrainOptions *o, const DatasetInfo *info) {
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    if (o->model_file) {
+        size_t len;
+        char *text = fs_read_file(o->model_file, 1 << 20, &len);
+        if (!text) die("%s: cannot read the model file: %s", o->model_file, strerror(errno));
+        char err[256];
+        if (model_config_parse_json(text, &cfg, err, sizeof err) != 0)
+            die("%s: %s", o->model_file, err);
+        free(text);
+    }
+    cfg.img_channels = info->channels;
+    cfg.img_height = info->height;
+    cfg.img_width = info->width;
+    cfg.num_classes = info->num_classes;
+    char err[256];
+    if (model_build(m, &cfg, err, sizeof err) != 0) die("model: %s", err);
+}
+
+static void normalisation(const TrainOptions *o, const DatasetInfo *info, float *mean, float *std) {
+    static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f};
+    static const float imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+    const DatasetSplit *train = NULL;
+    for (int i = 0; i < info->n_splits; i++)
+        if (strcmp(info->splits[i].name, "train") == 0) train = &info->splits[i];
+    for (int c = 0; c < 4; c++) {
+        mean[c] = 0.0f;
+        std[c] = 1.0f;
+    }
+    if (o->normalize == NORMALIZE_IMAGENET) {
+        if (info->channels != 3) die_usage("--normalize imagenet needs RGB images, the data has %d channel(s)", info->channels);
+        memcpy(mean, imagenet_mean, sizeof imagenet_mean);
+        memcpy(std, imagenet_std, sizeof imagenet_std);
+        return;
+    }
+    for (int c = 0; c < info->channels; c++) {
+        mean[c] = train->mean[c];
+        std[c] = train->std[c] > 1e-6f ? train->std[c] : 1.0f;
+    }
+}
+
+/* ---- engine and communicator ---- */
+
+static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const DistEnv *env, Comm **comm) {
+    int gpus = o->device == DEVICE_CPU ? 0 : engine_cuda_device_count();
+    if (o->device == DEVICE_CUDA && gpus == 0) {
+        char err[256] = "no usable CUDA device";
+        engine_create_cuda(ec, err, sizeof err);
+        die("--device cuda: %s", err);
+    }
+    if (gpus > 0) {
+        ec->device = env->local_rank % gpus;
+        char err[256];
+        Engine *e = engine_create_cuda(ec, err, sizeof err);
+        if (!e) die("--device cuda: %s", err);
+        *comm = comm_create(env->world_size > 1 ? COMM_NCCL : COMM_SINGLE, env);
+        e->cfg.comm = *comm; /* NCCL needs the device the engine selected */
+        return e;
+    }
+    if (o->device == DEVICE_AUTO && env->rank == 0 && engine_cuda_device_count() == 0)
+        log_info("no usable GPU: training on the CPU (%d thread%s per process)", ec->threads,
+                 ec->threads == 1 ? "" : "s");
+    *comm = comm_create(env->world_size > 1 ? COMM_SHM : COMM_SINGLE, env);
+    ec->comm = *comm;
+    return engine_create_cpu(ec);
+}
+
+/* ---- sampler: DistributedSampler with a fresh permutation per epoch ---- */
+
+static void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world,
+                          int64_t *perm, int64_t *mine, int64_t *per_rank) {
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = rng_below(seed, RNG_STREAM_SHUFFLE, ((uint64_t)epoch << 32) ^ (uint64_t)i,
+                              (uint32_t)(i + 1));
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    /* Padded to a multiple of the world size with the permutation's start. */
+    *per_rank = (n + world - 1) / world;
+    for (int64_t j = 0; j < *per_rank; j++) mine[j] = perm[(rank + j * world) % n];
+}
+
+/* ---- metrics ---- */
+
+typedef struct {
+    int64_t epoch; /* epochs completed, 1-based */
+    double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
+    int world_size, restarts;
+    const char *device;
+} EpochMetrics;
+
+static void metrics_append(const char *run_dir, const EpochMetrics *m) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, "a");
+    CHECK_STDIO(f != NULL, path);
+    fprintf(f,
+            "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
+            "\"test_acc\":%.6f,\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
+            "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\"}\n",
+            m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, m->lr,
+            m->images_per_s, m->seconds, m->world_size, m->restarts, m->device);
+    CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, path);
+    CHECK_STDIO(fclose(f) == 0, path);
+}
+
+/* Drop metric lines of epochs after `epochs` (they are redone after a resume). */
+static void metrics_truncate(const char *run_dir, int64_t epochs) {
+    char path[4096], tmp[4160];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    size_t len;
+    char *text = fs_read_file(path, (size_t)1 << 30, &len);
+    if (!text) return;
+    fs_temp_name(path, tmp, sizeof tmp);
+    FILE *f = fopen(tmp, "w");
+    CHECK_STDIO(f != NULL, tmp);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        long long e = -1;
+        if (sscanf(line, "{\"epoch\":%lld", &e) == 1 && e <= epochs) fprintf(f, "%s\n", line);
+    }
+    CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, tmp);
+    CHECK_STDIO(fclose(f) == 0, tmp);
+    CHECK_STDIO(fs_commit_rename(tmp, path) == 0, path);
+    free(text);
+}
+
+/* ---- the worker ---- */
+
+typedef struct {
+    const TrainOptions *o;
+    const DistEnv *env;
+    TrainData data;
+    Model model;
+    Engine *engine;
+    Comm *comm;
+    TrainState state;
+    TrainProgress progress;
+    float mean[4], std[4];
+    char *options_json;
+    int64_t *perm, *mine;
+    int64_t steps_per_epoch, per_rank;
+} Worker;
+
+static int64_t steps_per_epoch(const Worker *w) {
+    int64_t per_rank = (w->data.n_train + w->env->world_size - 1) / w->env->world_size;
+    return (per_rank + w->o->batch_size - 1) / w->o->batch_size;
+}
+
+static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
+    w->engine->ops->broadcast_buffers(w->engine, 0);
+    if (w->env->rank != 0) return;
+    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
+    CheckpointInfo info;
+    memset(&info, 0, sizeof info);
+    info.dataset_path = (char *)w->o->data_path;
+    memcpy(info.mean, w->mean, sizeof info.mean);
+    memcpy(info.std, w->std, sizeof info.std);
+    info.options_json = w->options_json;
+    info.progress = w->progress;
+    info.progress.world_size = w->env->world_size;
+    snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);
+    char err[512];
+    if (checkpoint_write(path_out, &w->model, &w->state, &info, err, sizeof err) != 0)
+        die("%s: cannot write the snapshot: %s", path_out, err);
+    snapshot_prune(w->o->run_dir, w->o->keep);
+}
+
+/* Rank 0 picks the newest valid snapshot; a corrupt one is reported and the
+ * previous one used; one of another model or dataset stops the run. Returns the
+ * snapshot's step number, or -1 to start afresh. */
+static int64_t choose_snapshot(Worker *w) {
+    int count = 0;
+    char **paths = snapshot_list(w->o->run_dir, &count);
+    int64_t chosen = -1;
+    char shape[64];
+    checkpoint_dataset_shape(&w->model.cfg, shape, sizeof shape);
+    for (int i = 0; i < count && chosen < 0; i++) {
+        ModelConfig cfg = w->model.cfg;
+        CheckpointInfo info;
+        char err[512];
+        Snapshot *s = checkpoint_open(paths[i], &cfg, &info, err, sizeof err);
+        if (!s) {
+            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+            continue;
+        }
+        if (!model_config_equal(&cfg, &w->model.cfg) || strcmp(info.dataset_shape, shape) != 0)
+            die("%s: the snapshot is of another model or dataset (%s, model %s); this run has %s "
+                "---> HINT: use another --run-dir, or the same --model and data",
+                paths[i], info.dataset_shape, info.model_json, shape);
+        if (checkpoint_load_state(s, &w->model, &w->state, err, sizeof err) != 0) {
+            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+        } else {
+            chosen = info.progress.step;
+            w->progress = info.progress;
+        }
+        snapshot_free(s);
+        checkpoint_info_free(&info);
+    }
+    snapshot_list_free(paths, count);
+    return chosen;
+}
+
+static void load_agreed_snapshot(Worker *w, int64_t step) {
+    char path[4096], err[512];
+    snapshot_path_for(w->o->run_dir, step, path, sizeof path);
+    ModelConfig cfg = w->model.cfg;
+    CheckpointInfo info;
+    Snapshot *s = checkpoint_open(path, &cfg, &info, err, sizeof err);
+    if (!s || checkpoint_load_state(s, &w->model, &w->state, err, sizeof err) != 0)
+        die("%s: %s", path, err);
+    w->progress = info.progress;
+    snapshot_free(s);
+    checkpoint_info_free(&info);
+}
+
+static void resume_or_init(Worker *w) {
+    int64_t step = -1;
+    if (w->env->rank == 0) {
+        fs_remove_stale_temps(w->o->run_dir);
+        step = choose_snapshot(w);
+    }
+    comm_broadcast_host(w->comm, &step, sizeof step, 0);
+    if (step >= 0 && w->env->rank != 0) load_agreed_snapshot(w, step);
+    if (step < 0) {
+        memset(&w->progress, 0, sizeof w->progress);
+        model_init(&w->model, w->state.params, w->state.buffers, w->o->seed);
+        memset(w->state.momentum, 0, w->model.num_params * sizeof(float));
+    } else if (w->progress.step_in_epoch > 0 && w->progress.world_size != w->env->world_size) {
+        /* The partial epoch was sharded differently: redo it from its start. */
+        log_warn("resuming with %d processes a partial epoch run with %d: the epoch restarts",
+                 w->env->world_size, w->progress.world_size);
+        w->progress.step -= w->progress.step_in_epoch;
+        w->progress.step_in_epoch = 0;
+        w->progress.partial_loss_sum = w->progress.partial_correct = 0;
+        w->progress.partial_seen = w->progress.partial_seconds = 0;
+    }
+    w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
+    if (w->env->rank == 0) {
+        if (step >= 0)
+            log_info("resuming from %s/snapshot-%06" PRId64 ".safetensors: %" PRId64
+                     " epochs done, step %" PRId64,
+                     w->o->run_dir, step, w->progress.epochs, w->progress.step);
+        metrics_truncate(w->o->run_dir, w->progress.epochs);
+    }
+}
+
+static void evaluate(Worker *w, double *loss, double *acc) {
+    int64_t n = w->data.n_test;
+    *loss = *acc = 0;
+    if (n == 0) return;
+    const int world = w->env->world_size, rank = w->env->rank, b = w->o->batch_size;
+    /* Every test image exactly once: rank r takes r, r+W, ... (no padding). */
+    int64_t *idx = xmalloc((size_t)b * sizeof(int64_t));
+    double sums[2] = {0, 0};
+    int64_t hits = 0, next = rank;
+    while (next < n) {
+        int k = 0;
+        for (; k < b && next < n; k++, next += world) idx[k] = next;
+        w->engine->ops->eval_batch(w->engine, idx, k, &sums[0], &hits, NULL);
+    }
+    sums[1] = (double)hits;
+    comm_allreduce_sum_f64(w->comm, sums, 2);
+    *loss = sums[0] / (double)n;
+    *acc = sums[1] / (double)n;
+    free(idx);
+}
+
+/* All ranks agree whether to stop (a signal reaches them at different steps). */
+static int agree_stop(Worker *w, int64_t step) {
+    if (w->env->world_size == 1) return g_train_stop_signal != 0;
+    int every = comm_kind(w->comm) == COMM_NCCL ? 16 : 1;
+    if (step % every != 0) return 0;
+    double flag = g_train_stop_signal ? 1.0 : 0.0;
+    comm_allreduce_sum_f64(w->comm, &flag, 1);
+    return flag > 0;
+}
+
+typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
+
+static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
+    const TrainOptions *o = w->o;
+    const int world = w->env->world_size;
+    sampler_epoch(o->seed, epoch, w->data.n_train, w->env->rank, world, w->perm, w->mine,
+                  &w->per_rank);
+    Progress bar;
+    char label[64];
+    snprintf(label, sizeof label, "epoch %" PRId64 "/%d", epoch + 1, o->epochs);
+    progress_begin(&bar, label, w->per_rank * world, "img");
+    double t0 = now_seconds() - w->progress.partial_seconds;
+    for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
+        int64_t first = s * o->batch_size;
+        int n = (int)(w->per_rank - first < o->batch_size ? w->per_rank - first : o->batch_size);
+        double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
+        float lr = (float)train_lr_at(o, pos);
+        int correct = 0;
+        float loss = w->engine->ops->train_step(w->engine, w->mine + first, n, epoch,
+                                                w->progress.step, lr, &correct);
+        if (!isfinite(loss))
+            die("the loss became %s at epoch %" PRId64 " step %" PRId64
+                " ---> HINT: lower --lr; the last good snapshot is kept",
+                isnan(loss) ? "NaN" : "infinite", epoch + 1, s);
+        w->progress.step++;
+        w->progress.step_in_epoch = s + 1;
+        w->progress.partial_loss_sum += (double)loss * n;
+        w->progress.partial_correct += correct;
+        w->progress.partial_seen += n;
+        *lr_out = lr;
+        if (o->die_after_steps && w->progress.step >= o->die_after_steps) raise(SIGKILL);
+        if (w->env->rank == 0 && !o->quiet) {
+            char extra[64];
+            snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
+            progress_update(&bar, (first + n) * world, extra);
+        }
+        if (s + 1 < w->steps_per_epoch && agree_stop(w, w->progress.step)) {
+            w->progress.partial_seconds = now_seconds() - t0;
+            return EPOCH_STOPPED;
+        }
+    }
+    w->progress.partial_seconds = now_seconds() - t0;
+    if (w->env->rank == 0 && !o->quiet) progress_end(&bar, NULL);
+    return EPOCH_DONE;
+}
+
+static void finish_epoch(Worker *w, int64_t epoch, double lr) {
+    double sums[3] = {w->progress.partial_loss_sum, w->progress.partial_correct,
+                      w->progress.partial_seen};
+    comm_allreduce_sum_f64(w->comm, sums, 3);
+    EpochMetrics m;
+    memset(&m, 0, sizeof m);
+    m.epoch = epoch + 1;
+    m.train_loss = sums[2] > 0 ? sums[0] / sums[2] : 0;
+    m.train_acc = sums[2] > 0 ? sums[1] / sums[2] : 0;
+    m.seconds = w->progress.partial_seconds;
+    m.images_per_s = m.seconds > 0 ? sums[2] / m.seconds : 0;
+    m.lr = lr;
+    w->engine->ops->broadcast_buffers(w->engine, 0);
+    evaluate(w, &m.test_loss, &m.test_acc);
+    m.world_size = w->env->world_size;
+    m.restarts = w->env->restart_count;
+    m.device = w->engine->ops->name;
+    w->progress.epochs = epoch + 1;
+    w->progress.step_in_epoch = 0;
+    w->progress.partial_loss_sum = w->progress.partial_correct = 0;
+    w->progress.partial_seen = w->progress.partial_seconds = 0;
+    if (w->env->rank == 0) {
+        metrics_append(w->o->run_dir, &m);
+        log_info("epoch %" PRId64 "/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | "
+                 "%.0f img/s, %.1f s",
+                 m.epoch, w->o->epochs, m.train_loss, 100 * m.train_acc, m.test_loss,
+                 100 * m.test_acc, m.images_per_s, m.seconds);
+    }
+}
+
+static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
+    memset(w, 0, sizeof *w);
+    w->o = o;
+    w->env = env;
+    train_data_load(&w->data, o->data_path);
+    build_model(&w->model, o, &w->data.info);
+    normalisation(o, &w->data.info, w->mean, w->std);
+    if (env->rank == 0 && fs_mkdirs(o->run_dir, 0755) != 0)
+        die("%s: cannot create the run folder: %s", o->run_dir, strerror(errno));
+    EngineConfig ec;
+    memset(&ec, 0, sizeof ec);
+    ec.model = &w->model;
+    ec.train = (HostSplit){w->data.train_pixels, w->data.train_labels, w->data.n_train};
+    ec.test = (HostSplit){w->data.test_pixels, w->data.test_labels, w->data.n_test};
+    memcpy(ec.mean, w->mean, sizeof ec.mean);
+    memcpy(ec.std, w->std, sizeof ec.std);
+    ec.pad = 4;
+    ec.max_batch = o->batch_size;
+    ec.seed = o->seed;
+    ec.label_smoothing = (float)o->label_smoothing;
+    ec.momentum = (float)o->momentum;
+    ec.weight_decay = (float)o->weight_decay;
+    ec.nesterov = o->nesterov;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int local = env->local_world_size > 0 ? env->local_world_size : 1;
+    ec.threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
+    ec.precision = o->precision;
+    ec.deterministic = o->deterministic;
+    w->engine = create_engine(o, &ec, env, &w->comm);
+    train_state_alloc(&w->state, &w->model);
+    w->options_json = train_options_to_json(o);
+    w->perm = xmalloc((size_t)w->data.n_train * sizeof(int64_t));
+    w->mine = xmalloc((size_t)(w->data.n_train / env->world_size + 1) * sizeof(int64_t));
+    w->steps_per_epoch = steps_per_epoch(w);
+}
+
+static void worker_free(Worker *w) {
+    w->engine->ops->destroy(w->engine);
+    comm_destroy(w->comm);
+    train_state_free(&w->state);
+    model_free(&w->model);
+    train_data_free(&w->data);
+    free(w->options_json);
+    free(w->perm);
+    free(w->mine);
+}
+
+int train_worker(const TrainOptions *o, const DistEnv *env) {
+    Worker w;
+    worker_setup(&w, o, env);
+    resume_or_init(&w);
+    char path[4096] = "";
+    if (w.env->rank == 0) {
+        log_info("training %s: %d epochs from %" PRId64 ", %" PRId64 " images, %d process%s x "
+                 "batch %d, %zu parameters, device %s",
+                 o->data_path, o->epochs, w.progress.epochs, w.data.n_train, env->world_size,
+                 env->world_size == 1 ? "" : "es", o->batch_size, w.model.num_params,
+                 w.engine->ops->name);
+    }
+    int stopped = 0;
+    double lr = 0;
+    for (int64_t epoch = w.progress.epochs; epoch < o->epochs && !stopped; epoch++) {
+        if (run_epoch(&w, epoch, &lr) == EPOCH_STOPPED) {
+            stopped = 1;
+            break;
+        }
+        finish_epoch(&w, epoch, lr);
+        int last = epoch + 1 == o->epochs;
+        if (last || (epoch + 1) % o->save_every == 0) write_snapshot(&w, path, sizeof path);
+        if (!last && agree_stop(&w, 0)) stopped = 1;
+    }
+    if (stopped) {
+        write_snapshot(&w, path, sizeof path);
+        if (env->rank == 0)
+            log_info("stopped by signal: snapshot written, rerun the same command to resume");
+    } else if (path[0] == '\0' && env->rank == 0) {
+        /* Nothing left to train: report the snapshot we resumed from. */
+        snapshot_path_for(o->run_dir, w.progress.step, path, sizeof path);
+        if (!fs_exists(path)) write_snapshot(&w, path, sizeof path);
+        log_info("already trained for %d epochs", o->epochs);
+    }
+    comm_barrier(w.comm);
+    if (env->rank == 0) {
+        printf("%s\n", path);
+        fflush(stdout);
+    }
+    worker_free(&w);
+    return stopped ? 128 + (g_train_stop_signal ? g_train_stop_signal : SIGTERM) : 0;
+}
