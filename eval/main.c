@@ -1,0 +1,239 @@
+/* cifar-eval: load a snapshot, evaluate it on a split of a cifar-prep LMDB and
+ * report overall accuracy, per-class accuracy and the confusion matrix. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "checkpoint.h"
+#include "dataset.h"
+#include "engine.h"
+#include "model.h"
+#include "progress.h"
+
+static const char *usage_text =
+    "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors]\n"
+    "Evaluate a cifar-train snapshot (path from stdin when omitted: the last line).\n"
+    "\n"
+    "  --data DATA.lmdb   the dataset (default: the one recorded in the snapshot)\n"
+    "  --split NAME       the split to evaluate (default test)\n"
+    "  --json             one JSON document on stdout instead of the text report\n"
+    "  --device D         auto (GPU when usable, default) | cpu | cuda\n"
+    "  --batch-size N     images per forward pass (default 500)\n"
+    "  --threads N        CPU threads (default: all cores)\n"
+    "  --quiet            no progress output\n"
+    "  -h, --help         this help\n";
+
+typedef struct {
+    const char *snapshot;
+    const char *data;
+    const char *split;
+    int json, batch, threads, quiet;
+    const char *device;
+} EvalOptions;
+
+static const char *last_line_of_stdin(void) {
+    static char line[4096], last[4096];
+    last[0] = '\0';
+    while (fgets(line, sizeof line, stdin)) {
+        size_t n = strcspn(line, "\r\n");
+        line[n] = '\0';
+        if (n > 0) memcpy(last, line, n + 1);
+    }
+    if (!last[0]) die_usage("no SNAPSHOT given and none on stdin (see --help)");
+    return last;
+}
+
+static int parse_positive(const char *opt, const char *text) {
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || v < 1 || v > 1000000) die_usage("--%s: expected a positive integer, got '%s'", opt, text);
+    return (int)v;
+}
+
+static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
+    static const struct option longs[] = {
+        {"data", required_argument, 0, 'd'}, {"split", required_argument, 0, 's'},
+        {"json", no_argument, 0, 'j'},       {"device", required_argument, 0, 'D'},
+        {"batch-size", required_argument, 0, 'b'}, {"threads", required_argument, 0, 't'},
+        {"quiet", no_argument, 0, 'q'},      {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    o->split = "test";
+    o->batch = 500;
+    o->device = "auto";
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'd': o->data = optarg; break;
+        case 's': o->split = optarg; break;
+        case 'j': o->json = 1; break;
+        case 'D':
+            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                die_usage("--device: unknown value '%s' (auto, cpu, cuda)", optarg);
+            o->device = optarg;
+            break;
+        case 'b': o->batch = parse_positive("batch-size", optarg); break;
+        case 't': o->threads = parse_positive("threads", optarg); break;
+        case 'q': o->quiet = 1; break;
+        case 'h': fputs(usage_text, stdout); exit(0);
+        default: fputs("see `cifar-eval --help`\n", stderr); exit(2);
+        }
+    }
+    if (argc - optind > 1) die_usage("expected one SNAPSHOT, got %d arguments", argc - optind);
+    o->snapshot = optind < argc ? argv[optind] : last_line_of_stdin();
+}
+
+typedef struct {
+    int k;
+    int64_t total, correct;
+    double loss_sum;
+    int64_t *confusion; /* [true][predicted] */
+} EvalResult;
+
+static Engine *eval_engine(const EvalOptions *o, EngineConfig *ec) {
+    if (strcmp(o->device, "cpu") != 0 && engine_cuda_device_count() > 0) {
+        char err[256];
+        Engine *e = engine_create_cuda(ec, err, sizeof err);
+        if (e) return e;
+        if (strcmp(o->device, "cuda") == 0) die("--device cuda: %s", err);
+        log_warn("CUDA unavailable (%s): evaluating on the CPU", err);
+    } else if (strcmp(o->device, "cuda") == 0) {
+        char err[256] = "no usable CUDA device";
+        engine_create_cuda(ec, err, sizeof err);
+        die("--device cuda: %s", err);
+    }
+    return engine_create_cpu(ec);
+}
+
+static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *labels, EvalResult *r) {
+    int64_t *idx = xmalloc((size_t)o->batch * sizeof(int64_t));
+    int32_t *pred = xmalloc((size_t)o->batch * sizeof(int32_t));
+    Progress bar;
+    progress_begin(&bar, "eval", n, "img");
+    for (int64_t first = 0; first < n; first += o->batch) {
+        int b = (int)(n - first < o->batch ? n - first : o->batch);
+        for (int i = 0; i < b; i++) idx[i] = first + i;
+        e->ops->eval_batch(e, idx, b, &r->loss_sum, &r->correct, pred);
+        for (int i = 0; i < b; i++) r->confusion[(int64_t)labels[first + i] * r->k + pred[i]]++;
+        progress_update(&bar, first + b, NULL);
+    }
+    progress_end(&bar, NULL);
+    r->total = n;
+    free(idx);
+    free(pred);
+}
+
+static void print_text(const EvalOptions *o, const char *data, const EvalResult *r) {
+    printf("snapshot: %s\ndata: %s (split %s, %" PRId64 " images)\n", o->snapshot, data, o->split, r->total);
+    printf("accuracy: %.2f%% (%" PRId64 "/%" PRId64 "), mean loss %.4f\n",
+           100.0 * (double)r->correct / (double)r->total, r->correct, r->total,
+           r->loss_sum / (double)r->total);
+    printf("per class:\n");
+    for (int t = 0; t < r->k; t++) {
+        int64_t row = 0;
+        for (int p = 0; p < r->k; p++) row += r->confusion[(int64_t)t * r->k + p];
+        int64_t hit = r->confusion[(int64_t)t * r->k + t];
+        printf("  class %2d: %6.2f%% (%" PRId64 "/%" PRId64 ")\n", t,
+               row ? 100.0 * (double)hit / (double)row : 0.0, hit, row);
+    }
+    printf("confusion matrix (rows: true class, columns: predicted):\n");
+    for (int t = 0; t < r->k; t++) {
+        printf("  %2d:", t);
+        for (int p = 0; p < r->k; p++) printf(" %6" PRId64, r->confusion[(int64_t)t * r->k + p]);
+        printf("\n");
+    }
+}
+
+static void print_json(const EvalOptions *o, const char *data, const EvalResult *r) {
+    printf("{\"snapshot\":\"%s\",\"data\":\"%s\",\"split\":\"%s\",\"images\":%" PRId64
+           ",\"correct\":%" PRId64 ",\"accuracy\":%.6f,\"loss\":%.6f,\"per_class\":[",
+           o->snapshot, data, o->split, r->total, r->correct,
+           (double)r->correct / (double)r->total, r->loss_sum / (double)r->total);
+    for (int t = 0; t < r->k; t++) {
+        int64_t row = 0;
+        for (int p = 0; p < r->k; p++) row += r->confusion[(int64_t)t * r->k + p];
+        printf("%s%.6f", t ? "," : "", row ? (double)r->confusion[(int64_t)t * r->k + t] / (double)row : 0.0);
+    }
+    printf("],\"confusion\":[");
+    for (int t = 0; t < r->k; t++) {
+        printf("%s[", t ? "," : "");
+        for (int p = 0; p < r->k; p++) printf("%s%" PRId64, p ? "," : "", r->confusion[(int64_t)t * r->k + p]);
+        printf("]");
+    }
+    printf("]}\n");
+}
+
+int main(int argc, char **argv) {
+    log_set_program("cifar-eval");
+    EvalOptions o;
+    eval_options_parse(&o, argc, argv);
+    log_set_quiet(o.quiet);
+
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    CheckpointInfo info;
+    char err[512];
+    Snapshot *snap = checkpoint_open(o.snapshot, &cfg, &info, err, sizeof err);
+    if (!snap) die("%s: %s", o.snapshot, err);
+    Model model;
+    if (model_build(&model, &cfg, err, sizeof err) != 0) die("%s: model: %s", o.snapshot, err);
+    TrainState st;
+    train_state_alloc(&st, &model);
+    if (checkpoint_load_state(snap, &model, &st, err, sizeof err) != 0) die("%s: %s", o.snapshot, err);
+    snapshot_free(snap);
+
+    const char *data = o.data ? o.data : info.dataset_path;
+    if (!data || !data[0]) die_usage("%s: the snapshot records no dataset: give --data", o.snapshot);
+    Dataset *ds = dataset_open(data, err, sizeof err);
+    if (!ds) die("%s: %s", data, err);
+    const DatasetInfo *di = dataset_info(ds);
+    if (di->height != cfg.img_height || di->width != cfg.img_width || di->channels != cfg.img_channels ||
+        di->num_classes != cfg.num_classes)
+        die("%s: the dataset is %dx%dx%d with %d classes, the snapshot's model expects %s", data,
+            di->height, di->width, di->channels, di->num_classes, info.dataset_shape);
+    const DatasetSplit *sp = dataset_split(ds, o.split);
+    if (!sp || sp->count == 0) die("%s: no split \"%s\" (or it is empty)", data, o.split);
+    size_t rec = (size_t)cfg.img_height * cfg.img_width * cfg.img_channels;
+    uint8_t *pixels = xmalloc((size_t)sp->count * rec);
+    int32_t *labels = xmalloc((size_t)sp->count * sizeof(int32_t));
+    if (dataset_load_split(ds, o.split, pixels, labels, err, sizeof err) != 0) die("%s: %s", data, err);
+
+    EngineConfig ec;
+    memset(&ec, 0, sizeof ec);
+    ec.model = &model;
+    ec.test = (HostSplit){pixels, labels, sp->count};
+    memcpy(ec.mean, info.mean, sizeof ec.mean);
+    memcpy(ec.std, info.std, sizeof ec.std);
+    ec.max_batch = o.batch;
+    ec.threads = o.threads ? o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    ec.precision = PRECISION_FP32;
+    ec.comm = comm_create(COMM_SINGLE, &(DistEnv){.world_size = 1, .local_world_size = 1});
+    Engine *e = eval_engine(&o, &ec);
+    e->ops->state_from_host(e, st.params, st.buffers, NULL);
+
+    EvalResult r;
+    memset(&r, 0, sizeof r);
+    r.k = cfg.num_classes;
+    r.confusion = xcalloc((size_t)r.k * r.k, sizeof(int64_t));
+    run_eval(&o, e, sp->count, labels, &r);
+    if (o.json)
+        print_json(&o, data, &r);
+    else
+        print_text(&o, data, &r);
+
+    e->ops->destroy(e);
+    comm_destroy(ec.comm);
+    free(r.confusion);
+    free(pixels);
+    free(labels);
+    dataset_close(ds);
+    train_state_free(&st);
+    model_free(&model);
+    checkpoint_info_free(&info);
+    return 0;
+}
