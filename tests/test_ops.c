@@ -1,0 +1,744 @@
+/* test_ops.c: unit tests of the CPU ops (ops.h).
+ *
+ * The op bodies (shared/ops_cpu_impl.h) are compiled a second time here in double
+ * precision (ops_d_*), and every backward is checked against central finite
+ * differences of its forward in double, with a tight tolerance: per tensor,
+ * max|analytic - numeric| / max(max|analytic|, 1e-2) < 1e-6. Also: the convolution
+ * against a direct 7-loop reference, the float ops against the double ones, the
+ * SGD rule and the CE loss against values computed with PyTorch 1.13, the BN running
+ * statistics, and bitwise determinism (two runs, and 1 vs 2 threads).
+ *
+ * OPS_BENCH=1 also prints per-op timings at the seed model's shapes. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "ops.h"
+
+#define OPS_REAL double
+#define OPS_FN(name) ops_d_##name
+#define OPS_GEMM cblas_dgemm
+#include "ops_cpu_impl.h"
+
+static int failures;
+static int checks;
+
+#define EXPECT(cond, ...)                                              \
+    do {                                                               \
+        checks++;                                                      \
+        if (!(cond)) {                                                 \
+            failures++;                                                \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);       \
+            fprintf(stderr, __VA_ARGS__);                              \
+            fprintf(stderr, "\n");                                     \
+        }                                                              \
+    } while (0)
+
+/* ------------------------------------------------------------ utilities */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static double urand(void) { /* splitmix64 -> [0, 1) */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static double *dvec(size_t n) { return xcalloc(n ? n : 1, sizeof(double)); }
+static float *fvec(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
+
+static double *drand_vec(size_t n, double lo, double hi) {
+    double *v = dvec(n);
+    for (size_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * urand();
+    return v;
+}
+
+static float *to_float(const double *v, size_t n) {
+    float *f = fvec(n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)v[i];
+    return f;
+}
+
+static double dot(const double *a, const double *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static double max_abs(const double *a, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+/* max|a - b| / max(max|b|, floor) */
+static double rel_err(const double *a, const double *b, size_t n, double floor) {
+    double d = 0.0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs(a[i] - b[i]));
+    return d / fmax(max_abs(b, n), floor);
+}
+
+static double rel_err_f(const float *a, const double *b, size_t n, double floor) {
+    double d = 0.0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d / fmax(max_abs(b, n), floor);
+}
+
+/* ------------------------------------------------- finite differences */
+
+typedef double (*LossFn)(void *ctx);
+
+#define GRAD_TOL 1e-6
+#define GRAD_FLOOR 1e-2
+#define FD_STEP 1e-5
+
+/* Compares analytic[i] with the central difference of f in param[i], for every
+ * `every`-th entry. Returns the relative error. */
+static double grad_check(const char *what, LossFn f, void *ctx, double *param,
+                         const double *analytic, size_t n, size_t every) {
+    double *num = dvec(n), *ana = dvec(n);
+    size_t m = 0;
+    /* thousands of tiny forwards: one thread avoids the thread pools' wake-up costs */
+    int threads = ops_threads();
+    ops_set_threads(1);
+    for (size_t i = 0; i < n; i += every, m++) {
+        double keep = param[i];
+        param[i] = keep + FD_STEP;
+        double lp = f(ctx);
+        param[i] = keep - FD_STEP;
+        double lm = f(ctx);
+        param[i] = keep;
+        num[m] = (lp - lm) / (2 * FD_STEP);
+        ana[m] = analytic[i];
+    }
+    ops_set_threads(threads);
+    double err = rel_err(ana, num, m, GRAD_FLOOR);
+    EXPECT(err < GRAD_TOL, "%s: gradient rel err %.3g (max|g| %.3g)", what, err, max_abs(num, m));
+    if (getenv("OPS_VERBOSE")) printf("  %-34s n=%-6zu rel err %.2e\n", what, m, err);
+    free(num);
+    free(ana);
+    return err;
+}
+
+/* ---------------------------------------------------------- convolution */
+
+typedef struct {
+    ConvSpec cs;
+    int n, h, w, oh, ow;
+    double *x, *wt, *b, *y, *r, *ws;
+    size_t nx, nw, ny;
+} ConvCase;
+
+static void conv_case_init(ConvCase *c, int cin, int cout, int k, int s, int p, int n, int h,
+                           int w) {
+    memset(c, 0, sizeof(*c));
+    c->cs = (ConvSpec){cin, cout, k, s, p};
+    c->n = n;
+    c->h = h;
+    c->w = w;
+    c->oh = conv_out_size(h, k, s, p);
+    c->ow = conv_out_size(w, k, s, p);
+    c->nx = (size_t)n * h * w * cin;
+    c->nw = (size_t)cout * cin * k * k;
+    c->ny = (size_t)n * c->oh * c->ow * cout;
+    c->x = drand_vec(c->nx, -1, 1);
+    c->wt = drand_vec(c->nw, -1, 1);
+    c->b = drand_vec((size_t)cout, -1, 1);
+    c->y = dvec(c->ny);
+    c->r = drand_vec(c->ny, -1, 1);
+    c->ws = dvec(ops_d_conv2d_workspace_floats(&c->cs, n, h, w));
+}
+
+static void conv_case_free(ConvCase *c) {
+    free(c->x);
+    free(c->wt);
+    free(c->b);
+    free(c->y);
+    free(c->r);
+    free(c->ws);
+}
+
+/* Direct convolution, NHWC activations, PyTorch weight layout. */
+static void conv_reference(const ConvCase *c, double *y) {
+    const ConvSpec *cs = &c->cs;
+    for (int i = 0; i < c->n; i++)
+        for (int oy = 0; oy < c->oh; oy++)
+            for (int ox = 0; ox < c->ow; ox++)
+                for (int co = 0; co < cs->cout; co++) {
+                    double s = c->b[co];
+                    for (int ci = 0; ci < cs->cin; ci++)
+                        for (int kh = 0; kh < cs->k; kh++)
+                            for (int kw = 0; kw < cs->k; kw++) {
+                                int iy = oy * cs->stride - cs->pad + kh;
+                                int ix = ox * cs->stride - cs->pad + kw;
+                                if (iy < 0 || iy >= c->h || ix < 0 || ix >= c->w) continue;
+                                s += c->x[(((size_t)i * c->h + iy) * c->w + ix) * cs->cin + ci] *
+                                     c->wt[(((size_t)co * cs->cin + ci) * cs->k + kh) * cs->k + kw];
+                            }
+                    y[(((size_t)i * c->oh + oy) * c->ow + ox) * cs->cout + co] = s;
+                }
+}
+
+static double conv_loss(void *ctx) {
+    ConvCase *c = ctx;
+    ops_d_conv2d_forward(&c->cs, c->n, c->h, c->w, c->x, c->wt, c->b, c->y, c->ws);
+    return dot(c->y, c->r, c->ny);
+}
+
+static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, int w,
+                          size_t every) {
+    ConvCase c;
+    conv_case_init(&c, cin, cout, k, s, p, n, h, w);
+    char name[128];
+    snprintf(name, sizeof(name), "conv %dx%d s%d p%d %d->%d %dx%dx%d", k, k, s, p, cin, cout, n,
+             h, w);
+
+    double *yref = dvec(c.ny);
+    conv_reference(&c, yref);
+    conv_loss(&c);
+    double e = rel_err(c.y, yref, c.ny, 1.0);
+    EXPECT(e < 1e-12, "%s: forward differs from the direct reference (rel %.3g)", name, e);
+
+    double *dx = dvec(c.nx), *dw = dvec(c.nw), *db = dvec((size_t)cout);
+    ops_d_conv2d_backward(&c.cs, n, h, w, c.x, c.wt, c.r, dx, dw, db, c.ws);
+    char what[160];
+    snprintf(what, sizeof(what), "%s dx", name);
+    grad_check(what, conv_loss, &c, c.x, dx, c.nx, every);
+    snprintf(what, sizeof(what), "%s dW", name);
+    grad_check(what, conv_loss, &c, c.wt, dw, c.nw, 1);
+    snprintf(what, sizeof(what), "%s db", name);
+    grad_check(what, conv_loss, &c, c.b, db, (size_t)cout, 1);
+
+    /* NULL dx (the stem) leaves the parameter gradients unchanged */
+    double *dw2 = dvec(c.nw), *db2 = dvec((size_t)cout);
+    ops_d_conv2d_backward(&c.cs, n, h, w, c.x, c.wt, c.r, NULL, dw2, db2, c.ws);
+    EXPECT(memcmp(dw, dw2, c.nw * sizeof(double)) == 0 &&
+               memcmp(db, db2, (size_t)cout * sizeof(double)) == 0,
+           "%s: backward with dx NULL gives other parameter gradients", name);
+
+    /* the float op agrees with the double one */
+    float *fx = to_float(c.x, c.nx), *fw = to_float(c.wt, c.nw), *fb = to_float(c.b, cout);
+    float *fr = to_float(c.r, c.ny), *fy = fvec(c.ny), *fdx = fvec(c.nx), *fdw = fvec(c.nw);
+    float *fdb = fvec((size_t)cout), *fws = fvec(conv2d_workspace_floats(&c.cs, n, h, w));
+    conv2d_forward(&c.cs, n, h, w, fx, fw, fb, fy, fws);
+    conv2d_backward(&c.cs, n, h, w, fx, fw, fr, fdx, fdw, fdb, fws);
+    EXPECT(rel_err_f(fy, yref, c.ny, 1.0) < 1e-5, "%s: float forward", name);
+    EXPECT(rel_err_f(fdx, dx, c.nx, 1.0) < 1e-5, "%s: float dx", name);
+    EXPECT(rel_err_f(fdw, dw, c.nw, 1.0) < 1e-5, "%s: float dW", name);
+    EXPECT(rel_err_f(fdb, db, cout, 1.0) < 1e-5, "%s: float db", name);
+
+    free(fx); free(fw); free(fb); free(fr); free(fy); free(fdx); free(fdw); free(fdb); free(fws);
+    free(dw2); free(db2); free(dx); free(dw); free(db); free(yref);
+    conv_case_free(&c);
+}
+
+static void test_conv(void) {
+    test_conv_one(3, 5, 3, 1, 1, 2, 7, 6, 1);
+    test_conv_one(4, 6, 3, 2, 1, 2, 7, 7, 1);
+    test_conv_one(2, 3, 3, 2, 0, 2, 8, 7, 1);
+    test_conv_one(5, 3, 1, 1, 0, 3, 4, 5, 1);
+    test_conv_one(4, 6, 1, 2, 0, 2, 7, 5, 1);
+    test_conv_one(3, 4, 5, 2, 2, 2, 9, 8, 1);
+    /* several im2col chunks (see OPSI_COL_TARGET): dx spot-checked */
+    test_conv_one(8, 6, 3, 1, 1, 25, 8, 8, 97);
+}
+
+/* ------------------------------------------------------------ batchnorm */
+
+typedef struct {
+    int rows, c;
+    double *x, *g, *b, *y, *r, *mean, *invstd, *rm, *rv;
+} BNCase;
+
+static double bn_loss(void *ctx) {
+    BNCase *t = ctx;
+    ops_d_batchnorm2d_forward_train(t->rows, t->c, t->x, t->g, t->b, t->y, t->mean, t->invstd,
+                                    t->rm, t->rv, 0.1, 1e-5);
+    return dot(t->y, t->r, (size_t)t->rows * t->c);
+}
+
+static void test_batchnorm_grad(int rows, int c) {
+    BNCase t = {rows, c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t n = (size_t)rows * c;
+    t.x = drand_vec(n, -2, 3);
+    t.g = drand_vec((size_t)c, 0.5, 1.5);
+    t.b = drand_vec((size_t)c, -1, 1);
+    t.y = dvec(n);
+    t.r = drand_vec(n, -1, 1);
+    t.mean = dvec((size_t)c);
+    t.invstd = dvec((size_t)c);
+    t.rm = dvec((size_t)c);
+    t.rv = dvec((size_t)c);
+    bn_loss(&t);
+    double *dx = dvec(n), *dg = dvec((size_t)c), *db = dvec((size_t)c);
+    ops_d_batchnorm2d_backward(rows, c, t.x, t.g, t.mean, t.invstd, t.r, dx, dg, db);
+    char what[64];
+    snprintf(what, sizeof(what), "batchnorm %dx%d dx", rows, c);
+    grad_check(what, bn_loss, &t, t.x, dx, n, rows > 600 ? 13 : 1);
+    snprintf(what, sizeof(what), "batchnorm %dx%d dgamma", rows, c);
+    grad_check(what, bn_loss, &t, t.g, dg, (size_t)c, 1);
+    snprintf(what, sizeof(what), "batchnorm %dx%d dbeta", rows, c);
+    grad_check(what, bn_loss, &t, t.b, db, (size_t)c, 1);
+
+    /* float agrees with double */
+    float *fx = to_float(t.x, n), *fg = to_float(t.g, c), *fb = to_float(t.b, c);
+    float *fr = to_float(t.r, n), *fy = fvec(n), *fm = fvec(c), *fi = fvec(c), *frm = fvec(c);
+    float *frv = fvec(c), *fdx = fvec(n), *fdg = fvec(c), *fdb = fvec(c);
+    batchnorm2d_forward_train(rows, c, fx, fg, fb, fy, fm, fi, frm, frv, 0.1f, 1e-5f);
+    batchnorm2d_backward(rows, c, fx, fg, fm, fi, fr, fdx, fdg, fdb);
+    bn_loss(&t);
+    EXPECT(rel_err_f(fy, t.y, n, 1.0) < 1e-5, "batchnorm: float forward");
+    EXPECT(rel_err_f(fdx, dx, n, 1.0) < 1e-5, "batchnorm: float dx");
+    EXPECT(rel_err_f(fdg, dg, c, 1.0) < 1e-5, "batchnorm: float dgamma");
+    EXPECT(rel_err_f(fdb, db, c, 1.0) < 1e-5, "batchnorm: float dbeta");
+
+    free(fx); free(fg); free(fb); free(fr); free(fy); free(fm); free(fi); free(frm); free(frv);
+    free(fdx); free(fdg); free(fdb);
+    free(dx); free(dg); free(db);
+    free(t.x); free(t.g); free(t.b); free(t.y); free(t.r); free(t.mean); free(t.invstd);
+    free(t.rm); free(t.rv);
+}
+
+static void test_batchnorm_stats(void) {
+    /* one channel, x = 1,2,3,4 (+1000 on the second channel to test the shift):
+     * mean 2.5, biased var 1.25, unbiased 5/3 */
+    float x[8] = {1, 1001, 2, 1002, 3, 1003, 4, 1004};
+    float g[2] = {2, 1}, b[2] = {0.5f, 0}, y[8], mean[2], inv[2];
+    float rm[2] = {0, 0}, rv[2] = {1, 1};
+    batchnorm2d_forward_train(4, 2, x, g, b, y, mean, inv, rm, rv, 0.1f, 1e-5f);
+    double want_inv = 1.0 / sqrt(1.25 + 1e-5);
+    EXPECT(fabs(mean[0] - 2.5) < 1e-6 && fabs(mean[1] - 1002.5) < 1e-4, "bn: save_mean");
+    EXPECT(fabs(inv[0] - want_inv) < 1e-6 && fabs(inv[1] - want_inv) < 1e-5, "bn: save_invstd");
+    EXPECT(fabs(rm[0] - 0.25) < 1e-6 && fabs(rm[1] - 100.25) < 1e-4, "bn: running_mean %g %g",
+           rm[0], rm[1]);
+    double want_rv = 0.9 + 0.1 * 5.0 / 3.0;
+    EXPECT(fabs(rv[0] - want_rv) < 1e-6 && fabs(rv[1] - want_rv) < 1e-5,
+           "bn: running_var (unbiased) %g, want %g", rv[0], want_rv);
+    EXPECT(fabs(y[0] - (2 * (1 - 2.5) * want_inv + 0.5)) < 1e-5, "bn: y[0]");
+
+    /* eval mode uses the running statistics */
+    float ye[8];
+    batchnorm2d_forward_eval(4, 2, x, g, b, rm, rv, 1e-5f, ye);
+    double want = 2 * (3 - rm[0]) / sqrt(rv[0] + 1e-5) + 0.5;
+    EXPECT(fabs(ye[4] - want) < 1e-5, "bn eval: %g, want %g", ye[4], want);
+}
+
+/* ------------------------------------------------ elementwise, pool, linear */
+
+typedef struct {
+    size_t n;
+    double *a, *b, *y, *r;
+    int hw, c, rows; /* meanpool */
+    int in, out;     /* linear */
+    double *w, *bias;
+} SmallCase;
+
+static double relu_loss(void *ctx) {
+    SmallCase *t = ctx;
+    ops_d_relu_forward(t->n, t->a, t->y);
+    return dot(t->y, t->r, t->n);
+}
+
+static double add_relu_loss(void *ctx) {
+    SmallCase *t = ctx;
+    ops_d_add_relu_forward(t->n, t->a, t->b, t->y);
+    return dot(t->y, t->r, t->n);
+}
+
+static double meanpool_loss(void *ctx) {
+    SmallCase *t = ctx;
+    ops_d_meanpool_forward(t->rows, t->hw, t->c, t->a, t->y);
+    return dot(t->y, t->r, (size_t)t->rows * t->c);
+}
+
+static double linear_loss(void *ctx) {
+    SmallCase *t = ctx;
+    ops_d_linear_forward(t->rows, t->in, t->out, t->a, t->w, t->bias, t->y);
+    return dot(t->y, t->r, (size_t)t->rows * t->out);
+}
+
+/* values in +-[0.05, 1]: finite differences never straddle the ReLU kink */
+static double *away_from_zero(size_t n) {
+    double *v = drand_vec(n, 0.05, 1);
+    for (size_t i = 0; i < n; i++)
+        if (urand() < 0.5) v[i] = -v[i];
+    return v;
+}
+
+static void test_elementwise(void) {
+    SmallCase t = {0};
+    t.n = 300;
+    t.a = away_from_zero(t.n);
+    t.b = dvec(t.n);
+    for (size_t i = 0; i < t.n; i++) t.b[i] = 0.5 * t.a[(i * 7) % t.n] - t.a[i] * 0.3; /* sum away from 0 */
+    for (size_t i = 0; i < t.n; i++)
+        if (fabs(t.a[i] + t.b[i]) < 0.02) t.b[i] += 0.1;
+    t.y = dvec(t.n);
+    t.r = drand_vec(t.n, -1, 1);
+    double *d = dvec(t.n);
+
+    relu_loss(&t);
+    ops_d_relu_backward(t.n, t.y, t.r, d);
+    grad_check("relu dx", relu_loss, &t, t.a, d, t.n, 1);
+
+    add_relu_loss(&t);
+    ops_d_relu_backward(t.n, t.y, t.r, d);
+    grad_check("add_relu da", add_relu_loss, &t, t.a, d, t.n, 1);
+    grad_check("add_relu db", add_relu_loss, &t, t.b, d, t.n, 1);
+
+    /* in place, and the float versions */
+    float *fa = to_float(t.a, t.n), *fb = to_float(t.b, t.n), *fy = fvec(t.n);
+    add_forward(t.n, fa, fb, fy);
+    int ok = 1;
+    for (size_t i = 0; i < t.n; i++) ok &= fy[i] == fa[i] + fb[i];
+    EXPECT(ok, "add_forward");
+    add_relu_forward(t.n, fa, fb, fy);
+    relu_backward(t.n, fy, fy, fy); /* in place: dx = dy where y > 0 */
+    ok = 1;
+    for (size_t i = 0; i < t.n; i++) {
+        float s = fa[i] + fb[i];
+        ok &= fy[i] == (s > 0 ? s : 0);
+    }
+    EXPECT(ok, "add_relu_forward / relu_backward in place");
+    relu_forward(t.n, fa, fa);
+    ok = 1;
+    for (size_t i = 0; i < t.n; i++) ok &= fa[i] >= 0 && (fa[i] == 0 || fa[i] == (float)t.a[i]);
+    EXPECT(ok, "relu_forward in place");
+    free(fa); free(fb); free(fy);
+    free(d); free(t.a); free(t.b); free(t.y); free(t.r);
+}
+
+static void test_meanpool(void) {
+    SmallCase t = {0};
+    t.rows = 3;
+    t.hw = 5;
+    t.c = 4;
+    size_t nx = (size_t)t.rows * t.hw * t.c, ny = (size_t)t.rows * t.c;
+    t.a = drand_vec(nx, -1, 1);
+    t.y = dvec(ny);
+    t.r = drand_vec(ny, -1, 1);
+    double *d = dvec(nx);
+    meanpool_loss(&t);
+    EXPECT(fabs(t.y[1 * 4 + 2] - (t.a[20 + 2] + t.a[24 + 2] + t.a[28 + 2] + t.a[32 + 2] +
+                                  t.a[36 + 2]) / 5) < 1e-14,
+           "meanpool forward");
+    ops_d_meanpool_backward(t.rows, t.hw, t.c, t.r, d);
+    grad_check("meanpool dx", meanpool_loss, &t, t.a, d, nx, 1);
+    free(d); free(t.a); free(t.y); free(t.r);
+}
+
+static void test_linear(void) {
+    SmallCase t = {0};
+    t.rows = 5;
+    t.in = 7;
+    t.out = 3;
+    size_t nx = (size_t)t.rows * t.in, ny = (size_t)t.rows * t.out, nw = (size_t)t.in * t.out;
+    t.a = drand_vec(nx, -1, 1);
+    t.w = drand_vec(nw, -1, 1);
+    t.bias = drand_vec((size_t)t.out, -1, 1);
+    t.y = dvec(ny);
+    t.r = drand_vec(ny, -1, 1);
+    linear_loss(&t);
+    double want = t.bias[2];
+    for (int j = 0; j < t.in; j++) want += t.a[1 * t.in + j] * t.w[2 * t.in + j];
+    EXPECT(fabs(t.y[1 * t.out + 2] - want) < 1e-13, "linear forward");
+    double *dx = dvec(nx), *dw = dvec(nw), *db = dvec((size_t)t.out);
+    ops_d_linear_backward(t.rows, t.in, t.out, t.a, t.w, t.r, dx, dw, db);
+    grad_check("linear dx", linear_loss, &t, t.a, dx, nx, 1);
+    grad_check("linear dW", linear_loss, &t, t.w, dw, nw, 1);
+    grad_check("linear db", linear_loss, &t, t.bias, db, (size_t)t.out, 1);
+    free(dx); free(dw); free(db); free(t.a); free(t.w); free(t.bias); free(t.y); free(t.r);
+}
+
+/* ------------------------------------------------------------------ loss */
+
+typedef struct {
+    int n, k;
+    double *logits, smoothing;
+    int32_t *labels;
+} XentCase;
+
+static double xent_loss(void *ctx) {
+    XentCase *t = ctx;
+    return ops_d_softmax_xent_forward_backward(t->n, t->k, t->logits, t->labels, t->smoothing,
+                                               NULL, NULL);
+}
+
+static void test_xent(void) {
+    /* PyTorch 1.13: F.cross_entropy([[1,2,.5],[0,-1,3]], [1,0], label_smoothing=0.1) */
+    float l[6] = {1, 2, 0.5f, 0, -1, 3};
+    int32_t lab[2] = {1, 0};
+    int correct = -1;
+    float d[6];
+    float loss = softmax_xent_forward_backward(2, 3, l, lab, 0.1f, d, &correct);
+    EXPECT(fabs(loss - 1.7734596772660207) < 1e-6, "xent: loss %.9g, PyTorch 1.77345968", loss);
+    EXPECT(correct == 1, "xent: correct %d, want 1", correct);
+    double rowsum = d[0] + d[1] + d[2];
+    EXPECT(fabs(rowsum) < 1e-7, "xent: dlogits row sums to 0 (%g)", rowsum);
+
+    XentCase t = {6, 10, NULL, 0.1, NULL};
+    t.logits = drand_vec(60, -3, 3);
+    t.labels = xmalloc(6 * sizeof(int32_t));
+    for (int i = 0; i < 6; i++) t.labels[i] = (i * 7) % 10;
+    double *dl = dvec(60);
+    ops_d_softmax_xent_forward_backward(t.n, t.k, t.logits, t.labels, t.smoothing, dl, NULL);
+    grad_check("softmax_xent dlogits (smoothing .1)", xent_loss, &t, t.logits, dl, 60, 1);
+    t.smoothing = 0.0;
+    ops_d_softmax_xent_forward_backward(t.n, t.k, t.logits, t.labels, t.smoothing, dl, NULL);
+    grad_check("softmax_xent dlogits (smoothing 0)", xent_loss, &t, t.logits, dl, 60, 1);
+
+    /* equal logits: log(k) whatever the smoothing */
+    double z[10] = {0};
+    int32_t zl = 3;
+    double zloss = ops_d_softmax_xent_forward_backward(1, 10, z, &zl, 0.3, NULL, NULL);
+    EXPECT(fabs(zloss - log(10.0)) < 1e-14, "xent: uniform logits give log(k)");
+    free(dl); free(t.logits); free(t.labels);
+}
+
+/* ------------------------------------------------------------------- SGD */
+
+static void test_sgd(void) {
+    /* PyTorch 1.13 SGD(lr=.1, momentum=.9, weight_decay=.1), grads .5 and -.25, two steps */
+    static const double want_plain[2][2] = {{0.94, 1.015}, {0.8266, 1.04335}};
+    static const double want_nest[2][2] = {{0.886, 1.0285}, {0.725566, 1.0686085}};
+    static const double want_buf[2] = {1.134, -0.2835};
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        float p[3] = {1, 1, 1}, g[3] = {0.5f, -0.25f, 0.5f}, buf[3] = {7, 7, 7};
+        uint8_t mask[3] = {1, 1, 0};
+        for (int step = 0; step < 2; step++) {
+            sgd_update(3, p, g, buf, mask, 0.1f, 0.9f, 0.1f, nesterov, step == 0);
+            const double *want = nesterov ? want_nest[step] : want_plain[step];
+            EXPECT(fabs(p[0] - want[0]) < 1e-6 && fabs(p[1] - want[1]) < 1e-6,
+                   "sgd nesterov=%d step %d: %.7g %.7g, want %.7g %.7g", nesterov, step, p[0],
+                   p[1], want[0], want[1]);
+        }
+        if (!nesterov)
+            EXPECT(fabs(buf[0] - want_buf[0]) < 1e-6 && fabs(buf[1] - want_buf[1]) < 1e-6,
+                   "sgd momentum buffer");
+        /* no decay on the masked entry: buf .5 then .95; p 1-.05 then -.095 */
+        double want2 = nesterov ? 1 - 0.1 * (0.5 + 0.45) - 0.1 * (0.5 + 0.9 * 0.95) : 1 - 0.05 - 0.095;
+        EXPECT(fabs(p[2] - want2) < 1e-6, "sgd decay mask: %.7g, want %.7g", p[2], want2);
+    }
+    float p = 2, g = 1, buf = 0;
+    sgd_update(1, &p, &g, &buf, NULL, 0.5f, 0.0f, 0.0f, 0, 1);
+    sgd_update(1, &p, &g, &buf, NULL, 0.5f, 0.0f, 0.0f, 0, 0);
+    EXPECT(p == 1.0f, "sgd without momentum: %g", p);
+}
+
+/* ------------------------------------------------- one bottleneck block */
+
+/* conv1 1x1 -> bn1 -> relu -> conv2 3x3 stride 2 -> bn2 -> relu -> conv3 1x1 -> bn3,
+ * plus the shortcut 1x1 stride 2 conv -> bn, add, relu: the seed's first block. */
+enum { T_X, T_W1, T_B1, T_W2, T_B2, T_W3, T_B3, T_WP, T_BP, T_G1, T_BE1, T_G2, T_BE2, T_G3,
+       T_BE3, T_GP, T_BEP, T_COUNT };
+static const char *block_names[T_COUNT] = {
+    "x", "conv1.w", "conv1.b", "conv2.w", "conv2.b", "conv3.w", "conv3.b", "proj.w", "proj.b",
+    "bn1.gamma", "bn1.beta", "bn2.gamma", "bn2.beta", "bn3.gamma", "bn3.beta", "proj_bn.gamma",
+    "proj_bn.beta"};
+
+typedef struct {
+    int n, h, w, oh, ow, cin, mid, cout;
+    ConvSpec c1, c2, c3, cp;
+    double *t[T_COUNT], *g[T_COUNT];
+    size_t len[T_COUNT];
+    /* activations: a1 conv1 out, r1 relu(bn1), a2 conv2 out, r2 relu(bn2), a3 conv3 out,
+     * n3 bn3 out, ap proj out, np proj bn out, out */
+    double *a1, *b1, *r1, *a2, *b2, *r2, *a3, *n3, *ap, *np, *out, *r;
+    double *mean[4], *inv[4], *rm, *rv, *ws;
+} BlockCase;
+
+static double block_loss(void *ctx) {
+    BlockCase *b = ctx;
+    size_t rin = (size_t)b->n * b->h * b->w, rout = (size_t)b->n * b->oh * b->ow;
+    double **t = b->t;
+    ops_d_conv2d_forward(&b->c1, b->n, b->h, b->w, t[T_X], t[T_W1], t[T_B1], b->a1, b->ws);
+    ops_d_batchnorm2d_forward_train((int)rin, b->mid, b->a1, t[T_G1], t[T_BE1], b->b1,
+                                    b->mean[0], b->inv[0], b->rm, b->rv, 0.1, 1e-5);
+    ops_d_relu_forward(rin * b->mid, b->b1, b->r1);
+    ops_d_conv2d_forward(&b->c2, b->n, b->h, b->w, b->r1, t[T_W2], t[T_B2], b->a2, b->ws);
+    ops_d_batchnorm2d_forward_train((int)rout, b->mid, b->a2, t[T_G2], t[T_BE2], b->b2,
+                                    b->mean[1], b->inv[1], b->rm, b->rv, 0.1, 1e-5);
+    ops_d_relu_forward(rout * b->mid, b->b2, b->r2);
+    ops_d_conv2d_forward(&b->c3, b->n, b->oh, b->ow, b->r2, t[T_W3], t[T_B3], b->a3, b->ws);
+    ops_d_batchnorm2d_forward_train((int)rout, b->cout, b->a3, t[T_G3], t[T_BE3], b->n3,
+                                    b->mean[2], b->inv[2], b->rm, b->rv, 0.1, 1e-5);
+    ops_d_conv2d_forward(&b->cp, b->n, b->h, b->w, t[T_X], t[T_WP], t[T_BP], b->ap, b->ws);
+    ops_d_batchnorm2d_forward_train((int)rout, b->cout, b->ap, t[T_GP], t[T_BEP], b->np,
+                                    b->mean[3], b->inv[3], b->rm, b->rv, 0.1, 1e-5);
+    ops_d_add_relu_forward(rout * b->cout, b->n3, b->np, b->out);
+    return dot(b->out, b->r, rout * b->cout);
+}
+
+static void block_backward(BlockCase *b) {
+    size_t rin = (size_t)b->n * b->h * b->w, rout = (size_t)b->n * b->oh * b->ow;
+    size_t big = rin * (size_t)(b->cout > b->cin ? b->cout : b->cin);
+    double **t = b->t, **g = b->g;
+    double *dpre = dvec(big), *d1 = dvec(big), *d2 = dvec(big), *dx2 = dvec(big);
+    ops_d_relu_backward(rout * b->cout, b->out, b->r, dpre);
+    /* main path */
+    ops_d_batchnorm2d_backward((int)rout, b->cout, b->a3, t[T_G3], b->mean[2], b->inv[2], dpre,
+                               d1, g[T_G3], g[T_BE3]);
+    ops_d_conv2d_backward(&b->c3, b->n, b->oh, b->ow, b->r2, t[T_W3], d1, d2, g[T_W3], g[T_B3],
+                          b->ws);
+    ops_d_relu_backward(rout * b->mid, b->r2, d2, d2);
+    ops_d_batchnorm2d_backward((int)rout, b->mid, b->a2, t[T_G2], b->mean[1], b->inv[1], d2, d1,
+                               g[T_G2], g[T_BE2]);
+    ops_d_conv2d_backward(&b->c2, b->n, b->h, b->w, b->r1, t[T_W2], d1, d2, g[T_W2], g[T_B2],
+                          b->ws);
+    ops_d_relu_backward(rin * b->mid, b->r1, d2, d2);
+    ops_d_batchnorm2d_backward((int)rin, b->mid, b->a1, t[T_G1], b->mean[0], b->inv[0], d2, d1,
+                               g[T_G1], g[T_BE1]);
+    ops_d_conv2d_backward(&b->c1, b->n, b->h, b->w, t[T_X], t[T_W1], d1, g[T_X], g[T_W1],
+                          g[T_B1], b->ws);
+    /* shortcut */
+    ops_d_batchnorm2d_backward((int)rout, b->cout, b->ap, t[T_GP], b->mean[3], b->inv[3], dpre,
+                               d1, g[T_GP], g[T_BEP]);
+    ops_d_conv2d_backward(&b->cp, b->n, b->h, b->w, t[T_X], t[T_WP], d1, dx2, g[T_WP], g[T_BP],
+                          b->ws);
+    ops_d_add_forward(rin * b->cin, g[T_X], dx2, g[T_X]);
+    free(dpre); free(d1); free(d2); free(dx2);
+}
+
+static void test_block(void) {
+    BlockCase b;
+    memset(&b, 0, sizeof(b));
+    b.n = 3; b.h = 7; b.w = 6; b.cin = 4; b.mid = 3; b.cout = 5;
+    b.c1 = (ConvSpec){b.cin, b.mid, 1, 1, 0};
+    b.c2 = (ConvSpec){b.mid, b.mid, 3, 2, 1};
+    b.c3 = (ConvSpec){b.mid, b.cout, 1, 1, 0};
+    b.cp = (ConvSpec){b.cin, b.cout, 1, 2, 0};
+    b.oh = conv_out_size(b.h, 3, 2, 1);
+    b.ow = conv_out_size(b.w, 3, 2, 1);
+    size_t rin = (size_t)b.n * b.h * b.w, rout = (size_t)b.n * b.oh * b.ow;
+    size_t len[T_COUNT] = {rin * b.cin, (size_t)b.cin * b.mid, (size_t)b.mid,
+                           (size_t)b.mid * b.mid * 9, (size_t)b.mid, (size_t)b.mid * b.cout,
+                           (size_t)b.cout, (size_t)b.cin * b.cout, (size_t)b.cout,
+                           (size_t)b.mid, (size_t)b.mid, (size_t)b.mid, (size_t)b.mid,
+                           (size_t)b.cout, (size_t)b.cout, (size_t)b.cout, (size_t)b.cout};
+    for (int i = 0; i < T_COUNT; i++) {
+        b.len[i] = len[i];
+        b.t[i] = (i >= T_G1 && (i - T_G1) % 2 == 0) ? drand_vec(len[i], 0.5, 1.5)
+                                                     : drand_vec(len[i], -1, 1);
+        b.g[i] = dvec(len[i]);
+    }
+    size_t big = rin * (size_t)(b.cout > b.cin ? b.cout : b.cin);
+    b.a1 = dvec(big); b.b1 = dvec(big); b.r1 = dvec(big); b.a2 = dvec(big); b.b2 = dvec(big);
+    b.r2 = dvec(big); b.a3 = dvec(big); b.n3 = dvec(big); b.ap = dvec(big); b.np = dvec(big);
+    b.out = dvec(big);
+    b.r = drand_vec(rout * b.cout, -1, 1);
+    for (int i = 0; i < 4; i++) {
+        b.mean[i] = dvec(8);
+        b.inv[i] = dvec(8);
+    }
+    b.rm = dvec(8);
+    b.rv = dvec(8);
+    size_t ws = ops_d_conv2d_workspace_floats(&b.c2, b.n, b.h, b.w);
+    size_t wsp = ops_d_conv2d_workspace_floats(&b.cp, b.n, b.h, b.w);
+    b.ws = dvec(ws > wsp ? ws : wsp);
+
+    block_loss(&b);
+    block_backward(&b);
+    for (int i = 0; i < T_COUNT; i++) {
+        char what[64];
+        snprintf(what, sizeof(what), "bottleneck block d%s", block_names[i]);
+        grad_check(what, block_loss, &b, b.t[i], b.g[i], b.len[i], 1);
+    }
+    for (int i = 0; i < T_COUNT; i++) {
+        free(b.t[i]);
+        free(b.g[i]);
+    }
+    free(b.a1); free(b.b1); free(b.r1); free(b.a2); free(b.b2); free(b.r2); free(b.a3);
+    free(b.n3); free(b.ap); free(b.np); free(b.out); free(b.r);
+    for (int i = 0; i < 4; i++) {
+        free(b.mean[i]);
+        free(b.inv[i]);
+    }
+    free(b.rm); free(b.rv); free(b.ws);
+}
+
+/* ------------------------------------------------------------ determinism */
+
+typedef struct {
+    float *y, *dx, *dw, *db, *bny, *bndx, *bndg, *bndb;
+} DetOut;
+
+/* A seed-shaped conv + BN forward/backward in float; outputs compared bitwise. */
+static void det_run(const ConvSpec *cs, int n, int h, int w, const float *x, const float *wt,
+                    const float *b, const float *dy, DetOut *o) {
+    size_t rows = (size_t)n * conv_out_size(h, cs->k, cs->stride, cs->pad) *
+                  conv_out_size(w, cs->k, cs->stride, cs->pad);
+    float *ws = fvec(conv2d_workspace_floats(cs, n, h, w));
+    float g[64], be[64], m[64], inv[64], rm[64] = {0}, rv[64] = {0};
+    for (int i = 0; i < 64; i++) {
+        g[i] = 1.0f + 0.01f * i;
+        be[i] = 0.02f * i;
+    }
+    conv2d_forward(cs, n, h, w, x, wt, b, o->y, ws);
+    conv2d_backward(cs, n, h, w, x, wt, dy, o->dx, o->dw, o->db, ws);
+    batchnorm2d_forward_train((int)rows, cs->cout, o->y, g, be, o->bny, m, inv, rm, rv, 0.1f,
+                              1e-5f);
+    batchnorm2d_backward((int)rows, cs->cout, o->y, g, m, inv, dy, o->bndx, o->bndg, o->bndb);
+    free(ws);
+}
+
+static int det_equal(const DetOut *a, const DetOut *b, size_t ny, size_t nx, size_t nw, int c) {
+    return !memcmp(a->y, b->y, ny * 4) && !memcmp(a->dx, b->dx, nx * 4) &&
+           !memcmp(a->dw, b->dw, nw * 4) && !memcmp(a->db, b->db, (size_t)c * 4) &&
+           !memcmp(a->bny, b->bny, ny * 4) && !memcmp(a->bndx, b->bndx, ny * 4) &&
+           !memcmp(a->bndg, b->bndg, (size_t)c * 4) && !memcmp(a->bndb, b->bndb, (size_t)c * 4);
+}
+
+static void test_determinism(void) {
+    ConvSpec cs = {16, 16, 3, 1, 1};
+    int n = 64, h = 8, w = 8;
+    size_t nx = (size_t)n * h * w * 16, ny = nx, nw = 16 * 16 * 9;
+    double *dx = drand_vec(nx, -1, 1), *dwt = drand_vec(nw, -0.1, 0.1), *dy = drand_vec(ny, -1, 1);
+    float *x = to_float(dx, nx), *wt = to_float(dwt, nw), *fdy = to_float(dy, ny);
+    float b[16] = {0};
+    DetOut o[3];
+    for (int k = 0; k < 3; k++) {
+        o[k].y = fvec(ny); o[k].dx = fvec(nx); o[k].dw = fvec(nw); o[k].db = fvec(16);
+        o[k].bny = fvec(ny); o[k].bndx = fvec(ny); o[k].bndg = fvec(16); o[k].bndb = fvec(16);
+    }
+    int threads = ops_threads();
+    ops_set_threads(2);
+    det_run(&cs, n, h, w, x, wt, b, fdy, &o[0]);
+    det_run(&cs, n, h, w, x, wt, b, fdy, &o[1]);
+    ops_set_threads(1);
+    det_run(&cs, n, h, w, x, wt, b, fdy, &o[2]);
+    ops_set_threads(threads);
+    EXPECT(det_equal(&o[0], &o[1], ny, nx, nw, 16), "determinism: two runs differ");
+    EXPECT(det_equal(&o[0], &o[2], ny, nx, nw, 16), "determinism: 1 and 2 threads differ");
+    for (int k = 0; k < 3; k++) {
+        free(o[k].y); free(o[k].dx); free(o[k].dw); free(o[k].db);
+        free(o[k].bny); free(o[k].bndx); free(o[k].bndg); free(o[k].bndb);
+    }
+    free(dx); free(dwt); free(dy); free(x); free(wt); free(fdy);
+}
+
+int main(void) {
+    log_set_program("test_ops");
+    test_conv();
+    test_batchnorm_grad(37, 3);
+    test_batchnorm_grad(1500, 5); /* several reduction blocks */
+    test_batchnorm_stats();
+    test_elementwise();
+    test_meanpool();
+    test_linear();
+    test_xent();
+    test_sgd();
+    test_block();
+    test_determinism();
+    if (failures) {
+        fprintf(stderr, "test_ops: %d of %d checks failed\n", failures, checks);
+        return 1;
+    }
+    printf("test_ops: all %d checks passed\n", checks);
+    return 0;
+}
