@@ -70,10 +70,17 @@ DatasetWriter *dataset_writer_create(const char *path, char *err, size_t errlen)
  * transactions. 0, or -1 with a reason in err. */
 int dataset_writer_put(DatasetWriter *w, const char *split, int64_t index, int32_t label,
                        const uint8_t *pixels, size_t nbytes, char *err, size_t errlen);
-/* Write the metadata, commit, fsync, rename to the final path, fsync the folder. */
+/* Write the metadata, commit, fsync, rename to the final path, fsync the folder.
+ * Checks that `info` names exactly the splits and counts written. On failure the
+ * temporary file is removed. Either way the writer is closed (free it after). */
 int dataset_writer_finish(DatasetWriter *w, const DatasetInfo *info, char *err, size_t errlen);
-/* Remove the temporary file (safe to call from a cleanup hook; idempotent). */
+/* Close and remove the temporary file (safe to call from a cleanup hook;
+ * idempotent; a no-op after a successful finish). */
 void dataset_writer_abort(DatasetWriter *w);
+/* dataset_writer_abort (when not finished) and release the writer's memory.
+ * create ... put ... finish ... free; on failure paths abort alone is enough
+ * before exit. */
+void dataset_writer_free(DatasetWriter *w);
 /* The temporary file's path (for signal-handler cleanup). */
 const char *dataset_writer_temp_path(const DatasetWriter *w);
 

@@ -1,0 +1,199 @@
+/* decode.c: see decode.h. */
+#include "decode.h"
+
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+#include "check.h"
+#include "dataset.h"
+
+struct ImageDecoder {
+    tjhandle tj;        /* created on first JPEG */
+    png_bytep *rows;    /* row pointers, reused */
+    size_t rows_cap;
+};
+
+ImageDecoder *image_decoder_create(void) { return xcalloc(1, sizeof(ImageDecoder)); }
+
+void image_decoder_free(ImageDecoder *d) {
+    if (!d) return;
+    if (d->tj) tjDestroy(d->tj);
+    free(d->rows);
+    free(d);
+}
+
+/* Common checks on a header's shape; IMAGE_OK to go on decoding. */
+static int shape_check(const ImageShape *s, const ImageShape *expect, size_t outcap, char *err,
+                       size_t errlen) {
+    if (s->width < 1 || s->height < 1 || s->width > DATASET_MAX_SIDE ||
+        s->height > DATASET_MAX_SIDE) {
+        snprintf(err, errlen, "image is %dx%d, over the %d-pixel side limit (not decoded)",
+                 s->width, s->height, DATASET_MAX_SIDE);
+        return IMAGE_ERROR;
+    }
+    if (expect && (s->width != expect->width || s->height != expect->height ||
+                   s->channels != expect->channels))
+        return IMAGE_MISMATCH;
+    size_t need = (size_t)s->width * (size_t)s->height * (size_t)s->channels;
+    if (need > outcap) {
+        snprintf(err, errlen, "image is %dx%dx%d, larger than the %zu-byte buffer", s->height,
+                 s->width, s->channels, outcap);
+        return IMAGE_ERROR;
+    }
+    return IMAGE_OK;
+}
+
+/* ------------------------------------------------------------------ PNG */
+
+typedef struct {
+    const uint8_t *buf;
+    size_t len, pos;
+    char *err;
+    size_t errlen;
+} PngSource;
+
+static void png_source_read(png_structp png, png_bytep out, png_size_t n) {
+    PngSource *s = png_get_io_ptr(png);
+    if (n > s->len - s->pos) png_error(png, "truncated PNG (the file ends early)");
+    memcpy(out, s->buf + s->pos, n);
+    s->pos += n;
+}
+
+static void png_on_error(png_structp png, png_const_charp msg) {
+    PngSource *s = png_get_error_ptr(png);
+    if (strncmp(msg, "truncated", 9) == 0)
+        snprintf(s->err, s->errlen, "%s", msg);
+    else
+        snprintf(s->err, s->errlen, "corrupt PNG (%s)", msg);
+    png_longjmp(png, 1);
+}
+
+/* PNG warnings concern ancillary data (colour profiles, text): not the pixels. */
+static void png_on_warning(png_structp png, png_const_charp msg) {
+    (void)png;
+    (void)msg;
+}
+
+/* Ask libpng for 8-bit gray or RGB whatever the file holds. */
+static void png_normalise(png_structp png, int depth, int ctype) {
+    if (ctype == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+    if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+    if (depth == 16) png_set_scale_16(png);
+    png_set_strip_alpha(png);
+    png_set_interlace_handling(png);
+}
+
+static int png_run(ImageDecoder *d, png_structp png, png_infop info, const ImageShape *expect,
+                   uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
+    if (setjmp(png_jmpbuf(png))) return IMAGE_ERROR;
+    png_read_info(png, info);
+    png_uint_32 w, h;
+    int depth, ctype;
+    png_get_IHDR(png, info, &w, &h, &depth, &ctype, NULL, NULL, NULL);
+    shape->width = (int)w;
+    shape->height = (int)h;
+    shape->channels = (ctype & PNG_COLOR_MASK_COLOR) ? 3 : 1;
+    int rc = shape_check(shape, expect, outcap, err, errlen);
+    if (rc != IMAGE_OK || !out) return rc;
+    png_normalise(png, depth, ctype);
+    png_read_update_info(png, info);
+    size_t row = (size_t)w * (size_t)shape->channels;
+    if (png_get_rowbytes(png, info) != row) {
+        snprintf(err, errlen, "unsupported PNG layout (%zu bytes per row, expected %zu)",
+                 (size_t)png_get_rowbytes(png, info), row);
+        return IMAGE_ERROR;
+    }
+    if (d->rows_cap < h) {
+        d->rows = xrealloc(d->rows, h * sizeof *d->rows);
+        d->rows_cap = h;
+    }
+    for (png_uint_32 y = 0; y < h; y++) d->rows[y] = out + (size_t)y * row;
+    png_read_image(png, d->rows);
+    png_read_end(png, NULL); /* checks the rest of the file: CRCs, IEND */
+    return IMAGE_OK;
+}
+
+static int png_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
+                      uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
+    PngSource src = {buf, len, 0, err, errlen};
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error,
+                                             png_on_warning);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    if (!info) {
+        if (png) png_destroy_read_struct(&png, NULL, NULL);
+        snprintf(err, errlen, "out of memory creating a PNG decoder");
+        return IMAGE_ERROR;
+    }
+    png_set_read_fn(png, &src, png_source_read);
+    int rc = png_run(d, png, info, expect, out, outcap, shape, err, errlen);
+    png_destroy_read_struct(&png, &info, NULL);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ JPEG */
+
+static int jpeg_fail(ImageDecoder *d, char *err, size_t errlen) {
+    const char *msg = tjGetErrorStr2(d->tj);
+    if (strstr(msg, "Premature end"))
+        snprintf(err, errlen, "truncated JPEG (%s)", msg);
+    else
+        snprintf(err, errlen, "corrupt JPEG (%s)", msg);
+    return IMAGE_ERROR;
+}
+
+static int jpeg_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
+                       uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
+    if (!d->tj) d->tj = tjInitDecompress();
+    if (!d->tj) {
+        snprintf(err, errlen, "cannot create a JPEG decoder (%s)", tjGetErrorStr2(NULL));
+        return IMAGE_ERROR;
+    }
+    int w, h, subsamp, colorspace;
+    if (tjDecompressHeader3(d->tj, buf, (unsigned long)len, &w, &h, &subsamp, &colorspace))
+        return jpeg_fail(d, err, errlen);
+    shape->width = w;
+    shape->height = h;
+    shape->channels = colorspace == TJCS_GRAY ? 1 : 3;
+    int rc = shape_check(shape, expect, outcap, err, errlen);
+    if (rc != IMAGE_OK || !out) return rc;
+    int pf = shape->channels == 1 ? TJPF_GRAY : TJPF_RGB;
+    /* STOPONWARNING: libjpeg "recovers" from truncation by inventing pixels. */
+    if (tjDecompress2(d->tj, buf, (unsigned long)len, out, w, 0, h, pf,
+                      TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS))
+        return jpeg_fail(d, err, errlen);
+    return IMAGE_OK;
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+static int image_run(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
+                     uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
+    memset(shape, 0, sizeof *shape);
+    if (len == 0) {
+        snprintf(err, errlen, "empty file (not a PNG or JPEG image)");
+        return IMAGE_ERROR;
+    }
+    if (len >= 8 && png_sig_cmp(buf, 0, 8) == 0)
+        return png_decode(d, buf, len, expect, out, outcap, shape, err, errlen);
+    if (len >= 3 && buf[0] == 0xFF && buf[1] == 0xD8 && buf[2] == 0xFF)
+        return jpeg_decode(d, buf, len, expect, out, outcap, shape, err, errlen);
+    snprintf(err, errlen, "not a PNG or JPEG image");
+    return IMAGE_ERROR;
+}
+
+int image_probe(ImageDecoder *d, const uint8_t *buf, size_t len, ImageShape *shape, char *err,
+                size_t errlen) {
+    return image_run(d, buf, len, NULL, NULL, SIZE_MAX, shape, err, errlen);
+}
+
+int image_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
+                 uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
+    if (!out) {
+        snprintf(err, errlen, "no output buffer");
+        return IMAGE_ERROR;
+    }
+    return image_run(d, buf, len, expect, out, outcap, shape, err, errlen);
+}
