@@ -60,6 +60,11 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
 void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root);
 void comm_barrier(Comm *c);
 
+/* Remove the shared-memory segment of a run ("/cifar-<run_id>") if it is still
+ * there (a rank died before rank 0 unlinked it). The launcher calls it after
+ * reaping a group; harmless when the segment is gone. */
+void comm_shm_cleanup(const char *run_id);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,556 @@
+/* test_comm.c: dist_env_read, and the shared-memory communicator between real
+ * processes. The binary re-executes itself ("/proc/self/exe worker <scenario> <dir>")
+ * as W workers with RANK/WORLD_SIZE/... set, like the launcher does, and checks:
+ *   - all-reduce mean of known vectors, with buffers larger than a slot (chunking,
+ *     CIFAR_COMM_SLOT_BYTES=4096), bit-exact against "sum in rank order, divide by
+ *     W", identical on every rank; broadcast / broadcast_host from every root;
+ *     sum_f64; barrier ordering; mixed sequences of collectives;
+ *   - a peer that exits before a collective: the others fail with "rank R (pid N)
+ *     died" in well under the timeout;
+ *   - a SIGSTOPped peer: "collective timed out after T s waiting for rank R";
+ *   - a world-size mismatch; a rank 1 whose rank 0 never comes;
+ *   - nothing left in /dev/shm.
+ * `test_comm bench` prints all-reduce times for 200k and 1M floats on 2 ranks. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm.h"
+
+static int g_failures, g_checks;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        g_checks++;                                                        \
+        if (!(cond)) {                                                     \
+            g_failures++;                                                  \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fputc('\n', stderr);                                           \
+        }                                                                  \
+    } while (0)
+
+/* In a worker: a failed expectation ends the process with status 3. */
+#define EXPECT(cond, ...)                                                          \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            fprintf(stderr, "worker check failed at line %d: %s: ", __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                          \
+            fputc('\n', stderr);                                                   \
+            exit(3);                                                               \
+        }                                                                          \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ workers */
+
+static float value_of(int rank, size_t i) {
+    return (float)((i * 7919u + (size_t)rank * 104729u) % 1009u) * 0.0371f - 17.0f +
+           (float)rank * 1.3e-3f;
+}
+
+static uint64_t fnv1a(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static void write_text(const char *dir, const char *name, int rank, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s-%d", dir, name, rank);
+    FILE *f = fopen(path, "w");
+    if (f == NULL || fputs(text, f) < 0 || fclose(f) != 0) {
+        perror(path);
+        exit(4);
+    }
+}
+
+static void worker_allreduce(Comm *c, int rank, int w, size_t n, uint64_t *hash) {
+    float *buf = xmalloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) buf[i] = value_of(rank, i);
+    comm_allreduce_mean(c, buf, n);
+    for (size_t i = 0; i < n; i++) {
+        float s = value_of(0, i);
+        for (int r = 1; r < w; r++) s += value_of(r, i);
+        s /= (float)w;
+        EXPECT(memcmp(&s, &buf[i], sizeof s) == 0, "n=%zu i=%zu got %.9g expected %.9g", n, i,
+               (double)buf[i], (double)s);
+    }
+    *hash ^= fnv1a(buf, n * sizeof(float)) + n;
+    free(buf);
+}
+
+static void worker_broadcast(Comm *c, int rank, int w, size_t bytes, int host) {
+    for (int root = 0; root < w; root++) {
+        unsigned char *b = xmalloc(bytes + 1);
+        for (size_t i = 0; i < bytes; i++)
+            b[i] = (unsigned char)(rank == root ? (i * 31u + (size_t)root * 7u) : 0xEEu);
+        if (host)
+            comm_broadcast_host(c, b, bytes, root);
+        else
+            comm_broadcast(c, b, bytes, root);
+        for (size_t i = 0; i < bytes; i++)
+            EXPECT(b[i] == (unsigned char)(i * 31u + (size_t)root * 7u), "root %d byte %zu",
+                   root, i);
+        free(b);
+    }
+}
+
+static void worker_sum_f64(Comm *c, int rank, int w, size_t n) {
+    double *d = xmalloc(n * sizeof(double) + 8);
+    for (size_t i = 0; i < n; i++) d[i] = (double)rank * 1000.0 + (double)i + 0.5;
+    comm_allreduce_sum_f64(c, d, n);
+    for (size_t i = 0; i < n; i++) {
+        double e = 1000.0 * (double)w * (double)(w - 1) / 2.0 + (double)w * ((double)i + 0.5);
+        EXPECT(d[i] == e, "sum_f64 i=%zu got %.17g expected %.17g", i, d[i], e);
+    }
+    free(d);
+}
+
+/* Ranks reach the barrier at staggered times; nobody may leave before the last
+ * one arrived. Enter times are exchanged afterwards with sum_f64 (one-hot). */
+static void worker_barrier(Comm *c, int rank, int w) {
+    usleep((useconds_t)(rank * 60000));
+    double enter = now_s();
+    comm_barrier(c);
+    double leave = now_s();
+    double *t = xcalloc((size_t)w, sizeof(double));
+    t[rank] = enter;
+    comm_allreduce_sum_f64(c, t, (size_t)w);
+    for (int r = 0; r < w; r++) EXPECT(leave >= t[r], "left at %f before rank %d entered at %f",
+                                       leave, r, t[r]);
+    free(t);
+    for (int i = 0; i < 300; i++) comm_barrier(c);
+}
+
+/* Interleaved collectives of varied sizes exercise the alternating result areas. */
+static void worker_mixed(Comm *c, int rank, int w, uint64_t *hash) {
+    for (int it = 0; it < 40; it++) {
+        size_t n = (size_t)(it * 97 % 3001) + 1;
+        worker_allreduce(c, rank, w, n, hash);
+        if (it % 3 == 0) worker_broadcast(c, rank, w, (size_t)(it * 13 + 5), it % 2);
+        if (it % 4 == 1) worker_sum_f64(c, rank, w, (size_t)it + 1);
+    }
+}
+
+static int worker_main(const char *scenario, const char *dir) {
+    log_set_program("test_comm");
+    char err[256];
+    DistEnv env;
+    if (dist_env_read(&env, err, sizeof err) != 0) {
+        fprintf(stderr, "dist_env_read: %s\n", err);
+        return 5;
+    }
+    int rank = env.rank, w = env.world_size;
+    Comm *c = comm_create(COMM_SHM, &env);
+    EXPECT(comm_kind(c) == COMM_SHM && comm_rank(c) == rank && comm_world_size(c) == w,
+           "comm identity");
+    if (strcmp(scenario, "collectives") == 0) {
+        uint64_t hash = 0;
+        size_t sizes[] = {1, 2, 3, 1023, 1024, 1025, 4096, 10007};
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+            worker_allreduce(c, rank, w, sizes[k], &hash);
+        worker_broadcast(c, rank, w, 10001, 0);
+        worker_broadcast(c, rank, w, 3, 1);
+        worker_sum_f64(c, rank, w, 1500);
+        worker_barrier(c, rank, w);
+        worker_mixed(c, rank, w, &hash);
+        char text[64];
+        snprintf(text, sizeof text, "%016llx\n", (unsigned long long)hash);
+        write_text(dir, "hash", rank, text);
+    } else if (strcmp(scenario, "die-early") == 0) {
+        if (rank == w - 1) _exit(0); /* gone before the collective, no goodbye */
+        float x[8] = {0};
+        comm_allreduce_mean(c, x, 8);
+        return 0; /* must not get here */
+    } else if (strcmp(scenario, "stop") == 0) {
+        if (rank == 1) raise(SIGSTOP);
+        float x[8] = {0};
+        comm_allreduce_mean(c, x, 8);
+        return 0;
+    } else if (strcmp(scenario, "bench") == 0) {
+        size_t sizes[2] = {200000, 1000000};
+        for (int k = 0; k < 2; k++) {
+            size_t n = sizes[k];
+            float *buf = xmalloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) buf[i] = value_of(rank, i);
+            for (int i = 0; i < 20; i++) comm_allreduce_mean(c, buf, n);
+            comm_barrier(c);
+            int iters = 200;
+            double t0 = now_s();
+            for (int i = 0; i < iters; i++) comm_allreduce_mean(c, buf, n);
+            double t = (now_s() - t0) / iters;
+            if (rank == 0)
+                printf("allreduce_mean %zu floats (%.1f MB), %d ranks: %.1f us/call, %.2f GB/s\n",
+                       n, (double)n * 4 / 1e6, w, t * 1e6, (double)n * 4 / t / 1e9);
+            free(buf);
+        }
+    } else {
+        fprintf(stderr, "unknown scenario %s\n", scenario);
+        return 6;
+    }
+    comm_destroy(c);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ driver */
+
+typedef struct {
+    pid_t pid[8];
+    int status[8];
+    double elapsed;
+} Group;
+
+static char g_dir[256];
+
+static void set_rank_env(int rank, int w, const char *run_id, int world_override) {
+    char v[32];
+    snprintf(v, sizeof v, "%d", rank);
+    setenv("RANK", v, 1);
+    setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", world_override > 0 ? world_override : w);
+    setenv("WORLD_SIZE", v, 1);
+    setenv("LOCAL_WORLD_SIZE", v, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29999", 1);
+    setenv("CIFAR_RUN_ID", run_id, 1);
+}
+
+/* Starts ranks [first, first+count) of a world of w; stderr of rank r goes to
+ * <dir>/<scenario>-stderr-r. `bad_world_rank` gets WORLD_SIZE w+1 (mismatch). */
+static void group_spawn(Group *g, const char *scenario, int w, int first, int count,
+                        const char *run_id, const char *timeout, int bad_world_rank) {
+    for (int r = first; r < first + count; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("fork");
+            exit(1);
+        }
+        if (pid == 0) {
+            set_rank_env(r, w, run_id, r == bad_world_rank ? w + 1 : 0);
+            setenv("CIFAR_COMM_TIMEOUT", timeout, 1);
+            setenv("CIFAR_COMM_SLOT_BYTES", "4096", 1);
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s-stderr-%d", g_dir, scenario, r);
+            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0) dup2(fd, 2);
+            char *args[] = {"test_comm", "worker", (char *)scenario, g_dir, NULL};
+            execv("/proc/self/exe", args);
+            _exit(127);
+        }
+        g->pid[r] = pid;
+    }
+}
+
+static void group_wait(Group *g, int first, int count, double start) {
+    for (int r = first; r < first + count; r++) {
+        while (waitpid(g->pid[r], &g->status[r], 0) < 0 && errno == EINTR) {}
+    }
+    g->elapsed = now_s() - start;
+}
+
+static char *stderr_of(const char *scenario, int rank) {
+    static char buf[4096];
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s-stderr-%d", g_dir, scenario, rank);
+    FILE *f = fopen(path, "r");
+    buf[0] = '\0';
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+static int exited_with(int status, int code) {
+    return WIFEXITED(status) && WEXITSTATUS(status) == code;
+}
+
+static int shm_exists(const char *run_id) {
+    char path[256];
+    snprintf(path, sizeof path, "/dev/shm/cifar-%s", run_id);
+    return access(path, F_OK) == 0;
+}
+
+static void test_collectives(int w) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-coll%d", (int)getpid(), w);
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "collectives", w, 0, w, run_id, "30", -1);
+    group_wait(&g, 0, w, t0);
+    char first_hash[64] = "";
+    for (int r = 0; r < w; r++) {
+        CHECK(exited_with(g.status[r], 0), "W=%d rank %d status %d: %s", w, r, g.status[r],
+              stderr_of("collectives", r));
+        char path[512], hash[64] = "";
+        snprintf(path, sizeof path, "%s/hash-%d", g_dir, r);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (!fgets(hash, sizeof hash, f)) hash[0] = '\0';
+            fclose(f);
+        }
+        CHECK(hash[0] != '\0', "W=%d rank %d wrote no result hash", w, r);
+        if (r == 0) snprintf(first_hash, sizeof first_hash, "%s", hash);
+        CHECK(strcmp(hash, first_hash) == 0, "W=%d rank %d result bits differ from rank 0", w, r);
+        unlink(path);
+    }
+    CHECK(!shm_exists(run_id), "W=%d: /dev/shm/cifar-%s left behind", w, run_id);
+    printf("collectives W=%d: %.2f s\n", w, g.elapsed);
+}
+
+static void test_die_early(int w) {
+    char run_id[64], want[96];
+    snprintf(run_id, sizeof run_id, "test-%d-die%d", (int)getpid(), w);
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "die-early", w, 0, w, run_id, "60", -1);
+    group_wait(&g, 0, w, t0);
+    CHECK(exited_with(g.status[w - 1], 0), "the leaving rank exits 0 (%d)", g.status[w - 1]);
+    snprintf(want, sizeof want, "rank %d (pid %d) died", w - 1, (int)g.pid[w - 1]);
+    /* Each survivor names the dead rank, or (if slower) a survivor that already
+     * failed; at least one names the rank that left. */
+    int named = 0;
+    for (int r = 0; r < w - 1; r++) {
+        const char *e = stderr_of("die-early", r);
+        named += strstr(e, want) != NULL;
+        CHECK(exited_with(g.status[r], 1), "W=%d rank %d status %d: %s", w, r, g.status[r], e);
+        CHECK(strstr(e, ") died; rank") != NULL, "W=%d rank %d stderr: %s", w, r, e);
+    }
+    CHECK(named >= 1, "W=%d: no rank reported '%s'", w, want);
+    CHECK(g.elapsed < 5.0, "W=%d: a dead peer took %.2f s to notice (timeout 60)", w, g.elapsed);
+    CHECK(!shm_exists(run_id), "/dev/shm/cifar-%s left behind", run_id);
+    printf("die-early W=%d: noticed in %.2f s\n", w, g.elapsed);
+}
+
+static void test_stopped_peer(int w) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-stop%d", (int)getpid(), w);
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "stop", w, 0, w, run_id, "1", -1);
+    for (int r = 0; r < w; r++)
+        if (r != 1) group_wait(&g, r, 1, t0);
+    double elapsed = now_s() - t0;
+    kill(g.pid[1], SIGKILL);
+    group_wait(&g, 1, 1, t0);
+    /* Every other rank fails: by the timeout waiting for rank 1, or (the slower
+     * ones) because a rank that timed out first is gone. At least one timed out. */
+    int timed_out = 0;
+    for (int r = 0; r < w; r++) {
+        if (r == 1) continue;
+        const char *e = stderr_of("stop", r);
+        char want[128];
+        snprintf(want, sizeof want, "rank %d: collective timed out after 1 s waiting for rank 1",
+                 r);
+        int timeout_msg = strstr(e, want) != NULL;
+        timed_out += timeout_msg;
+        CHECK(exited_with(g.status[r], 1), "W=%d rank %d status %d: %s", w, r, g.status[r], e);
+        CHECK(timeout_msg || strstr(e, ") died; rank") != NULL, "W=%d rank %d stderr: %s", w, r,
+              e);
+    }
+    CHECK(timed_out >= 1, "W=%d: no rank reported the timeout waiting for rank 1", w);
+    CHECK(elapsed >= 1.0 && elapsed < 5.0, "W=%d: stopped peer timeout took %.2f s", w, elapsed);
+    CHECK(!shm_exists(run_id), "/dev/shm/cifar-%s left behind", run_id);
+    printf("stopped peer W=%d: timed out in %.2f s\n", w, elapsed);
+}
+
+/* Rank 1 believes in a world of 3 while rank 0 created one of 2. */
+static void test_world_mismatch(void) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-mismatch", (int)getpid());
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "collectives", 2, 0, 2, run_id, "1", 1);
+    group_wait(&g, 0, 2, t0);
+    const char *e1 = stderr_of("collectives", 1);
+    CHECK(exited_with(g.status[1], 1) && strstr(e1, "two jobs share run id") != NULL,
+          "mismatch: rank 1 status %d: %s", g.status[1], e1);
+    const char *e0 = stderr_of("collectives", 0);
+    CHECK(exited_with(g.status[0], 1) && strstr(e0, "timed out") != NULL,
+          "mismatch: rank 0 status %d: %s", g.status[0], e0);
+    CHECK(!shm_exists(run_id), "/dev/shm/cifar-%s left behind", run_id);
+}
+
+/* Only rank 1 starts: it gives up waiting for rank 0's segment. */
+static void test_no_rank0(void) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-norank0", (int)getpid());
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "collectives", 2, 1, 1, run_id, "0.5", -1);
+    group_wait(&g, 1, 1, t0);
+    const char *e = stderr_of("collectives", 1);
+    CHECK(exited_with(g.status[1], 1) && strstr(e, "waiting for rank 0 to create") != NULL,
+          "no rank 0: status %d: %s", g.status[1], e);
+    CHECK(g.elapsed < 4.0, "no rank 0: took %.2f s", g.elapsed);
+}
+
+/* ------------------------------------------------------------ dist_env_read */
+
+static const char *all_vars[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID",
+    "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+
+static void env_clear(void) {
+    for (int i = 0; all_vars[i]; i++) unsetenv(all_vars[i]);
+}
+
+static void test_dist_env(void) {
+    DistEnv e;
+    char err[256];
+    env_clear();
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 0 && e.world_size == 1 &&
+              e.from_env == 0 && e.local_world_size == 1 && e.master_port == 29500 &&
+              strcmp(e.master_addr, "127.0.0.1") == 0,
+          "defaults: %s", err);
+
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "node7", 1);
+    setenv("MASTER_PORT", "1234", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 3 && e.world_size == 8 &&
+              e.local_rank == 1 && e.local_world_size == 2 && e.from_env == 1 &&
+              e.master_port == 1234 && strcmp(e.master_addr, "node7") == 0 &&
+              e.restart_count == 2 && strcmp(e.run_id, "p1234-r2") == 0,
+          "torchrun vars: %s run_id %s", err, e.run_id);
+    setenv("CIFAR_RUN_ID", "77-ab/c", 1);
+    setenv("CIFAR_RESTART_COUNT", "1", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && strcmp(e.run_id, "77-ab_c") == 0 &&
+              e.restart_count == 1,
+          "CIFAR_RUN_ID sanitized: %s", e.run_id);
+
+    setenv("RANK", "8", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "rank 8") != NULL,
+          "rank >= world: %s", err);
+    setenv("RANK", "x1", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "RANK=x1") != NULL,
+          "bad integer: %s", err);
+    setenv("RANK", "1", 1);
+    setenv("MASTER_PORT", "70000", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "MASTER_PORT") != NULL,
+          "bad port: %s", err);
+    env_clear();
+    setenv("RANK", "0", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "WORLD_SIZE") != NULL,
+          "RANK without WORLD_SIZE: %s", err);
+
+    env_clear();
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("SLURM_LOCALID", "1", 1);
+    setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);
+    setenv("SLURM_JOB_ID", "991", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 5 && e.world_size == 8 &&
+              e.local_rank == 1 && e.local_world_size == 4 && e.from_env &&
+              strncmp(e.run_id, "slurm-991.", 10) == 0,
+          "slurm: %s %s", err, e.run_id);
+
+    env_clear();
+    setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 2 && e.world_size == 3 &&
+              e.local_rank == 2 && e.local_world_size == 3 && e.from_env,
+          "open mpi: %s", err);
+    env_clear();
+
+    /* world size 1: every kind but NCCL is a no-op single communicator */
+    DistEnv one;
+    CHECK(dist_env_read(&one, err, sizeof err) == 0, "%s", err);
+    Comm *c = comm_create(COMM_SHM, &one);
+    float x[3] = {1.5f, -2.0f, 3.25f};
+    double d[2] = {4.0, 5.0};
+    comm_allreduce_mean(c, x, 3);
+    comm_allreduce_sum_f64(c, d, 2);
+    comm_barrier(c);
+    comm_broadcast_host(c, x, sizeof x, 0);
+    CHECK(comm_kind(c) == COMM_SINGLE && x[0] == 1.5f && x[2] == 3.25f && d[1] == 5.0,
+          "single communicator is the identity");
+    comm_destroy(c);
+}
+
+static void test_timeout_parse(void) {
+    unsetenv("CIFAR_COMM_TIMEOUT");
+    CHECK(comm_timeout_seconds() == 300.0, "default timeout");
+    setenv("CIFAR_COMM_TIMEOUT", "2.5", 1);
+    CHECK(comm_timeout_seconds() == 2.5, "CIFAR_COMM_TIMEOUT=2.5");
+    unsetenv("CIFAR_COMM_TIMEOUT");
+}
+
+static void make_temp_dir(void) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/test_comm.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(g_dir) == NULL) {
+        perror("mkdtemp");
+        exit(1);
+    }
+}
+
+static void remove_temp_dir(void) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+}
+
+static int run_bench(void) {
+    make_temp_dir();
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "bench-%d", (int)getpid());
+    Group g;
+    unsetenv("CIFAR_COMM_SLOT_BYTES");
+    for (int r = 0; r < 2; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            set_rank_env(r, 2, run_id, 0);
+            char *args[] = {"test_comm", "worker", "bench", g_dir, NULL};
+            execv("/proc/self/exe", args);
+            _exit(127);
+        }
+        g.pid[r] = pid;
+    }
+    group_wait(&g, 0, 2, now_s());
+    remove_temp_dir();
+    return exited_with(g.status[0], 0) && exited_with(g.status[1], 0) ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "worker") == 0) return worker_main(argv[2], argv[3]);
+    if (argc == 2 && strcmp(argv[1], "bench") == 0) return run_bench();
+    log_set_program("test_comm");
+    make_temp_dir();
+    test_dist_env();
+    test_timeout_parse();
+    for (int w = 2; w <= 3; w++) {
+        test_collectives(w);
+        test_die_early(w);
+        test_stopped_peer(w);
+    }
+    test_world_mismatch();
+    test_no_rank0();
+    remove_temp_dir();
+    printf("test_comm: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}
