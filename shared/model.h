@@ -129,6 +129,10 @@ float model_forward_backward(const Model *m, ModelRun *run, const float *params,
                              float *buffers, const float *x, const int32_t *labels, int n,
                              float label_smoothing, float *grads, int *correct);
 
+/* The logits[n, num_classes] of the latest forward on this run (training or eval);
+ * valid until the next call on the run. */
+const float *model_run_logits(const ModelRun *run);
+
 /* Inference forward (BN with running statistics): logits[n, num_classes]. */
 void model_forward_eval(const Model *m, ModelRun *run, const float *params,
                         const float *buffers, const float *x, int n, float *logits);
