@@ -252,9 +252,10 @@ __global__ void meanpool_forward_kernel(int n, int hw, int c, const float *x, fl
 }
 
 __global__ void meanpool_backward_kernel(int n, int hw, int c, const float *dy, float *dx) {
+    const float inv = 1.0f / (float)hw;
     GRID_STRIDE(i, (size_t)n * hw * c) {
         size_t b = i / ((size_t)hw * c), ch = i % (size_t)c;
-        dx[i] = dy[b * c + ch] / (float)hw;
+        dx[i] = dy[b * c + ch] * inv;
     }
 }
 
@@ -308,10 +309,9 @@ extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const
 /* ---------------------------------------------------------------------- loss */
 
 /* One block: each thread handles rows t, t+blockDim, ...; the per-thread sums are
- * then added in a fixed tree order, so the loss is deterministic. Per row, with
- * lse = log(sum exp(l)):
- *   loss = (1-eps)*(lse - l[y]) + eps/k * sum_j (lse - l[j])
- *   dl[j] = (softmax[j] - (1-eps)*[j==y] - eps/k) / n                       */
+ * then added in a fixed tree order, so the loss is deterministic. Per row, in
+ * double as ops_cpu does, with target = off + (1-smoothing)*onehot:
+ *   loss = -sum_j target_j * log softmax_j,   dl[j] = (softmax_j - target_j) / n   */
 __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int32_t *labels,
                                     float smoothing, float *dlogits, float *loss_out,
                                     int *correct_out, int32_t *pred) {
@@ -319,31 +319,27 @@ __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int
     __shared__ int sh_hits[OPS_CUDA_BLOCK];
     double loss = 0.0;
     int hits = 0;
-    const float off = smoothing / (float)k, on = 1.0f - smoothing;
+    const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float *row = logits + (size_t)i * k;
+        const float *l = logits + (size_t)i * k;
         int y = labels[i];
-        float mx = row[0];
-        int best = 0;
+        int arg = 0;
         for (int j = 1; j < k; j++)
-            if (row[j] > mx) {
-                mx = row[j];
-                best = j;
-            }
-        double s = 0.0, sum_l = 0.0;
+            if (l[j] > l[arg]) arg = j;
+        hits += arg == y;
+        if (pred) pred[i] = arg;
+        double m = l[arg], s = 0.0, sum_l = 0.0;
         for (int j = 0; j < k; j++) {
-            s += exp((double)row[j] - (double)mx);
-            sum_l += (double)row[j];
+            s += exp((double)l[j] - m);
+            sum_l += l[j];
         }
-        double lse = (double)mx + log(s);
-        loss += (double)on * (lse - (double)row[y]) + (double)off * ((double)k * lse - sum_l);
-        hits += best == y;
-        if (pred) pred[i] = best;
+        double lse = m + log(s);
+        loss += -(on - off) * ((double)l[y] - lse) - off * (sum_l - k * lse);
         if (dlogits) {
             float *d = dlogits + (size_t)i * k;
             for (int j = 0; j < k; j++) {
-                float p = (float)(exp((double)row[j] - lse));
-                d[j] = (p - (j == y ? on : 0.0f) - off) / (float)n;
+                double p = exp((double)l[j] - lse);
+                d[j] = (float)((p - (j == y ? on : off)) / n);
             }
         }
     }
