@@ -1,0 +1,496 @@
+/* launcher.c: start, watch, stop and restart this node's workers (launcher.h).
+ *
+ * The launcher polls its workers every 10 ms (waitpid WNOHANG) rather than
+ * waiting on SIGCHLD: it owns no other children it must ignore, and the first
+ * failure is seen within 10 ms, before the peers' collectives notice the death
+ * (>= 50 ms), so the rank reported as failing first is the one that caused it. */
+#include "launcher.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+extern char **environ;
+
+void launch_options_init(LaunchOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->nproc_per_node = 1;
+    o->nnodes = 1;
+    snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
+    o->max_restarts = 3;
+    o->grace_seconds = 10.0;
+}
+
+/* ------------------------------------------------------------ arguments */
+
+static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *out, char *err,
+                         size_t errlen) {
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+        snprintf(err, errlen, "%s %s: expected an integer in %d..%d", name, v, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* "--nproc_per_node" and "--nproc-per-node" are the same option (torchrun takes both). */
+static int option_is(const char *arg, size_t len, const char *name) {
+    if (strlen(name) != len) return 0;
+    for (size_t i = 0; i < len; i++) {
+        char a = arg[i] == '_' ? '-' : arg[i];
+        if (a != name[i]) return 0;
+    }
+    return 1;
+}
+
+static int launcher_set_option(LaunchOptions *o, const char *name, const char *v, char *err,
+                               size_t errlen) {
+    if (strcmp(name, "--nproc-per-node") == 0) {
+        if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
+            o->nproc_per_node = LAUNCH_NPROC_GPU;
+            return 0;
+        }
+        return parse_int_arg(name, v, 1, 4096, &o->nproc_per_node, err, errlen);
+    }
+    if (strcmp(name, "--nnodes") == 0) return parse_int_arg(name, v, 1, 65536, &o->nnodes, err, errlen);
+    if (strcmp(name, "--node-rank") == 0)
+        return parse_int_arg(name, v, 0, 65535, &o->node_rank, err, errlen);
+    if (strcmp(name, "--master-port") == 0)
+        return parse_int_arg(name, v, 0, 65535, &o->master_port, err, errlen);
+    if (strcmp(name, "--max-restarts") == 0)
+        return parse_int_arg(name, v, 0, 1000000, &o->max_restarts, err, errlen);
+    /* --master-addr */
+    if (*v == '\0' || strlen(v) >= sizeof o->master_addr) {
+        snprintf(err, errlen, "--master-addr '%s': expected a host name or address", v);
+        return -1;
+    }
+    snprintf(o->master_addr, sizeof o->master_addr, "%s", v);
+    return 0;
+}
+
+int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen) {
+    static const char *names[] = {"--nproc-per-node", "--nnodes", "--node-rank",
+                                  "--master-addr", "--master-port", "--max-restarts", NULL};
+    int out = 1, i = 1, addr_given = 0;
+    for (; i < *argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) break;
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        const char *name = NULL;
+        for (int k = 0; names[k] && !name; k++)
+            if (option_is(a, len, names[k])) name = names[k];
+        if (name == NULL) {
+            argv[out++] = argv[i];
+            continue;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (v == NULL) {
+            if (i + 1 >= *argc) {
+                snprintf(err, errlen, "%s needs a value", name);
+                return -1;
+            }
+            v = argv[++i];
+        }
+        if (launcher_set_option(o, name, v, err, errlen) != 0) return -1;
+        addr_given |= strcmp(name, "--master-addr") == 0;
+        o->given = 1;
+    }
+    for (; i < *argc; i++) argv[out++] = argv[i];
+    *argc = out;
+    argv[out] = NULL;
+    if (o->node_rank >= o->nnodes) {
+        snprintf(err, errlen, "--node-rank %d: expected 0..%d (--nnodes %d)", o->node_rank,
+                 o->nnodes - 1, o->nnodes);
+        return -1;
+    }
+    if (o->nnodes > 1 && (o->master_port == 0 || !addr_given)) {
+        snprintf(err, errlen, "--nnodes %d needs --master-addr and --master-port "
+                 "(rank 0's host and a free port there, the same on every node)", o->nnodes);
+        return -1;
+    }
+    return 0;
+}
+
+int launcher_wanted(const LaunchOptions *o, const DistEnv *env) {
+    if (!o->given) return 0;
+    if (env->from_env) {
+        log_warn("launcher options ignored: this process is already rank %d of %d "
+                 "(RANK/WORLD_SIZE are set, e.g. by torchrun or srun)",
+                 env->rank, env->world_size);
+        return 0;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ resources */
+
+int launcher_count_gpus(void) {
+#ifndef CIFAR_CUDA
+    return 0;
+#else
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis != NULL) {
+        /* CUDA stops at the first invalid entry ("0,1,-1,2" is two devices) */
+        int n = 0;
+        for (const char *p = vis; *p;) {
+            const char *end = strchr(p, ',');
+            size_t len = end ? (size_t)(end - p) : strlen(p);
+            if (len == 0 || *p == '-') break;
+            n++;
+            if (!end) break;
+            p = end + 1;
+        }
+        return n;
+    }
+    int n = 0;
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    if (d == NULL) return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+#endif
+}
+
+/* A port free right now on 127.0.0.1 (rank 0 binds it moments later, as torchrun does). */
+static int launcher_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK_STDIO(fd >= 0, "socket (looking for a free port)");
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    CHECK_STDIO(bind(fd, (struct sockaddr *)&a, sizeof a) == 0, "bind 127.0.0.1:0");
+    CHECK_STDIO(getsockname(fd, (struct sockaddr *)&a, &len) == 0, "getsockname");
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void launcher_run_id(char *buf, size_t len, int attempt) {
+    unsigned int r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = (unsigned int)ts.tv_nsec ^ (unsigned int)getpid() << 16;
+    }
+    snprintf(buf, len, "%d-%08x-a%d", (int)getpid(), r, attempt);
+}
+
+static const char *signal_name(int sig) {
+    static const struct { int sig; const char *name; } table[] = {
+        {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+        {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+        {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+        {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+        {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        if (table[i].sig == sig) return table[i].name;
+    static char other[32];
+    snprintf(other, sizeof other, "signal %d", sig);
+    return other;
+}
+
+/* "exited with code 3" / "killed by SIGSEGV". */
+static void describe_status(int status, char *buf, size_t len) {
+    if (WIFEXITED(status))
+        snprintf(buf, len, "exited with code %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "killed by %s%s", signal_name(WTERMSIG(status)),
+                 WCOREDUMP(status) ? " (core dumped)" : "");
+    else
+        snprintf(buf, len, "ended with status %d", status);
+}
+
+/* ------------------------------------------------------------ signals */
+
+static volatile sig_atomic_t g_launcher_signal;
+static volatile sig_atomic_t g_launcher_signal_count;
+
+static void launcher_on_signal(int sig) {
+    g_launcher_signal = sig;
+    g_launcher_signal_count++;
+}
+
+typedef struct {
+    struct sigaction old_int, old_term;
+} SavedSignals;
+
+static void launcher_signals_install(SavedSignals *s) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = launcher_on_signal;
+    sigemptyset(&sa.sa_mask);
+    g_launcher_signal = 0;
+    g_launcher_signal_count = 0;
+    sigaction(SIGINT, &sa, &s->old_int);
+    sigaction(SIGTERM, &sa, &s->old_term);
+}
+
+static void launcher_signals_restore(const SavedSignals *s) {
+    sigaction(SIGINT, &s->old_int, NULL);
+    sigaction(SIGTERM, &s->old_term, NULL);
+}
+
+/* ------------------------------------------------------------ one group */
+
+typedef struct {
+    int n;              /* workers on this node */
+    pid_t *pid;
+    int *reaped, *status;
+    int first_failed;   /* local rank of the first failure, -1 none */
+    int first_status;
+    int interrupted;    /* the launcher's signal, 0 none */
+} Group;
+
+static const char *const worker_vars[] = {
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK",
+    "TORCHELASTIC_MAX_RESTARTS", NULL};
+
+static int is_worker_var(const char *entry) {
+    for (int k = 0; worker_vars[k]; k++) {
+        size_t len = strlen(worker_vars[k]);
+        if (strncmp(entry, worker_vars[k], len) == 0 && entry[len] == '=') return 1;
+    }
+    return 0;
+}
+
+/* The environment of one worker, built before fork (allocation after fork is
+ * unsafe if the caller has threads). Free with env_free. */
+static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_rank,
+                         int attempt, const char *run_id) {
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = xcalloc(n + 16, sizeof *env);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!is_worker_var(environ[i])) env[k++] = xstrdup(environ[i]);
+    char v[512];
+#define WORKER_VAR(...) (snprintf(v, sizeof v, __VA_ARGS__), env[k++] = xstrdup(v))
+    WORKER_VAR("RANK=%d", o->node_rank * nproc + local_rank);
+    WORKER_VAR("LOCAL_RANK=%d", local_rank);
+    WORKER_VAR("WORLD_SIZE=%d", o->nnodes * nproc);
+    WORKER_VAR("LOCAL_WORLD_SIZE=%d", nproc);
+    WORKER_VAR("GROUP_RANK=%d", o->node_rank);
+    WORKER_VAR("MASTER_ADDR=%s", o->master_addr);
+    WORKER_VAR("MASTER_PORT=%d", port);
+    WORKER_VAR("CIFAR_RUN_ID=%s", run_id);
+    WORKER_VAR("CIFAR_RESTART_COUNT=%d", attempt);
+    WORKER_VAR("TORCHELASTIC_RESTART_COUNT=%d", attempt);
+    WORKER_VAR("TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts);
+#undef WORKER_VAR
+    env[k] = NULL;
+    return env;
+}
+
+static void env_free(char **env) {
+    for (size_t i = 0; env[i]; i++) free(env[i]);
+    free(env);
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only. */
+static void worker_exec(const char *exe, char **argv, char **env, pid_t launcher) {
+    setpgid(0, 0); /* own group: the launcher stops it and its children at once */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) _exit(1); /* the launcher died before prctl */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execve(exe, argv, env);
+    static const char msg[] = ": cannot execute the worker program\n";
+    ssize_t w = write(2, exe, strlen(exe));
+    w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(127);
+}
+
+static void group_signal(Group *g, int sig) {
+    for (int r = 0; r < g->n; r++)
+        if (!g->reaped[r]) kill(-g->pid[r], sig);
+}
+
+static int group_spawn(Group *g, const LaunchOptions *o, int port, int attempt,
+                       const char *run_id, char **argv) {
+    const char *exe = o->exe ? o->exe : "/proc/self/exe";
+    pid_t self = getpid();
+    for (int r = 0; r < g->n; r++) g->reaped[r] = 1; /* nothing to wait for until started */
+    for (int r = 0; r < g->n; r++) {
+        char **env = worker_env(o, g->n, port, r, attempt, run_id);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) worker_exec(exe, argv, env, self);
+        env_free(env);
+        if (pid < 0) {
+            log_error("cannot start rank %d: fork: %s", o->node_rank * g->n + r, strerror(errno));
+            return -1;
+        }
+        setpgid(pid, pid); /* also here, so kill(-pid) works before the child runs */
+        g->pid[r] = pid;
+        g->reaped[r] = 0;
+    }
+    return 0;
+}
+
+static double launcher_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Reap whatever ended; records and logs the first failure. Returns workers left. */
+static int group_poll(Group *g, const LaunchOptions *o, int stopping) {
+    int left = 0;
+    for (int r = 0; r < g->n; r++) {
+        if (g->reaped[r]) continue;
+        int st = 0;
+        pid_t got = waitpid(g->pid[r], &st, WNOHANG);
+        if (got == 0 || (got < 0 && errno == EINTR)) {
+            left++;
+            continue;
+        }
+        g->reaped[r] = 1;
+        g->status[r] = got < 0 ? (1 << 8) : st; /* ECHILD: someone else reaped it */
+        int ok = WIFEXITED(g->status[r]) && WEXITSTATUS(g->status[r]) == 0;
+        if (!ok && !stopping && g->first_failed < 0) {
+            char how[96];
+            describe_status(g->status[r], how, sizeof how);
+            log_error("rank %d (pid %d) %s", o->node_rank * g->n + r, (int)g->pid[r], how);
+            g->first_failed = r;
+            g->first_status = g->status[r];
+        }
+    }
+    return left;
+}
+
+/* Watch the group until every worker is reaped. */
+static void group_watch(Group *g, const LaunchOptions *o) {
+    int stopping = 0, killed = 0;
+    double deadline = 0;
+    for (;;) {
+        int left = group_poll(g, o, stopping);
+        if (left == 0) break;
+        if (!stopping && (g->first_failed >= 0 || g_launcher_signal)) {
+            if (g_launcher_signal) {
+                g->interrupted = g_launcher_signal;
+                log_error("got %s: stopping the workers", signal_name(g_launcher_signal));
+            }
+            stopping = 1;
+            group_signal(g, SIGTERM);
+            deadline = launcher_now() + o->grace_seconds;
+        }
+        if (stopping && !g->interrupted && g_launcher_signal) g->interrupted = g_launcher_signal;
+        /* a second Ctrl-C, or the grace period is over: no more waiting */
+        if (stopping && !killed && (launcher_now() > deadline || g_launcher_signal_count > 1)) {
+            for (int r = 0; r < g->n; r++)
+                if (!g->reaped[r])
+                    log_warn("rank %d (pid %d) did not stop within %g s: SIGKILL",
+                             o->node_rank * g->n + r, (int)g->pid[r], o->grace_seconds);
+            group_signal(g, SIGKILL);
+            killed = 1;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    /* whatever the workers started in their groups goes with them */
+    if (stopping)
+        for (int r = 0; r < g->n; r++) kill(-g->pid[r], SIGKILL);
+}
+
+/* ------------------------------------------------------------ launcher_run */
+
+int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
+    if (argc < 1 || argv[0] == NULL) {
+        log_error("launcher: no worker command");
+        return 2;
+    }
+    LaunchOptions o = *opt;
+    int nproc = o.nproc_per_node;
+    if (nproc == LAUNCH_NPROC_GPU) {
+        int gpus = o.count_gpus ? o.count_gpus() : launcher_count_gpus();
+        nproc = gpus > 0 ? gpus : 1;
+        log_info("--nproc-per-node gpu: %d GPU%s visible, %d worker%s", gpus, gpus == 1 ? "" : "s",
+                 nproc, nproc == 1 ? "" : "s");
+    }
+    if (nproc < 1) {
+        log_error("--nproc-per-node %d: expected at least 1", nproc);
+        return 2;
+    }
+    int port = o.master_port;
+    if (port == 0) {
+        if (o.nnodes > 1) {
+            log_error("--nnodes %d needs --master-port", o.nnodes);
+            return 2;
+        }
+        port = launcher_free_port();
+    }
+    Group g;
+    memset(&g, 0, sizeof g);
+    g.n = nproc;
+    g.pid = xcalloc((size_t)nproc, sizeof *g.pid);
+    g.reaped = xcalloc((size_t)nproc, sizeof *g.reaped);
+    g.status = xcalloc((size_t)nproc, sizeof *g.status);
+    SavedSignals saved;
+    launcher_signals_install(&saved);
+    int result = 1;
+    for (int attempt = 0; attempt <= o.max_restarts; attempt++) {
+        char run_id[64];
+        launcher_run_id(run_id, sizeof run_id, attempt);
+        g.first_failed = -1;
+        g.interrupted = 0;
+        if (group_spawn(&g, &o, port, attempt, run_id, argv) != 0) {
+            g.first_failed = -2; /* stop those already started */
+            group_signal(&g, SIGTERM);
+        }
+        group_watch(&g, &o);
+        comm_shm_cleanup(run_id);
+        if (g.interrupted) {
+            result = 128 + g.interrupted;
+            break;
+        }
+        if (g.first_failed == -1) {
+            result = 0;
+            break;
+        }
+        if (g.first_failed == -2) break;
+        if (attempt < o.max_restarts) {
+            log_error("restarting the group (%d/%d)", attempt + 1, o.max_restarts);
+            continue;
+        }
+        char how[96];
+        describe_status(g.first_status, how, sizeof how);
+        log_error("giving up after %d attempt%s: rank %d %s (the first failure of the last "
+                  "attempt)", attempt + 1, attempt ? "s" : "", o.node_rank * nproc + g.first_failed,
+                  how);
+        result = 1;
+    }
+    launcher_signals_restore(&saved);
+    free(g.pid);
+    free(g.reaped);
+    free(g.status);
+    return result;
+}

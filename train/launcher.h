@@ -1,0 +1,68 @@
+/* launcher.h: cifar-train's torchrun equivalent. It starts the workers of this
+ * node as fresh processes (fork + exec of this binary, never a fork that keeps
+ * running: BLAS/OpenMP pools, CUDA contexts and LMDB environments do not survive
+ * fork), watches them, and when one fails stops the rest and restarts the group.
+ *
+ * cifar-train's main does:
+ *     LaunchOptions lo;
+ *     launch_options_init(&lo);
+ *     if (launcher_parse_args(&lo, &argc, argv, err, sizeof err) != 0) die_usage("%s", err);
+ *     if (launcher_wanted(&lo, &env)) return launcher_run(&lo, argc, argv);
+ *     ... parse the remaining argv and train as a worker ...
+ *
+ * Each worker gets RANK = node_rank * N + local_rank, LOCAL_RANK, WORLD_SIZE =
+ * nnodes * N, LOCAL_WORLD_SIZE = N, MASTER_ADDR, MASTER_PORT, CIFAR_RUN_ID (new
+ * for every attempt: "<launcher pid>-<random>-a<attempt>"), CIFAR_RESTART_COUNT
+ * and TORCHELASTIC_RESTART_COUNT; it runs in its own process group and gets
+ * SIGTERM if the launcher dies (PR_SET_PDEATHSIG; launcher_run must then run on
+ * the main thread, which it does in cifar-train).
+ *
+ * With several nodes every node runs its own launcher; a failure restarts the
+ * local group, whose peers on other nodes fail in their next collective (NCCL
+ * error or CIFAR_COMM_TIMEOUT) and are restarted by their own launchers. */
+#ifndef CIFAR_LAUNCHER_H
+#define CIFAR_LAUNCHER_H
+
+#include <stddef.h>
+
+#include "comm.h"
+
+#define LAUNCH_NPROC_GPU (-1) /* --nproc-per-node gpu|auto: one per visible GPU */
+
+typedef struct {
+    int nproc_per_node;      /* N >= 1, or LAUNCH_NPROC_GPU (at least 1 process) */
+    int nnodes, node_rank;   /* default 1, 0 */
+    char master_addr[256];   /* default 127.0.0.1 */
+    int master_port;         /* 0: a free port on 127.0.0.1 (single node only) */
+    int max_restarts;        /* default 3 */
+    double grace_seconds;    /* SIGTERM -> SIGKILL delay when stopping workers (10) */
+    int given;               /* a launcher option was on the command line */
+    const char *exe;         /* program the workers exec; NULL: /proc/self/exe */
+    int (*count_gpus)(void); /* NULL: launcher_count_gpus */
+} LaunchOptions;
+
+void launch_options_init(LaunchOptions *o);
+
+/* Remove the launcher options from argv in place ("--x V" and "--x=V", dashes or
+ * underscores: --nproc-per-node, --nnodes, --node-rank, --master-addr,
+ * --master-port, --max-restarts) and store them in *o; everything else keeps its
+ * order; argv[*argc] stays NULL. Stops at "--". 0, or -1 with a reason in err. */
+int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen);
+
+/* 1 when this process should launch workers: launcher options were given and the
+ * environment does not already make it a worker (torchrun, srun, mpirun, or our
+ * own launcher). Warns when the options are ignored for that reason. */
+int launcher_wanted(const LaunchOptions *o, const DistEnv *env);
+
+/* GPUs this process may use: CUDA_VISIBLE_DEVICES entries, else the driver's
+ * /proc/driver/nvidia/gpus; 0 in a build without CUDA. */
+int launcher_count_gpus(void);
+
+/* Run argv (launcher options already removed; argv[0] is kept as the workers'
+ * argv[0]) as this node's workers until they all exit 0 (returns 0), restarts
+ * run out (logs the first failed rank and its exit code or signal, returns 1), or
+ * the launcher gets SIGINT/SIGTERM (workers are stopped, returns 128 + signal).
+ * Bad options return 2 with a message. No worker outlives the call. */
+int launcher_run(const LaunchOptions *opt, int argc, char **argv);
+
+#endif
