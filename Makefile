@@ -132,8 +132,8 @@ pipeline: deps-check
 	@$(MAKE) --no-print-directory all
 	BIN=$(abspath $(BIN)) pipelines/demo.sh
 
-bench: all
-	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+bench: all $(OBJ)/bench/bench_train
+	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
 
 FUZZ_SECONDS ?= 30
 fuzz:
@@ -143,3 +143,8 @@ clean:
 	rm -rf $(BUILD) $(BIN)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ---- benchmark programs (not tests) ----
+$(OBJ)/bench/bench_train: tests/bench/bench_train.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
