@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -463,6 +464,19 @@ DatasetWriter *dataset_writer_create(const char *path, char *err, size_t errlen)
 
 const char *dataset_writer_temp_path(const DatasetWriter *w) { return w->temp_path; }
 
+/* "cannot <verb> <temp>: <reason>". LMDB turns a short write on a full disk into
+ * EIO, so an EIO with (almost) no space left is reported as the full disk it is. */
+static void writer_error(const DatasetWriter *w, const char *verb, int rc, char *err,
+                         size_t errlen) {
+    struct statvfs vfs;
+    char dir[4096];
+    fs_dirname(w->temp_path, dir, sizeof dir);
+    if (rc == EIO && statvfs(dir, &vfs) == 0 &&
+        (uint64_t)vfs.f_bavail * vfs.f_frsize < w->batch_len + (1u << 20))
+        rc = ENOSPC;
+    snprintf(err, errlen, "cannot %s %s (%s)", verb, w->temp_path, mdb_strerror(rc));
+}
+
 /* One attempt at committing the batch in a single transaction; an LMDB code. */
 static int writer_try_commit(DatasetWriter *w) {
     MDB_txn *txn;
@@ -499,7 +513,7 @@ static int writer_commit_batch(DatasetWriter *w, char *err, size_t errlen) {
             rc = mdb_env_set_mapsize(w->env, w->map_size);
             if (rc == 0) continue;
         }
-        snprintf(err, errlen, "cannot write %s (%s)", w->temp_path, mdb_strerror(rc));
+        writer_error(w, "write", rc, err, errlen);
         return -1;
     }
     w->batch_len = 0;
@@ -619,7 +633,7 @@ static int writer_put_meta(DatasetWriter *w, const DatasetInfo *info, char *err,
         if (rc) break;
     }
     free(json);
-    if (rc) snprintf(err, errlen, "cannot write %s (%s)", w->temp_path, mdb_strerror(rc));
+    if (rc) writer_error(w, "write", rc, err, errlen);
     return rc ? -1 : 0;
 }
 
@@ -635,7 +649,7 @@ int dataset_writer_finish(DatasetWriter *w, const DatasetInfo *info, char *err, 
     }
     int rc = mdb_env_sync(w->env, 1);
     if (rc) {
-        snprintf(err, errlen, "cannot sync %s (%s)", w->temp_path, mdb_strerror(rc));
+        writer_error(w, "sync", rc, err, errlen);
         dataset_writer_abort(w);
         return -1;
     }

@@ -1,0 +1,400 @@
+#!/usr/bin/env bats
+# cifar-prep: the seed layout -> one LMDB file. Usage, the output contract (OUT as
+# the last stdout line, stdin input, --split), the decoded pixels and statistics
+# (checked against Python/PIL through mdb_dump), and every kind of bad input:
+# each must exit 1 with ONE line "cifar-prep: <file>: <reason>" and leave neither
+# OUT nor a temporary file behind.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
+PY=${PYTHON_TORCH:-/usr/bin/python3}
+
+setup_file() {
+    export BASE="$BATS_FILE_TMPDIR/base"
+    "$BIN/cifar-synth" "$BASE" --train 24 --test 8 --size 8 --jpeg-fraction 0.3 --seed 5 >/dev/null
+}
+
+setup() {
+    D="$BATS_TEST_TMPDIR/d"
+    cp -r "$BASE" "$D"
+}
+
+# No OUT and no temporary file next to it.
+no_leftovers() { # dir
+    local left
+    left=$(find "$1" -maxdepth 1 -name '*.lmdb*' -o -maxdepth 1 -name '*.tmp-*')
+    [ -z "$left" ] || { echo "left behind: $left"; return 1; }
+}
+
+# cifar-prep must fail with exit 1 and exactly one line matching the regexp.
+prep_fails() { # regexp args...
+    local re=$1; shift
+    run "$BIN/cifar-prep" --quiet "$@"
+    assert_failure 1
+    [ "${#lines[@]}" -eq 1 ] || { echo "expected one line, got: $output"; return 1; }
+    assert_output --regexp "^cifar-prep: $re"
+    no_leftovers "$D"
+}
+
+need_pil() { "$PY" -c 'import PIL, numpy' 2>/dev/null || skip "needs $PY with PIL and numpy"; }
+need_mdb_dump() { command -v mdb_dump >/dev/null || skip "needs mdb_dump (lmdb-utils)"; }
+
+# Records of SPLIT as "label hexpixels" lines, through mdb_dump.
+records() { # file split
+    mdb_dump -n -s "$2" "$1" | "$PY" -c '
+import sys
+lines = [l.strip() for l in sys.stdin if l.startswith(" ")]
+for k, v in zip(lines[0::2], lines[1::2]):
+    b = bytes.fromhex(v)
+    print(int.from_bytes(b[:4], "little", signed=True), b[4:].hex())'
+}
+
+meta_json() { # file
+    mdb_dump -n -s meta "$1" | "$PY" -c '
+import sys
+lines = [l.strip() for l in sys.stdin if l.startswith(" ")]
+print(bytes.fromhex(lines[1]).decode())'
+}
+
+# ------------------------------------------------------------------ usage
+
+@test "--help exits 0 and describes the options" {
+    run "$BIN/cifar-prep" --help
+    assert_success
+    assert_output --partial "usage: cifar-prep DATA_DIR"
+    assert_output --partial "--split NAME=ANNOTATIONS.json:IMAGE_DIR"
+}
+
+@test "bad usage exits 2" {
+    run "$BIN/cifar-prep" --bogus "$D"
+    assert_failure 2
+    assert_output --partial "unknown option --bogus"
+    run "$BIN/cifar-prep" --threads 0 "$D"
+    assert_failure 2
+    run "$BIN/cifar-prep" "$D" "$D"
+    assert_failure 2
+    run "$BIN/cifar-prep" --split nonsense
+    assert_failure 2
+    run "$BIN/cifar-prep" -o
+    assert_failure 2
+    no_leftovers "$D"
+}
+
+# ------------------------------------------------------------------ success
+
+@test "converts the seed layout and prints OUT as the only stdout line" {
+    run --separate-stderr "$BIN/cifar-prep" "$D"
+    assert_success
+    assert_output "$D/cifar10.lmdb"
+    [ -f "$D/cifar10.lmdb" ]
+    [ -z "$(find "$D" -maxdepth 1 -name '*.tmp-*' -o -maxdepth 1 -name '*-lock')" ]
+    [[ "$stderr" == *"wrote 32 images (8x8x3, "* ]]
+}
+
+@test "reads DATA_DIR from stdin and honours -o" {
+    run --separate-stderr bash -c "echo '$D' | '$BIN/cifar-prep' --quiet -o '$BATS_TEST_TMPDIR/x.lmdb'"
+    assert_success
+    assert_output "$BATS_TEST_TMPDIR/x.lmdb"
+    [ -z "$stderr" ]
+    [ -f "$BATS_TEST_TMPDIR/x.lmdb" ]
+}
+
+@test "records, labels and metadata match the annotations and Python's decoding" {
+    need_pil; need_mdb_dump
+    "$BIN/cifar-synth" "$D/p" --train 40 --test 10 --size 8 --jpeg-fraction 0 --classes 7 --seed 9 >/dev/null
+    run "$BIN/cifar-prep" --quiet --threads 3 "$D/p"
+    assert_success
+    records "$D/p/cifar10.lmdb" train > "$D/train.txt"
+    meta_json "$D/p/cifar10.lmdb" > "$D/meta.json"
+    run "$PY" - "$D/p" "$D/train.txt" "$D/meta.json" <<'PY'
+import json, sys, numpy as np
+from PIL import Image
+root, recs, meta = sys.argv[1], open(sys.argv[2]).read().split('\n'), json.load(open(sys.argv[3]))
+ann = json.load(open(root + '/annotations/cifar10_train.json'))
+imgs = [np.asarray(Image.open(root + '/train_cifar10/' + f)) for f in ann['images']]
+assert len([r for r in recs if r]) == len(imgs) == 40
+for i, (img, lab) in enumerate(zip(imgs, ann['categories'])):
+    l, h = recs[i].split()
+    assert int(l) == lab, (i, l, lab)
+    assert bytes.fromhex(h) == img.tobytes(), i
+assert meta['format'] == 'cifar-lmdb' and meta['version'] == 1
+assert (meta['height'], meta['width'], meta['channels']) == (8, 8, 3)
+assert meta['num_classes'] == max(ann['categories']) + 1
+x = np.stack(imgs).astype(np.float64) / 255
+s = meta['splits']['train']
+assert s['count'] == 40 and meta['splits']['test']['count'] == 10
+assert np.allclose(s['mean'], x.mean(axis=(0, 1, 2)), atol=1e-6), (s['mean'], x.mean(axis=(0, 1, 2)))
+assert np.allclose(s['std'], x.std(axis=(0, 1, 2)), atol=1e-6), (s['std'], x.std(axis=(0, 1, 2)))
+print('ok')
+PY
+    assert_output "ok"
+}
+
+@test "the output does not depend on the thread count" {
+    need_mdb_dump
+    run "$BIN/cifar-prep" --quiet --threads 1 -o "$BATS_TEST_TMPDIR/a.lmdb" "$D"
+    assert_success
+    run "$BIN/cifar-prep" --quiet --threads 5 -o "$BATS_TEST_TMPDIR/b.lmdb" "$D"
+    assert_success
+    for s in train test meta; do
+        cmp <(mdb_dump -n -s $s "$BATS_TEST_TMPDIR/a.lmdb") <(mdb_dump -n -s $s "$BATS_TEST_TMPDIR/b.lmdb")
+    done
+}
+
+@test "PNG palette+tRNS, 16-bit, low bit depth, gray+alpha, RGBA and interlaced are normalised" {
+    need_pil; need_mdb_dump
+    mkdir -p "$D/n/rgb" "$D/n/gray"
+    "$PY" - "$D/n" <<'PY'
+import json, sys, numpy as np
+from PIL import Image
+d = sys.argv[1]
+rng = np.random.default_rng(1)
+rgb = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+gray = rng.integers(0, 256, (6, 5), dtype=np.uint8)
+exp_rgb, exp_gray, names_rgb, names_gray = [], [], [], []
+def add(lst, names, name, img, expect):
+    img.save(d + '/' + name, **({'interlace': 1} if 'inter' in name else {}))
+    names.append(name.split('/', 1)[1]); lst.append(expect)
+add(exp_rgb, names_rgb, 'rgb/plain.png', Image.fromarray(rgb), rgb)
+add(exp_rgb, names_rgb, 'rgb/inter.png', Image.fromarray(rgb), rgb)
+rgba = np.dstack([rgb, rng.integers(0, 256, (6, 5), dtype=np.uint8)])
+add(exp_rgb, names_rgb, 'rgb/rgba.png', Image.fromarray(rgba, 'RGBA'), rgb)
+pal = Image.fromarray(rgb).quantize(16)
+pal.info['transparency'] = 3
+add(exp_rgb, names_rgb, 'rgb/palette_trns.png', pal, np.asarray(pal.convert('RGB')))
+rgb16 = rgb.astype(np.uint16) * 257 + 100   # 16-bit: scaled back to 8 with rounding
+open(d + '/rgb/rgb16.png', 'wb')  # written by hand below (PIL cannot write 16-bit RGB)
+import zlib, struct
+def png(path, w, h, depth, ctype, raw_rows):
+    def chunk(t, b): return struct.pack('>I', len(b)) + t + b + struct.pack('>I', zlib.crc32(t + b))
+    data = b''.join(b'\0' + r for r in raw_rows)
+    open(path, 'wb').write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, depth, ctype, 0, 0, 0))
+                           + chunk(b'IDAT', zlib.compress(data)) + chunk(b'IEND', b''))
+png(d + '/rgb/rgb16.png', 5, 6, 16, 2, [r.astype('>u2').tobytes() for r in rgb16])
+names_rgb.append('rgb16.png'); exp_rgb.append(((rgb16.astype(np.uint32) * 255 + 32895) >> 16).astype(np.uint8))
+add(exp_gray, names_gray, 'gray/plain.png', Image.fromarray(gray), gray)
+la = np.dstack([gray, gray[::-1]])
+add(exp_gray, names_gray, 'gray/la.png', Image.fromarray(la, 'LA'), gray)
+bits = (gray > 127)
+add(exp_gray, names_gray, 'gray/onebit.png', Image.fromarray(bits), bits.astype(np.uint8) * 255)
+g16 = gray.astype(np.uint16) * 257
+png(d + '/gray/g16.png', 5, 6, 16, 0, [r.astype('>u2').tobytes() for r in g16])
+names_gray.append('g16.png'); exp_gray.append(gray)
+for kind, names, exp in (('rgb', names_rgb, exp_rgb), ('gray', names_gray, exp_gray)):
+    json.dump({'images': names, 'categories': list(range(len(names)))}, open(f'{d}/{kind}.json', 'w'))
+    open(f'{d}/{kind}.expected', 'w').write('\n'.join(f'{i} {e.tobytes().hex()}' for i, e in enumerate(exp)) + '\n')
+PY
+    run "$BIN/cifar-prep" --quiet --split "train=$D/n/rgb.json:$D/n/rgb" -o "$D/n/rgb.lmdb"
+    assert_success
+    records "$D/n/rgb.lmdb" train | diff - "$D/n/rgb.expected"
+    run "$BIN/cifar-prep" --quiet --split "train=$D/n/gray.json:$D/n/gray" -o "$D/n/gray.lmdb"
+    assert_success
+    records "$D/n/gray.lmdb" train | diff - "$D/n/gray.expected"
+}
+
+@test "grayscale datasets keep one channel; --num-classes sets K" {
+    need_mdb_dump
+    "$BIN/cifar-synth" "$D/g" --train 10 --test 4 --size 6 --channels 1 --classes 3 >/dev/null
+    run "$BIN/cifar-prep" --quiet --num-classes 12 "$D/g"
+    assert_success
+    run meta_json "$D/g/cifar10.lmdb"
+    assert_output --partial '"height":6,"width":6,"channels":1,"num_classes":12'
+}
+
+@test "--split reads other layouts and names the splits" {
+    need_mdb_dump
+    mkdir "$D/other"
+    mv "$D/train_cifar10" "$D/other/pics"
+    run --separate-stderr "$BIN/cifar-prep" --quiet --split "all=$D/annotations/cifar10_train.json:$D/other/pics" \
+        --split "few=$D/annotations/cifar10_test.json:$D/test_cifar10" -o "$D/other/x.lmdb"
+    assert_success
+    assert_output "$D/other/x.lmdb"
+    run meta_json "$D/other/x.lmdb"
+    assert_output --partial '"all":{"count":24'
+    assert_output --partial '"few":{"count":8'
+    run "$BIN/cifar-prep" --split "all=$D/annotations/cifar10_train.json:$D/other/pics"
+    assert_failure 2
+}
+
+@test "an existing OUT is kept without --force and replaced with it" {
+    echo "precious" > "$D/cifar10.lmdb"
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_failure 1
+    assert_output "cifar-prep: $D/cifar10.lmdb: already exists (use --force to replace it)"
+    [ "$(cat "$D/cifar10.lmdb")" = precious ]
+    run "$BIN/cifar-prep" --quiet --force "$D"
+    assert_success
+    [ "$(head -c 8 "$D/cifar10.lmdb")" != precious ]
+    [ -z "$(find "$D" -name '*.tmp-*')" ]
+}
+
+# ------------------------------------------------------------------ bad input
+
+@test "missing annotation file" {
+    rm "$D/annotations/cifar10_test.json"
+    prep_fails "$D/annotations/cifar10_test.json: cannot read the annotation file \(No such file or directory\)$" "$D"
+}
+
+@test "unreadable annotation file" {
+    rm "$D/annotations/cifar10_train.json"
+    mkdir "$D/annotations/cifar10_train.json"
+    prep_fails "$D/annotations/cifar10_train.json: cannot read the annotation file \(it is a folder\)$" "$D"
+    if [ "$(id -u)" != 0 ]; then
+        rmdir "$D/annotations/cifar10_train.json"
+        cp "$BASE/annotations/cifar10_train.json" "$D/annotations/"
+        chmod 000 "$D/annotations/cifar10_train.json"
+        prep_fails "$D/annotations/cifar10_train.json: cannot read the annotation file \(Permission denied\)$" "$D"
+    fi
+}
+
+@test "invalid JSON" {
+    printf '{"images": ["a.png"], "categories": [1' > "$D/annotations/cifar10_train.json"
+    prep_fails "$D/annotations/cifar10_train.json: invalid JSON near byte [0-9]+$" "$D"
+}
+
+@test "images and categories of different lengths" {
+    printf '{"images": ["img_000000.png", "img_000001.png"], "categories": [1]}' > "$D/annotations/cifar10_train.json"
+    prep_fails "$D/annotations/cifar10_train.json: \"images\" has 2 entries but \"categories\" has 1$" "$D"
+}
+
+@test "labels that are not non-negative integers" {
+    for bad in -1 1.5 '"3"' null 3e10; do
+        printf '{"images": ["img_000000.png", "img_000001.png"], "categories": [1, %s]}' "$bad" \
+            > "$D/annotations/cifar10_train.json"
+        prep_fails "$D/annotations/cifar10_train.json: categories\[1\] is not a non-negative integer label" "$D"
+    done
+}
+
+@test "a label >= --num-classes" {
+    printf '{"images": ["img_000000.png", "img_000001.png"], "categories": [1, 7]}' > "$D/annotations/cifar10_train.json"
+    prep_fails "$D/annotations/cifar10_train.json: categories\[1\] = 7 is out of range for 5 classes" --num-classes 5 "$D"
+}
+
+@test "an empty split" {
+    printf '{"images": [], "categories": []}' > "$D/annotations/cifar10_test.json"
+    prep_fails "$D/annotations/cifar10_test.json: no images \(empty split\)$" "$D"
+}
+
+@test "a missing image" {
+    rm "$D/train_cifar10/img_000005.png" "$D/train_cifar10/img_000005.jpg" 2>/dev/null || true
+    prep_fails "$D/train_cifar10/img_000005.(png|jpg): cannot read the image \(No such file or directory\)$" "$D"
+}
+
+first_png() { ls "$D/train_cifar10/" | grep png | sed -n 3p; }
+first_jpg() { ls "$D/train_cifar10/" | grep jpg | sed -n 2p; }
+
+@test "a truncated PNG" {
+    f="$D/train_cifar10/$(first_png)"
+    head -c 60 "$BASE/train_cifar10/$(basename "$f")" > "$f"
+    prep_fails "$f: truncated PNG \(the file ends early\)$" "$D"
+}
+
+@test "a corrupt PNG" {
+    f="$D/train_cifar10/$(first_png)"
+    size=$(stat -c %s "$f")
+    printf '\x00\x01\x02\x03\x04\x05\x06\x07' | dd of="$f" bs=1 seek=$((size - 30)) conv=notrunc status=none
+    prep_fails "$f: corrupt PNG \(.+\)$" "$D"
+}
+
+@test "a truncated JPEG" {
+    f="$D/train_cifar10/$(first_jpg)"
+    [ -n "$(first_jpg)" ] || skip "no JPEG in the synthetic data"
+    head -c 300 "$BASE/train_cifar10/$(basename "$f")" > "$f"
+    prep_fails "$f: (truncated|corrupt) JPEG \(.+\)$" "$D"
+}
+
+@test "a corrupt JPEG" {
+    f="$D/train_cifar10/$(first_jpg)"
+    [ -n "$(first_jpg)" ] || skip "no JPEG in the synthetic data"
+    # an unexpected restart marker 20 bytes into the entropy-coded scan
+    "$PY" - "$f" <<'PY'
+import sys
+d = bytearray(open(sys.argv[1], 'rb').read())
+i = d.find(b'\xff\xda') + 20
+d[i:i + 2] = b'\xff\xd3'
+open(sys.argv[1], 'wb').write(d)
+PY
+    prep_fails "$f: corrupt JPEG \(Corrupt JPEG data: .+\)$" "$D"
+}
+
+@test "a file that is neither PNG nor JPEG" {
+    f="$D/test_cifar10/img_000003.png"
+    [ -f "$f" ] || f=$(ls "$D"/test_cifar10/* | head -1)
+    echo "GIF89a not really" > "$f"
+    prep_fails "$f: not a PNG or JPEG image$" "$D"
+}
+
+@test "an image of another size" {
+    "$BIN/cifar-synth" "$D/big" --train 2 --test 1 --size 9 --jpeg-fraction 0 >/dev/null
+    f="$D/test_cifar10/$(ls "$D/test_cifar10" | head -2 | tail -1)"
+    cp "$D/big/train_cifar10/img_000000.png" "$f"
+    prep_fails "$f: image is 9x9x3 \(HxWxC\), the others are 8x8x3 \(as $D/train_cifar10/img_000000.(png|jpg)\)$" "$D"
+}
+
+@test "an image with another channel count" {
+    "$BIN/cifar-synth" "$D/gray" --train 2 --test 1 --size 8 --channels 1 --jpeg-fraction 0 >/dev/null
+    f="$D/train_cifar10/$(first_png)"
+    cp "$D/gray/train_cifar10/img_000000.png" "$f"
+    prep_fails "$f: image is 8x8x1 \(HxWxC\), the others are 8x8x3" "$D"
+}
+
+@test "dimensions over the side limit are refused before decoding" {
+    f="$D/train_cifar10/$(first_png)"
+    # A valid PNG header claiming 50000 x 50000 pixels, with a tiny IDAT.
+    "$PY" - "$f" <<'PY'
+import struct, sys, zlib
+def chunk(t, b): return struct.pack('>I', len(b)) + t + b + struct.pack('>I', zlib.crc32(t + b))
+open(sys.argv[1], 'wb').write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 50000, 50000, 8, 2, 0, 0, 0))
+                               + chunk(b'IDAT', zlib.compress(b'\0' * 1000)) + chunk(b'IEND', b''))
+PY
+    prep_fails "$f: image is 50000x50000, over the 4096-pixel side limit \(not decoded\)$" "$D"
+}
+
+@test "an unwritable output folder" {
+    mkdir "$D/ro"
+    if [ "$(id -u)" = 0 ]; then
+        mount -t tmpfs -o ro,size=64k tmpfs "$D/ro" 2>/dev/null || skip "cannot mount a read-only tmpfs"
+    else
+        chmod 555 "$D/ro"
+    fi
+    run "$BIN/cifar-prep" --quiet -o "$D/ro/out.lmdb" "$D"
+    [ "$(id -u)" = 0 ] && umount "$D/ro"
+    assert_failure 1
+    [ "${#lines[@]}" -eq 1 ]
+    assert_output --regexp "^cifar-prep: $D/ro/out.lmdb: cannot create the temporary file $D/ro/out.lmdb.tmp-[0-9]+ \((Read-only file system|Permission denied)\)$"
+    [ -z "$(ls "$D/ro")" ]
+}
+
+@test "a full disk" {
+    [ "$(id -u)" = 0 ] || skip "mounting a tiny tmpfs needs root"
+    mkdir "$D/full"
+    mount -t tmpfs -o size=200k tmpfs "$D/full" 2>/dev/null || skip "cannot mount a tmpfs"
+    "$BIN/cifar-synth" "$D/many" --train 400 --test 20 --size 16 >/dev/null  # ~320 KB of pixels
+    run "$BIN/cifar-prep" --quiet -o "$D/full/out.lmdb" "$D/many"
+    left=$(ls -A "$D/full")
+    umount "$D/full"
+    assert_failure 1
+    [ "${#lines[@]}" -eq 1 ]
+    assert_output --regexp "^cifar-prep: $D/full/out.lmdb: cannot (write|sync) $D/full/out.lmdb.tmp-[0-9]+ \(No space left on device\)$"
+    [ -z "$left" ]
+}
+
+@test "SIGINT leaves nothing behind" {
+    "$BIN/cifar-synth" "$D/slow" --train 600 --test 10 --size 96 --jpeg-fraction 0 >/dev/null
+    "$BIN/cifar-prep" --threads 1 "$D/slow" >/dev/null 2>"$D/err" &
+    pid=$!
+    for _ in $(seq 1 500); do
+        [ -n "$(find "$D/slow" -maxdepth 1 -name 'cifar10.lmdb.tmp-*')" ] && break
+        sleep 0.01
+    done
+    [ -n "$(find "$D/slow" -maxdepth 1 -name 'cifar10.lmdb.tmp-*')" ] || { echo "no temporary file seen"; false; }
+    kill -INT "$pid"
+    rc=0
+    wait "$pid" || rc=$?
+    [ "$rc" -eq 130 ] || { echo "exit status $rc"; cat "$D/err"; false; }
+    grep -q "interrupted; removed the partial output" "$D/err"
+    no_leftovers "$D/slow"
+}
