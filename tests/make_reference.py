@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""make_reference.py: PyTorch reference data for tests/test_reference.c.
+
+Run from the repository root with Debian's python3 (torch 1.13, CPU):
+
+    /usr/bin/python3 tests/make_reference.py [OUT]      (default tests/data/reference.bin)
+
+It imports the seed's resnet.py (from ../shared/seed relative to the repository,
+or $SEED_DIR), builds nn.Sequential(ResNetBase(...), nn.Linear(...)) with the
+seed Config ([16,32,64] channels, [8,16,16] bottlenecks, [6,6,6] blocks, first
+kernel 3, 10 classes), and records one small batch (4 x 3x32x32).
+
+Precision: the initial state and the input are drawn in float32 (so the file
+holds them exactly), then everything is computed in float64 and stored rounded
+to float32. A float32 computation of this 56-layer ReLU network is not a sharp
+reference: rounding flips a few ReLU masks, and PyTorch's own float32 gradients
+differ from float64 by up to ~1% (more after SGD steps on one batch, which are
+chaotic here). The C test therefore runs the model code in double against these
+values with tight tolerances, and the float build with float32-sized ones.
+
+Contents:
+
+  - the input (NCHW, as PyTorch holds it) and the labels;
+  - every state_dict entry at the start, in state_dict order ("init/<key>"). The BN
+    affine parameters and running statistics are perturbed away from their
+    default 1/0 values first so that a mixed-up gamma, beta, mean or var cannot
+    go unnoticed;
+  - train-mode logits and mean cross-entropy loss, every parameter gradient
+    ("grad/<key>"), and the BN running statistics after that forward
+    ("stats1/<key>");
+  - every state_dict entry after 3 SGD steps on the same batch ("step3/<key>",
+    torch.optim.SGD lr 0.1, momentum 0.9, weight_decay 5e-4; step 1 uses the
+    gradients above), and the eval-mode logits after them.
+
+File format (all integers little-endian uint64, floats little-endian float32):
+
+    magic       8 bytes  "CIFREF01"
+    version     u64      1
+    config_len  u64      bytes of the JSON text that follows
+    config      JSON     model Config fields + img_*/num_classes + batch, lr,
+                         momentum, weight_decay, steps, label_smoothing
+    n_tensors   u64
+    n_tensors times:
+        name_len u64, name bytes (no terminator),
+        ndim     u64, shape u64[ndim],
+        data     float32[prod(shape)]   (a 0-dim tensor holds 1 value; integer
+                                         tensors such as labels and
+                                         num_batches_tracked are stored as exact
+                                         float32 values)
+    The file ends right after the last tensor.
+"""
+import json
+import os
+import struct
+import sys
+
+import torch
+from torch import nn
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEED_DIR = os.environ.get("SEED_DIR", os.path.join(REPO, "..", "shared", "seed"))
+sys.path.insert(0, SEED_DIR)
+from resnet import ResNetBase  # noqa: E402  (the seed's model, unchanged)
+
+MAGIC = b"CIFREF01"
+VERSION = 1
+
+CONFIG = {
+    "n_channels": [16, 32, 64],
+    "bottlenecks": [8, 16, 16],
+    "n_blocks": [6, 6, 6],
+    "first_kernel_size": 3,
+    "img_channels": 3,
+    "img_height": 32,
+    "img_width": 32,
+    "num_classes": 10,
+    "batch": 4,
+    "lr": 0.1,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
+    "steps": 3,
+    "label_smoothing": 0.0,
+    "precision": "float64",
+}
+
+
+def build_model(cfg):
+    base = ResNetBase(cfg["n_blocks"], cfg["n_channels"], cfg["bottlenecks"],
+                      cfg["img_channels"], cfg["first_kernel_size"])
+    return nn.Sequential(base, nn.Linear(cfg["n_channels"][-1], cfg["num_classes"]))
+
+
+def perturb_batchnorm(model, gen):
+    """Move every BN away from gamma=1, beta=0, mean=0, var=1."""
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                c = mod.num_features
+                mod.weight.copy_(0.5 + torch.rand(c, generator=gen))
+                mod.bias.copy_(0.4 * torch.rand(c, generator=gen) - 0.2)
+                mod.running_mean.copy_(0.2 * torch.rand(c, generator=gen) - 0.1)
+                mod.running_var.copy_(0.5 + torch.rand(c, generator=gen))
+
+
+class Writer:
+    def __init__(self):
+        self.entries = []
+
+    def add(self, name, tensor):
+        t = tensor.detach().to(torch.float32).contiguous().cpu()
+        self.entries.append((name, list(t.shape), t.numpy().tobytes()))
+
+    def add_state(self, prefix, state):
+        for key, value in state.items():
+            self.add(prefix + key, value)
+
+    def write(self, path, config):
+        cfg = json.dumps(config).encode()
+        out = [MAGIC, struct.pack("<QQ", VERSION, len(cfg)), cfg,
+               struct.pack("<Q", len(self.entries))]
+        for name, shape, data in self.entries:
+            nb = name.encode()
+            out.append(struct.pack("<Q", len(nb)) + nb)
+            out.append(struct.pack("<Q", len(shape)) + struct.pack("<%dQ" % len(shape), *shape))
+            out.append(data)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"".join(out))
+        os.replace(tmp, path)
+
+
+def main():
+    out_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "tests", "data", "reference.bin")
+    cfg = CONFIG
+    torch.manual_seed(1234)
+    torch.set_num_threads(1)
+    model = build_model(cfg)
+    perturb_batchnorm(model, torch.Generator().manual_seed(99))
+    n = cfg["batch"]
+    x = torch.randn(n, cfg["img_channels"], cfg["img_height"], cfg["img_width"])
+    labels = torch.randint(0, cfg["num_classes"], (n,))
+    w = Writer()
+    w.add("input", x)
+    w.add("labels", labels)
+    w.add_state("init/", model.state_dict())
+    # float32 draws are exact in float64: from here on everything runs in float64
+    model = model.double()
+    x = x.double()
+
+    crit = nn.CrossEntropyLoss(label_smoothing=cfg["label_smoothing"])
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"],
+                          weight_decay=cfg["weight_decay"])
+    model.train()
+    for step in range(cfg["steps"]):
+        opt.zero_grad()
+        logits = model(x)
+        loss = crit(logits, labels)
+        loss.backward()
+        if step == 0:
+            w.add("logits", logits)
+            w.add("loss", loss)
+            loss0 = float(loss)
+            for key, p in model.named_parameters():
+                w.add("grad/" + key, p.grad)
+            w.add_state("stats1/", {k: v for k, v in model.state_dict().items()
+                                    if k.endswith("running_mean") or k.endswith("running_var")})
+        opt.step()
+    w.add_state("step3/", model.state_dict())
+    model.eval()
+    with torch.no_grad():
+        w.add("eval_logits", model(x))
+    w.write(out_path, cfg)
+    nparams = sum(p.numel() for p in model.parameters())
+    print("%s: %d tensors, %d parameters, first loss %.6f" % (out_path, len(w.entries), nparams,
+                                                              loss0))
+
+
+if __name__ == "__main__":
+    main()
