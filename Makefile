@@ -68,7 +68,7 @@ synth_SRC = pipelines/cifar-synth.c
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 
-.PHONY: all build-info deps deps-check test test-unit test-bats pipeline bench fuzz clean plot
+.PHONY: all build-info deps deps-check test test-unit test-bats pipeline bench bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -134,6 +134,10 @@ pipeline: deps-check
 
 bench: all $(OBJ)/bench/bench_train
 	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+
+# GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
+bench-gpu: all
+	BIN=$(abspath $(BIN)) tests/bench/bench_gpu.sh
 
 FUZZ_SECONDS ?= 30
 fuzz:

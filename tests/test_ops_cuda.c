@@ -1,0 +1,524 @@
+/* test_ops_cuda: every CUDA op (ops_cuda.h) against its CPU reference (ops.h) on
+ * random inputs, forward and backward, within tolerances; the augmentation kernel
+ * bit for bit; then the whole CUDA engine against the CPU engine on two tiny
+ * networks (bottleneck and basic blocks): a few SGD steps (the second full batch is
+ * captured as a CUDA graph, the third replays it, the fourth is a partial batch),
+ * then the weights, BN buffers, momentum and an evaluation compared.
+ *
+ * Without a GPU (or in a CPU-only build) it prints "test_ops_cuda: no GPU, skipped"
+ * and exits 0. */
+#include <stdio.h>
+
+#ifndef CIFAR_CUDA
+int main(void) {
+    printf("test_ops_cuda: no GPU, skipped\n");
+    return 0;
+}
+#else
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "augment.h"
+#include "check.h"
+#include "comm.h"
+#include "engine.h"
+#include "model.h"
+#include "ops.h"
+#include "ops_cuda.h"
+#include "rng.h"
+
+static int failures;
+static uint64_t rand_counter;
+
+static float frand(float lo, float hi) {
+    return lo + (hi - lo) * rng_uniform(1234, 99, rand_counter++);
+}
+
+static float *rand_vec(size_t n, float lo, float hi) {
+    float *v = xmalloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) v[i] = frand(lo, hi);
+    return v;
+}
+
+static float *dev_from(CudaCtx *ctx, const float *h, size_t n) {
+    float *d = cuda_alloc(n * sizeof(float));
+    cuda_upload(ctx, d, h, n * sizeof(float));
+    return d;
+}
+
+static float *host_from(CudaCtx *ctx, const float *d, size_t n) {
+    float *h = xmalloc(n * sizeof(float) + 1);
+    cuda_ctx_sync(ctx);
+    cuda_download(ctx, h, d, n * sizeof(float));
+    return h;
+}
+
+/* |got - want| <= atol + rtol*|want| everywhere; reports the worst element. */
+static void expect_close(const char *what, const float *got, const float *want, size_t n, float atol,
+                         float rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_err = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)want[i]);
+        double lim = atol + rtol * fabs((double)want[i]);
+        if (!(err <= lim)) bad++;
+        if (!(err <= worst_err)) {
+            worst_err = err;
+            worst = i;
+        }
+    }
+    if (bad) {
+        failures++;
+        printf("FAIL %s: %zu of %zu elements off (worst [%zu] got %.7g want %.7g)\n", what, bad, n,
+               worst, n ? got[worst] : 0.0f, n ? want[worst] : 0.0f);
+    } else {
+        printf("ok   %s (max err %.3g over %zu)\n", what, n ? worst_err : 0.0, n);
+    }
+}
+
+/* The device array d (n floats) against the host reference. */
+static void expect_dev(CudaCtx *ctx, const char *what, const float *d, const float *want, size_t n,
+                       float atol, float rtol) {
+    float *h = host_from(ctx, d, n);
+    expect_close(what, h, want, n, atol, rtol);
+    free(h);
+}
+
+static void expect_true(const char *what, int ok) {
+    if (!ok) failures++;
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+}
+
+/* ------------------------------------------------------------- convolution */
+
+static void test_conv(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol, const char *tag) {
+    char name[160];
+    int oh = conv_out_size(h, cs.k, cs.stride, cs.pad), ow = conv_out_size(w, cs.k, cs.stride, cs.pad);
+    size_t nx = (size_t)n * h * w * cs.cin, ny = (size_t)n * oh * ow * cs.cout;
+    size_t nw = (size_t)cs.cout * cs.cin * cs.k * cs.k;
+    float *x = rand_vec(nx, -1, 1), *wt = rand_vec(nw, -0.5f, 0.5f), *b = rand_vec(cs.cout, -1, 1);
+    float *dy = rand_vec(ny, -1, 1);
+    float *y = xmalloc(ny * sizeof(float)), *dx = xmalloc(nx * sizeof(float));
+    float *dw = xmalloc(nw * sizeof(float)), *db = xmalloc(cs.cout * sizeof(float));
+    float *ws = xmalloc((conv2d_workspace_floats(&cs, n, h, w) + 1) * sizeof(float));
+    conv2d_forward(&cs, n, h, w, x, wt, b, y, ws);
+    conv2d_backward(&cs, n, h, w, x, wt, dy, dx, dw, db, ws);
+
+    float *gx = dev_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gb = dev_from(ctx, b, cs.cout);
+    float *gdy = dev_from(ctx, dy, ny);
+    float *gy = cuda_alloc(ny * sizeof(float)), *gdx = cuda_alloc(nx * sizeof(float));
+    float *gdw = cuda_alloc(nw * sizeof(float)), *gdb = cuda_alloc(cs.cout * sizeof(float));
+    conv2d_forward_cuda(ctx, &cs, n, h, w, gx, gw, gb, gy);
+    conv2d_backward_cuda(ctx, &cs, n, h, w, gx, gw, gdy, gdx, gdw, gdb);
+#define CONV_NAME(s) (snprintf(name, sizeof name, "conv %s k%d s%d p%d %d->%d on %dx%dx%d: %s", tag, \
+                               cs.k, cs.stride, cs.pad, cs.cin, cs.cout, n, h, w, s), name)
+    expect_dev(ctx, CONV_NAME("y"), gy, y, ny, tol, tol);
+    expect_dev(ctx, CONV_NAME("dx"), gdx, dx, nx, tol, tol);
+    expect_dev(ctx, CONV_NAME("dweight"), gdw, dw, nw, tol * 10, tol);
+    expect_dev(ctx, CONV_NAME("dbias"), gdb, db, cs.cout, tol * 10, tol);
+    /* dx == NULL (the stem) must still give the parameter gradients. */
+    cuda_memset_async(ctx, gdw, 0, nw * sizeof(float));
+    conv2d_backward_cuda(ctx, &cs, n, h, w, gx, gw, gdy, NULL, gdw, gdb);
+    expect_dev(ctx, CONV_NAME("dweight (dx NULL)"), gdw, dw, nw, tol * 10, tol);
+#undef CONV_NAME
+    /* KCRS -> KRSC -> KCRS is the identity. */
+    float *gk = cuda_alloc(nw * sizeof(float)), *gback = cuda_alloc(nw * sizeof(float));
+    conv_weight_to_krsc_cuda(ctx, &cs, gw, gk);
+    conv_weight_from_krsc_cuda(ctx, &cs, gk, gback);
+    float *back = host_from(ctx, gback, nw);
+    expect_true("conv weight KCRS -> KRSC -> KCRS round trip", memcmp(back, wt, nw * sizeof(float)) == 0);
+    free(back);
+    cuda_free(gk);
+    cuda_free(gback);
+    cuda_free(gx); cuda_free(gw); cuda_free(gb); cuda_free(gdy);
+    cuda_free(gy); cuda_free(gdx); cuda_free(gdw); cuda_free(gdb);
+    free(x); free(wt); free(b); free(dy); free(y); free(dx); free(dw); free(db); free(ws);
+}
+
+/* ---------------------------------------------------------------- batch norm */
+
+static void test_bn(CudaCtx *ctx, int rows, int c) {
+    size_t nx = (size_t)rows * c;
+    float *x = rand_vec(nx, -2, 3), *gamma = rand_vec(c, 0.5f, 1.5f), *beta = rand_vec(c, -0.5f, 0.5f);
+    float *dy = rand_vec(nx, -1, 1);
+    float *rm = rand_vec(c, -0.2f, 0.2f), *rv = rand_vec(c, 0.5f, 1.5f);
+    float *rm0 = xmalloc(c * sizeof(float)), *rv0 = xmalloc(c * sizeof(float));
+    memcpy(rm0, rm, c * sizeof(float));
+    memcpy(rv0, rv, c * sizeof(float));
+    float *y = xmalloc(nx * sizeof(float)), *dx = xmalloc(nx * sizeof(float));
+    float *mean = xmalloc(c * sizeof(float)), *inv = xmalloc(c * sizeof(float));
+    float *dg = xmalloc(c * sizeof(float)), *dbt = xmalloc(c * sizeof(float)), *ye = xmalloc(nx * sizeof(float));
+
+    float *gx = dev_from(ctx, x, nx), *gg = dev_from(ctx, gamma, c), *gbt = dev_from(ctx, beta, c);
+    float *gdy = dev_from(ctx, dy, nx), *grm = dev_from(ctx, rm, c), *grv = dev_from(ctx, rv, c);
+    float *gy = cuda_alloc(nx * sizeof(float)), *gdx = cuda_alloc(nx * sizeof(float));
+    float *gmean = cuda_alloc(c * sizeof(float)), *ginv = cuda_alloc(c * sizeof(float));
+    float *gdg = cuda_alloc(c * sizeof(float)), *gdbt = cuda_alloc(c * sizeof(float));
+
+    batchnorm2d_forward_train(rows, c, x, gamma, beta, y, mean, inv, rm, rv, 0.1f, 1e-5f);
+    batchnorm2d_backward(rows, c, x, gamma, mean, inv, dy, dx, dg, dbt);
+    batchnorm2d_forward_eval(rows, c, x, gamma, beta, rm0, rv0, 1e-5f, ye);
+    batchnorm2d_forward_train_cuda(ctx, rows, c, gx, gg, gbt, gy, gmean, ginv, grm, grv, 0.1f, 1e-5f);
+    char name[96];
+#define BN_NAME(s) (snprintf(name, sizeof name, "batchnorm %d x %d: %s", rows, c, s), name)
+    expect_dev(ctx, BN_NAME("y"), gy, y, nx, 1e-4f, 1e-4f);
+    expect_dev(ctx, BN_NAME("save_mean"), gmean, mean, c, 1e-5f, 1e-4f);
+    expect_dev(ctx, BN_NAME("save_invstd"), ginv, inv, c, 1e-5f, 1e-4f);
+    expect_dev(ctx, BN_NAME("running_mean"), grm, rm, c, 1e-5f, 1e-4f);
+    expect_dev(ctx, BN_NAME("running_var (unbiased)"), grv, rv, c, 1e-5f, 1e-4f);
+    /* backward from the CPU's saved statistics, so only backward is compared */
+    cuda_upload(ctx, gmean, mean, c * sizeof(float));
+    cuda_upload(ctx, ginv, inv, c * sizeof(float));
+    batchnorm2d_backward_cuda(ctx, rows, c, gx, gg, gmean, ginv, gdy, gdx, gdg, gdbt);
+    expect_dev(ctx, BN_NAME("dx"), gdx, dx, nx, 1e-4f, 1e-3f);
+    expect_dev(ctx, BN_NAME("dgamma"), gdg, dg, c, 1e-3f, 1e-4f);
+    expect_dev(ctx, BN_NAME("dbeta"), gdbt, dbt, c, 1e-3f, 1e-4f);
+    cuda_upload(ctx, grm, rm0, c * sizeof(float));
+    cuda_upload(ctx, grv, rv0, c * sizeof(float));
+    batchnorm2d_forward_eval_cuda(ctx, rows, c, gx, gg, gbt, grm, grv, 1e-5f, gy);
+    expect_dev(ctx, BN_NAME("eval y"), gy, ye, nx, 1e-5f, 1e-5f);
+#undef BN_NAME
+    cuda_free(gx); cuda_free(gg); cuda_free(gbt); cuda_free(gdy); cuda_free(grm); cuda_free(grv);
+    cuda_free(gy); cuda_free(gdx); cuda_free(gmean); cuda_free(ginv); cuda_free(gdg); cuda_free(gdbt);
+    free(x); free(gamma); free(beta); free(dy); free(rm); free(rv); free(rm0); free(rv0);
+    free(y); free(dx); free(mean); free(inv); free(dg); free(dbt); free(ye);
+}
+
+/* ---------------------------------------------------------- element-wise */
+
+static void test_elementwise(CudaCtx *ctx) {
+    const size_t n = 100003;
+    float *a = rand_vec(n, -1, 1), *b = rand_vec(n, -1, 1), *r = xmalloc(n * sizeof(float));
+    float *ga = dev_from(ctx, a, n), *gb = dev_from(ctx, b, n), *gr = cuda_alloc(n * sizeof(float));
+    relu_forward(n, a, r);
+    relu_forward_cuda(ctx, n, ga, gr);
+    expect_dev(ctx, "relu forward", gr, r, n, 0, 0);
+    float *y = xmalloc(n * sizeof(float));
+    memcpy(y, r, n * sizeof(float));
+    relu_backward(n, y, b, r);
+    relu_backward_cuda(ctx, n, gr, gb, gr); /* in place, as ops.h allows */
+    expect_dev(ctx, "relu backward (in place)", gr, r, n, 0, 0);
+    add_forward(n, a, b, r);
+    add_forward_cuda(ctx, n, ga, gb, gr);
+    expect_dev(ctx, "add", gr, r, n, 0, 0);
+    add_relu_forward(n, a, b, r);
+    add_relu_forward_cuda(ctx, n, ga, gb, gr);
+    expect_dev(ctx, "add_relu", gr, r, n, 0, 0);
+    cuda_free(ga); cuda_free(gb); cuda_free(gr);
+    free(a); free(b); free(r); free(y);
+}
+
+static void test_pool_linear(CudaCtx *ctx) {
+    const int n = 37, hw = 49, c = 24, in = 24, out = 10;
+    size_t nx = (size_t)n * hw * c;
+    float *x = rand_vec(nx, -1, 1), *y = xmalloc(n * c * sizeof(float)), *dx = xmalloc(nx * sizeof(float));
+    float *dy = rand_vec((size_t)n * c, -1, 1);
+    meanpool_forward(n, hw, c, x, y);
+    meanpool_backward(n, hw, c, dy, dx);
+    float *gx = dev_from(ctx, x, nx), *gy = cuda_alloc(n * c * sizeof(float)), *gdy = dev_from(ctx, dy, n * c);
+    float *gdx = cuda_alloc(nx * sizeof(float));
+    meanpool_forward_cuda(ctx, n, hw, c, gx, gy);
+    meanpool_backward_cuda(ctx, n, hw, c, gdy, gdx);
+    expect_dev(ctx, "meanpool forward", gy, y, (size_t)n * c, 1e-6f, 1e-5f);
+    expect_dev(ctx, "meanpool backward", gdx, dx, nx, 0, 0);
+
+    float *w = rand_vec((size_t)out * in, -0.5f, 0.5f), *b = rand_vec(out, -1, 1);
+    float *lo = xmalloc((size_t)n * out * sizeof(float)), *dlo = rand_vec((size_t)n * out, -1, 1);
+    float *lx = xmalloc((size_t)n * in * sizeof(float)), *dw = xmalloc((size_t)out * in * sizeof(float));
+    float *db = xmalloc(out * sizeof(float));
+    linear_forward(n, in, out, y, w, b, lo);
+    linear_backward(n, in, out, y, w, dlo, lx, dw, db);
+    float *gw = dev_from(ctx, w, (size_t)out * in), *gbias = dev_from(ctx, b, out);
+    float *glo = cuda_alloc((size_t)n * out * sizeof(float)), *gdlo = dev_from(ctx, dlo, (size_t)n * out);
+    float *glx = cuda_alloc((size_t)n * in * sizeof(float)), *gdw = cuda_alloc((size_t)out * in * sizeof(float));
+    float *gdb = cuda_alloc(out * sizeof(float));
+    cuda_upload(ctx, gy, y, (size_t)n * c * sizeof(float)); /* the CPU pooled input exactly */
+    linear_forward_cuda(ctx, n, in, out, gy, gw, gbias, glo);
+    linear_backward_cuda(ctx, n, in, out, gy, gw, gdlo, glx, gdw, gdb);
+    expect_dev(ctx, "linear forward", glo, lo, (size_t)n * out, 1e-5f, 1e-5f);
+    expect_dev(ctx, "linear dx", glx, lx, (size_t)n * in, 1e-5f, 1e-5f);
+    expect_dev(ctx, "linear dweight", gdw, dw, (size_t)out * in, 1e-5f, 1e-5f);
+    expect_dev(ctx, "linear dbias", gdb, db, out, 1e-5f, 1e-5f);
+    cuda_free(gx); cuda_free(gy); cuda_free(gdy); cuda_free(gdx); cuda_free(gw); cuda_free(gbias);
+    cuda_free(glo); cuda_free(gdlo); cuda_free(glx); cuda_free(gdw); cuda_free(gdb);
+    free(x); free(y); free(dx); free(dy); free(w); free(b); free(lo); free(dlo); free(lx); free(dw); free(db);
+}
+
+static void test_softmax(CudaCtx *ctx, int n, int k, float smoothing) {
+    float *l = rand_vec((size_t)n * k, -4, 4), *d = xmalloc((size_t)n * k * sizeof(float));
+    int32_t *lab = xmalloc(n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) lab[i] = (int32_t)rng_below(5, 6, (uint64_t)i, (uint32_t)k);
+    /* a tie: the first maximum wins on both sides */
+    l[0] = l[1] = 9.0f;
+    int hits = -1, ghits = -1;
+    float loss = softmax_xent_forward_backward(n, k, l, lab, smoothing, d, &hits);
+    float *gl = dev_from(ctx, l, (size_t)n * k), *gd = cuda_alloc((size_t)n * k * sizeof(float));
+    int32_t *glab = cuda_alloc(n * sizeof(int32_t));
+    cuda_upload(ctx, glab, lab, n * sizeof(int32_t));
+    float gloss = softmax_xent_forward_backward_cuda(ctx, n, k, gl, glab, smoothing, gd, &ghits);
+    char name[96];
+    snprintf(name, sizeof name, "softmax xent %d x %d smoothing %.2f: loss", n, k, smoothing);
+    expect_close(name, &gloss, &loss, 1, 1e-6f, 1e-6f);
+    snprintf(name, sizeof name, "softmax xent %d x %d smoothing %.2f: dlogits", n, k, smoothing);
+    expect_dev(ctx, name, gd, d, (size_t)n * k, 1e-7f, 1e-5f);
+    snprintf(name, sizeof name, "softmax xent %d x %d: correct %d == %d", n, k, ghits, hits);
+    expect_true(name, ghits == hits);
+    cuda_free(gl); cuda_free(gd); cuda_free(glab);
+    free(l); free(d); free(lab);
+}
+
+static void test_sgd(CudaCtx *ctx, int nesterov, int first) {
+    const size_t n = 5003;
+    float *p = rand_vec(n, -1, 1), *g = rand_vec(n, -1, 1), *m = rand_vec(n, -1, 1);
+    uint8_t *mask = xmalloc(n);
+    for (size_t i = 0; i < n; i++) mask[i] = (uint8_t)(i % 3 != 0);
+    float *gp = dev_from(ctx, p, n), *gg = dev_from(ctx, g, n), *gm = dev_from(ctx, m, n);
+    uint8_t *gmask = cuda_alloc(n);
+    cuda_upload(ctx, gmask, mask, n);
+    sgd_update(n, p, g, m, mask, 0.1f, 0.9f, 5e-4f, nesterov, first);
+    sgd_update_cuda(ctx, n, gp, gg, gm, gmask, 0.1f, 0.9f, 5e-4f, nesterov, first);
+    char name[96];
+    snprintf(name, sizeof name, "sgd nesterov=%d first=%d: param", nesterov, first);
+    expect_dev(ctx, name, gp, p, n, 1e-7f, 1e-6f);
+    snprintf(name, sizeof name, "sgd nesterov=%d first=%d: momentum", nesterov, first);
+    expect_dev(ctx, name, gm, m, n, 1e-7f, 1e-6f);
+    cuda_free(gp); cuda_free(gg); cuda_free(gm); cuda_free(gmask);
+    free(p); free(g); free(m); free(mask);
+}
+
+static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
+    const int h = 12, w = 10, count = 40, n = 17;
+    size_t rec = (size_t)h * w * c;
+    uint8_t *px = xmalloc((size_t)count * rec);
+    int32_t *lab = xmalloc(count * sizeof(int32_t));
+    for (size_t i = 0; i < (size_t)count * rec; i++) px[i] = (uint8_t)(rng_u64(3, 4, i) & 255);
+    for (int i = 0; i < count; i++) lab[i] = i % 10;
+    int64_t idx[17];
+    for (int i = 0; i < n; i++) idx[i] = (i * 7 + 3) % count;
+    AugmentSpec s;
+    memset(&s, 0, sizeof s);
+    s.h = h; s.w = w; s.c = c; s.pad = pad; s.flip = flip; s.seed = 77; s.epoch = 5;
+    for (int i = 0; i < 4; i++) {
+        s.mean[i] = 0.4f + 0.03f * i;
+        s.std[i] = 0.2f + 0.01f * i;
+    }
+    float *out = xmalloc((size_t)n * rec * sizeof(float));
+    int32_t out_lab[17], gout_lab[17];
+    augment_batch(&s, px, lab, idx, n, out, out_lab);
+    uint8_t *gpx = cuda_alloc((size_t)count * rec);
+    int32_t *glab = cuda_alloc(count * sizeof(int32_t)), *gol = cuda_alloc(n * sizeof(int32_t));
+    int64_t *gidx = cuda_alloc(n * sizeof(int64_t)), *gepoch = cuda_alloc(sizeof(int64_t));
+    float *gout = cuda_alloc((size_t)n * rec * sizeof(float));
+    cuda_upload(ctx, gpx, px, (size_t)count * rec);
+    cuda_upload(ctx, glab, lab, count * sizeof(int32_t));
+    cuda_upload(ctx, gidx, idx, n * sizeof(int64_t));
+    char name[96];
+    /* the epoch from the spec, then from device memory (the CUDA-graph path) */
+    for (int from_dev = 0; from_dev < 2; from_dev++) {
+        cuda_memset_async(ctx, gout, 0, (size_t)n * rec * sizeof(float));
+        AugmentSpec sd = s;
+        if (from_dev) {
+            cuda_upload(ctx, gepoch, &s.epoch, sizeof(int64_t));
+            sd.epoch = 999;
+        }
+        augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL);
+        float *got = host_from(ctx, gout, (size_t)n * rec);
+        cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
+        snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d epoch %s: bit-identical", c, pad, flip,
+                 from_dev ? "on device" : "in spec");
+        expect_true(name, memcmp(got, out, (size_t)n * rec * sizeof(float)) == 0 &&
+                              memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
+        free(got);
+    }
+    cuda_free(gpx); cuda_free(glab); cuda_free(gol); cuda_free(gidx); cuda_free(gepoch); cuda_free(gout);
+    free(px); free(lab); free(out);
+}
+
+/* Per state_dict tensor of `kind`: the change from base (NULL: from 0) on the GPU
+ * against the CPU's, as a relative L2 error with an absolute floor (conv biases in
+ * front of a BN get gradients that are rounding noise). Comparing changes, not
+ * values, keeps a wrong gradient from hiding behind the size of the weights. */
+static void expect_tensors(const char *what, const Model *m, TensorKind kind, const float *got,
+                           const float *want, const float *base, double rel) {
+    double worst = 0.0;
+    const char *worst_name = "-";
+    for (int t = 0; t < m->n_tensors; t++) {
+        const TensorInfo *ti = &m->tensors[t];
+        if (ti->kind != kind) continue;
+        double num = 0.0, den = 0.0;
+        for (size_t i = ti->offset; i < ti->offset + ti->numel; i++) {
+            double b = base ? base[i] : 0.0;
+            double dg = got[i] - b, dw = want[i] - b;
+            num += (dg - dw) * (dg - dw);
+            den += dw * dw;
+        }
+        double err = sqrt(num) / (sqrt(den) + 1e-5 * sqrt((double)ti->numel));
+        if (!(err <= worst)) {
+            worst = err;
+            worst_name = ti->name;
+        }
+    }
+    int ok = worst <= rel;
+    if (!ok) failures++;
+    printf("%s %s (worst relative error %.3g in %s, limit %.3g)\n", ok ? "ok  " : "FAIL", what, worst,
+           worst_name, rel);
+}
+
+/* ---------------------------------------------------------------- engine */
+
+static void test_engine(int bottleneck, Precision prec, float tol) {
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    cfg.n_stages = 2;
+    cfg.n_channels[0] = 8;
+    cfg.n_channels[1] = 16;
+    cfg.bottlenecks[0] = bottleneck ? 4 : 0;
+    cfg.bottlenecks[1] = bottleneck ? 8 : 0;
+    cfg.use_bottleneck = bottleneck;
+    cfg.n_blocks[0] = 2;
+    cfg.n_blocks[1] = 2;
+    cfg.img_channels = 3;
+    cfg.img_height = 16;
+    cfg.img_width = 16;
+    cfg.num_classes = 10;
+    Model m;
+    char err[256];
+    if (model_build(&m, &cfg, err, sizeof err) != 0) die("test model: %s", err);
+    const int count = 48, batch = 8;
+    size_t rec = (size_t)16 * 16 * 3;
+    uint8_t *px = xmalloc(count * rec);
+    int32_t *lab = xmalloc(count * sizeof(int32_t));
+    for (size_t i = 0; i < count * rec; i++) px[i] = (uint8_t)(rng_u64(11, 12, i) & 255);
+    for (int i = 0; i < count; i++) lab[i] = (int32_t)rng_below(13, 14, (uint64_t)i, 10);
+    DistEnv env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = 1;
+    Comm *comm = comm_create(COMM_SINGLE, &env);
+    EngineConfig ec;
+    memset(&ec, 0, sizeof ec);
+    ec.model = &m;
+    ec.train = (HostSplit){px, lab, count};
+    ec.test = (HostSplit){px, lab, count};
+    for (int i = 0; i < 3; i++) {
+        ec.mean[i] = 0.5f;
+        ec.std[i] = 0.25f;
+    }
+    ec.pad = 4;
+    ec.max_batch = batch;
+    ec.seed = 21;
+    ec.label_smoothing = 0.1f;
+    ec.momentum = 0.9f;
+    ec.weight_decay = 5e-4f;
+    ec.threads = 1;
+    ec.precision = prec;
+    ec.deterministic = 1;
+    ec.comm = comm;
+    Engine *cpu = engine_create_cpu(&ec);
+    Engine *gpu = engine_create_cuda(&ec, err, sizeof err);
+    if (!gpu) die("engine_create_cuda: %s", err);
+
+    float *params = xmalloc(m.num_params * sizeof(float)), *buffers = xmalloc(m.num_buffers * sizeof(float));
+    model_init(&m, params, buffers, 5);
+    cpu->ops->state_from_host(cpu, params, buffers, NULL);
+    gpu->ops->state_from_host(gpu, params, buffers, NULL);
+    char name[160];
+    const char *kind = bottleneck ? "bottleneck" : "basic";
+    const char *pn = prec == PRECISION_TF32 ? "tf32" : "fp32";
+    /* steps 0..2 full batches (eager, captured, replayed), step 3 a partial one */
+    const int sizes[4] = {batch, batch, batch, 5};
+    for (int s = 0; s < 4; s++) {
+        int64_t idx[8];
+        for (int i = 0; i < sizes[s]; i++) idx[i] = (s * 11 + i * 5) % count;
+        int cc = -1, gc = -1;
+        float lr = 0.05f * (float)(s + 1);
+        float lc = cpu->ops->train_step(cpu, idx, sizes[s], 1 + s / 2, s, lr, &cc);
+        float lg = gpu->ops->train_step(gpu, idx, sizes[s], 1 + s / 2, s, lr, &gc);
+        snprintf(name, sizeof name, "engine %s %s step %d (n=%d): loss", kind, pn, s, sizes[s]);
+        expect_close(name, &lg, &lc, 1, tol, tol);
+        snprintf(name, sizeof name, "engine %s %s step %d: correct %d == %d", kind, pn, s, gc, cc);
+        expect_true(name, prec != PRECISION_FP32 || gc == cc);
+    }
+    float *pc = xmalloc(m.num_params * sizeof(float)), *pg = xmalloc(m.num_params * sizeof(float));
+    float *bc = xmalloc(m.num_buffers * sizeof(float)), *bg = xmalloc(m.num_buffers * sizeof(float));
+    float *mc = xmalloc(m.num_params * sizeof(float)), *mg = xmalloc(m.num_params * sizeof(float));
+    cpu->ops->state_to_host(cpu, pc, bc, mc);
+    gpu->ops->state_to_host(gpu, pg, bg, mg);
+    snprintf(name, sizeof name, "engine %s %s after 4 steps: params", kind, pn);
+    expect_tensors(name, &m, TENSOR_PARAM, pg, pc, params, tol);
+    snprintf(name, sizeof name, "engine %s %s after 4 steps: BN buffers", kind, pn);
+    expect_tensors(name, &m, TENSOR_BUFFER, bg, bc, buffers, tol);
+    snprintf(name, sizeof name, "engine %s %s after 4 steps: momentum", kind, pn);
+    expect_tensors(name, &m, TENSOR_PARAM, mg, mc, NULL, tol);
+    /* state_from_host(state_to_host(x)) is the identity through the layout conversion */
+    gpu->ops->state_from_host(gpu, pg, bg, mg);
+    float *pg2 = xmalloc(m.num_params * sizeof(float));
+    gpu->ops->state_to_host(gpu, pg2, bg, NULL);
+    snprintf(name, sizeof name, "engine %s state round trip", kind);
+    expect_true(name, memcmp(pg2, pg, m.num_params * sizeof(float)) == 0);
+
+    int64_t eidx[8];
+    for (int i = 0; i < batch; i++) eidx[i] = (i * 3 + 1) % count;
+    double lsc = 0, lsg = 0;
+    int64_t hc = 0, hg = 0;
+    int32_t predc[8], predg[8];
+    cpu->ops->eval_batch(cpu, eidx, batch, &lsc, &hc, predc);
+    gpu->ops->eval_batch(gpu, eidx, batch, &lsg, &hg, predg);
+    float flc = (float)lsc, flg = (float)lsg;
+    snprintf(name, sizeof name, "engine %s %s eval: loss sum", kind, pn);
+    expect_close(name, &flg, &flc, 1, tol * batch, tol);
+    if (prec == PRECISION_FP32) {
+        snprintf(name, sizeof name, "engine %s eval: hits %lld == %lld and predictions", kind,
+                 (long long)hg, (long long)hc);
+        expect_true(name, hg == hc && memcmp(predc, predg, sizeof predc) == 0);
+    }
+    cpu->ops->destroy(cpu);
+    gpu->ops->destroy(gpu);
+    comm_destroy(comm);
+    model_free(&m);
+    free(px); free(lab); free(params); free(buffers); free(pc); free(pg); free(pg2);
+    free(bc); free(bg); free(mc); free(mg);
+}
+
+int main(void) {
+    log_set_program("test_ops_cuda");
+    if (engine_cuda_device_count() == 0) {
+        printf("test_ops_cuda: no GPU, skipped\n");
+        return 0;
+    }
+    ops_set_threads(2);
+    CudaCtx *ctx = cuda_ctx_create(0, 0, 1);
+    test_conv(ctx, (ConvSpec){3, 8, 3, 2, 1}, 2, 9, 9, 1e-4f, "stem");
+    test_conv(ctx, (ConvSpec){8, 16, 1, 1, 0}, 3, 7, 7, 1e-4f, "1x1");
+    test_conv(ctx, (ConvSpec){8, 8, 3, 1, 1}, 3, 8, 6, 1e-4f, "3x3");
+    test_conv(ctx, (ConvSpec){16, 32, 3, 2, 1}, 4, 8, 8, 1e-4f, "3x3/2");
+    test_conv(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f, "projection");
+    test_bn(ctx, 3 * 7 * 7, 16);
+    test_bn(ctx, 2 * 16 * 16, 8);
+    test_elementwise(ctx);
+    test_pool_linear(ctx);
+    test_softmax(ctx, 300, 10, 0.1f);
+    test_softmax(ctx, 7, 10, 0.0f);
+    for (int nest = 0; nest < 2; nest++)
+        for (int first = 0; first < 2; first++) test_sgd(ctx, nest, first);
+    test_augment(ctx, 3, 4, 1);
+    test_augment(ctx, 1, 2, 1);
+    test_augment(ctx, 3, 0, 0);
+    cuda_ctx_free(ctx);
+
+    CudaCtx *t32 = cuda_ctx_create(0, 1, 0);
+    test_conv(t32, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 2e-2f, "tf32");
+    cuda_ctx_free(t32);
+
+    test_engine(1, PRECISION_FP32, 2e-3f);
+    test_engine(0, PRECISION_FP32, 2e-3f);
+    test_engine(1, PRECISION_TF32, 5e-2f);
+    if (failures) {
+        printf("test_ops_cuda: %d check(s) FAILED\n", failures);
+        return 1;
+    }
+    printf("test_ops_cuda: all checks passed\n");
+    return 0;
+}
+#endif
