@@ -38,6 +38,9 @@ static void snap_err(char *err, size_t errlen, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+    /* Reasons quote names and values from the file: keep them on one line. */
+    for (char *c = err; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
 }
 
 static size_t snap_elsize(SnapDtype d) { return d == SNAP_I64 ? 8 : 4; }
@@ -286,7 +289,7 @@ static int snap_meta_check(const Snapshot *s, uint64_t *checksum, char *err, siz
     char *end = NULL;
     errno = 0;
     long long v = ver ? strtoll(ver, &end, 10) : 0;
-    if (!ver || !ver[0] || *end != '\0' || errno != 0 || v < 1) {
+    if (!ver || ver[0] < '0' || ver[0] > '9' || *end != '\0' || errno != 0 || v < 1) {
         snap_err(err, errlen, "bad format_version \"%.32s\"", ver ? ver : "(missing)");
         return -1;
     }

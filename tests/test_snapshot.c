@@ -321,6 +321,10 @@ static void test_corrupt_crafted(void) {
     craft(p, "{\"__metadata__\":{\"format\":\"cifar-snapshot\",\"format_version\":\"one\","
              "\"data_checksum\":\"%s\"}}", d, 0);
     expect_refused(p, "bad format_version", "non-numeric version");
+    /* found by the fuzzer: a quoted value with a newline split the reason */
+    craft(p, "{\"__metadata__\":{\"format\":\"cifar-snapshot\",\"format_version\":\"1\\n\","
+             "\"data_checksum\":\"%s\"}}", d, 0);
+    expect_refused(p, "bad format_version", "newline in a quoted value");
     craft(p, "{\"__metadata__\":{\"format\":\"cifar-snapshot\",\"format_version\":\"1\","
              "\"data_checksum\":\"%.15s\"}}", d, 0);
     expect_refused(p, "data_checksum", "short checksum");
