@@ -11,15 +11,33 @@
 
 #include "check.h"
 #include "comm.h"
+#include "launcher.h"
 #include "train.h"
+
+/* The workers get our argv, plus the data path when it came from stdin (they
+ * have no stdin of their own to read it from). */
+static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int argc, char **argv) {
+    int has_path = 0;
+    for (int i = 1; i < argc; i++)
+        if (argv[i] == o->data_path) has_path = 1;
+    if (has_path) return launcher_run(lo, argc, argv);
+    char **args = xcalloc((size_t)argc + 2, sizeof *args);
+    memcpy(args, argv, (size_t)argc * sizeof *args);
+    args[argc] = (char *)o->data_path;
+    return launcher_run(lo, argc + 1, args);
+}
 
 int main(int argc, char **argv) {
     log_set_program("cifar-train");
     DistEnv env;
     char err[256];
     if (dist_env_read(&env, err, sizeof err) != 0) die_usage("%s", err);
+    LaunchOptions lo;
+    launch_options_init(&lo);
+    if (launcher_parse_args(&lo, &argc, argv, err, sizeof err) != 0) die_usage("%s", err);
     TrainOptions o;
-    train_options_parse(&o, argc, argv);
+    train_options_parse(&o, argc, argv); /* --help and bad usage end here, before any launch */
+    if (launcher_wanted(&lo, &env)) return launch_workers(&lo, &o, argc, argv);
     log_set_quiet(o.quiet);
     train_install_signal_handlers();
     return train_worker(&o, &env);

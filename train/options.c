@@ -55,7 +55,6 @@ enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
     OPT_SCHEDULE, OPT_WARMUP, OPT_SMOOTH, OPT_SEED, OPT_THREADS, OPT_RUN_DIR, OPT_DEVICE,
     OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET,
-    OPT_DIE_AFTER,
 };
 
 static const struct option long_options[] = {
@@ -79,7 +78,6 @@ static const struct option long_options[] = {
     {"precision", required_argument, 0, OPT_PRECISION},
     {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
     {"quiet", no_argument, 0, OPT_QUIET},
-    {"test-die-after-steps", required_argument, 0, OPT_DIE_AFTER},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -144,6 +142,12 @@ static const char *data_path_from_stdin(void) {
     return last;
 }
 
+/* Fault-injection hooks for the test suite, off unless the variable is set. */
+static int64_t test_hook_steps(const char *var) {
+    const char *v = getenv(var);
+    return v && *v ? strtoll(v, NULL, 10) : 0;
+}
+
 void train_options_parse(TrainOptions *o, int argc, char **argv) {
     train_options_default(o);
     int c;
@@ -175,11 +179,12 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
             break;
         case OPT_DETERMINISTIC: o->deterministic = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
-        case OPT_DIE_AFTER: o->die_after_steps = parse_int(name, optarg, 1, 1LL << 40); break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }
     }
+    o->die_after_steps = test_hook_steps("CIFAR_TEST_DIE_AFTER_STEPS");
+    o->nan_after_steps = test_hook_steps("CIFAR_TEST_NAN_AFTER_STEPS");
     if (argc - optind > 1) die_usage("expected one DATA.lmdb, got %d arguments", argc - optind);
     o->data_path = optind < argc ? argv[optind] : data_path_from_stdin();
 }

@@ -357,6 +357,13 @@ static int agree_stop(Worker *w, int64_t step) {
     return flag > 0;
 }
 
+/* Test hook: a NaN weight, so the next forward pass really produces a NaN loss. */
+static void poison_weights(Worker *w) {
+    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
+    w->state.params[0] = NAN;
+    w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
+}
+
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
 
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
@@ -388,6 +395,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         w->progress.partial_seen += n;
         *lr_out = lr;
         if (o->die_after_steps && w->progress.step >= o->die_after_steps) raise(SIGKILL);
+        if (o->nan_after_steps && w->progress.step == o->nan_after_steps) poison_weights(w);
         if (w->env->rank == 0 && !o->quiet) {
             char extra[64];
             snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
