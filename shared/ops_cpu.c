@@ -14,6 +14,10 @@
 
 void openblas_set_num_threads(int num_threads);
 
+/* All parallelism is OpenMP at the op level (tiles of the batch, blocks of rows);
+ * BLAS runs single-threaded inside those regions. Two thread pools spinning
+ * against each other (OpenMP's and OpenBLAS's) cost more than the GEMMs on a
+ * machine with few cores. */
 /* 0 until ops_set_threads is called: then OpenMP's default applies. */
 static int ops_thread_count;
 
@@ -21,7 +25,7 @@ void ops_set_threads(int threads) {
     if (threads < 1) threads = 1;
     ops_thread_count = threads;
     omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    openblas_set_num_threads(1);
 }
 
 int ops_threads(void) {

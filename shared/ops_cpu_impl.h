@@ -84,23 +84,60 @@ static int opsi_conv_is_pointwise(const ConvSpec *cs) {
     return cs->k == 1 && cs->stride == 1 && cs->pad == 0;
 }
 
-/* Whole images per im2col chunk: as many as fit OPSI_COL_TARGET, at least one. */
-static int opsi_conv_chunk_images(const ConvSpec *cs, int n, int oh, int ow) {
-    int64_t per_img = (int64_t)oh * ow * cs->cin * cs->k * cs->k;
+/* The batch is cut into tiles of whole images (at most OPSI_COL_TARGET im2col
+ * elements each, at least one image); threads take tiles. For the weight gradient
+ * the tiles are grouped into at most OPSI_MAX_PARTS parts, each summing its tiles
+ * in order into its own partial, and the partials are added in part order: the
+ * partition depends on the shapes only, never on the thread count. */
+typedef struct {
+    int oh, ow, kk;   /* output size, im2col row length cin*k*k */
+    int tile_imgs;    /* images per tile */
+    int ntiles, nparts;
+    size_t part_len;  /* elements of one dW partial (cout * kk) */
+} OpsiConvPlan;
+
+#define OPSI_MAX_PARTS 32
+/* cap on all partials together, in elements */
+#define OPSI_PARTS_TARGET (4 * 1024 * 1024)
+
+static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
+    OpsiConvPlan p;
+    p.oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
+    p.ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
+    p.kk = cs->cin * cs->k * cs->k;
+    int64_t per_img = (int64_t)p.oh * p.ow * p.kk;
     int64_t imgs = per_img > 0 ? OPSI_COL_TARGET / per_img : n;
     if (imgs < 1) imgs = 1;
     if (imgs > n) imgs = n;
-    return (int)imgs;
+    p.tile_imgs = imgs > 0 ? (int)imgs : 1;
+    p.ntiles = n > 0 ? (n + p.tile_imgs - 1) / p.tile_imgs : 0;
+    p.part_len = (size_t)cs->cout * p.kk;
+    int64_t parts = OPSI_PARTS_TARGET / (int64_t)(p.part_len ? p.part_len : 1);
+    if (parts > OPSI_MAX_PARTS) parts = OPSI_MAX_PARTS;
+    if (parts > p.ntiles) parts = p.ntiles;
+    if (parts < 1) parts = 1;
+    p.nparts = (int)parts;
+    return p;
 }
 
 size_t OPS_FN(conv2d_workspace_floats)(const ConvSpec *cs, int n, int h, int w) {
-    if (opsi_conv_is_pointwise(cs)) return 0;
-    int oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
-    int ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
-    size_t kk = (size_t)cs->cin * cs->k * cs->k;
-    size_t chunk = (size_t)opsi_conv_chunk_images(cs, n, oh, ow);
-    /* column buffer + permuted weight + permuted weight gradient */
-    return chunk * (size_t)oh * ow * kk + 2 * (size_t)cs->cout * kk;
+    OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
+    /* permuted weight + the dW partials */
+    return p.part_len + (size_t)p.nparts * p.part_len;
+}
+
+/* Per-thread im2col buffer, grown on demand and kept for the thread's lifetime
+ * (OpenMP threads persist), so no op allocates in its hot loop. */
+static __thread real_t *opsi_tls_col;
+static __thread size_t opsi_tls_cap;
+
+static real_t *opsi_col_buffer(size_t elems) {
+    if (elems > opsi_tls_cap) {
+        free(opsi_tls_col);
+        opsi_tls_col = xmalloc_aligned(elems * sizeof(real_t));
+        opsi_tls_cap = elems;
+    }
+    return opsi_tls_col;
 }
 
 /* [cout][cin][k][k] -> [cout][k][k][cin] */
@@ -121,50 +158,70 @@ static void opsi_weight_from_hwc(const ConvSpec *cs, const real_t *wp, real_t *w
                 w[((size_t)o * cs->cin + ci) * kk2 + t] = wp[((size_t)o * kk2 + t) * cs->cin + ci];
 }
 
-/* col[(img,oy,ox)][(kh,kw,ci)] for images [img0, img0+nimg) of x[n][h][w][cin]. */
+static void opsi_copy(real_t *dst, const real_t *src, int n) {
+    for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+static void opsi_zero(real_t *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = 0;
+}
+
+/* col[(img,oy,ox)][(kh,kw,ci)] for images [img0, img0+nimg) of x[n][h][w][cin].
+ * With stride 1 the k taps of one kernel row are k*cin contiguous inputs. */
 static void opsi_im2col(const ConvSpec *cs, int h, int w, int oh, int ow, const real_t *x,
                         int img0, int nimg, real_t *col) {
-    const int cin = cs->cin, k = cs->k, s = cs->stride, p = cs->pad;
-    const size_t kk = (size_t)cin * k * k;
-    const int64_t rows = (int64_t)nimg * oh * ow;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int img = img0 + (int)(r / ((int64_t)oh * ow));
-        int rem = (int)(r % ((int64_t)oh * ow));
-        int oy = rem / ow, ox = rem % ow;
-        real_t *dst = col + r * kk;
-        const real_t *ximg = x + (size_t)img * h * w * cin;
-        for (int kh = 0; kh < k; kh++) {
-            int iy = oy * s - p + kh;
-            for (int kw = 0; kw < k; kw++, dst += cin) {
-                int ix = ox * s - p + kw;
-                if (iy < 0 || iy >= h || ix < 0 || ix >= w)
-                    memset(dst, 0, (size_t)cin * sizeof(real_t));
-                else
-                    memcpy(dst, ximg + ((size_t)iy * w + ix) * cin, (size_t)cin * sizeof(real_t));
+    const int cin = cs->cin, k = cs->k, s = cs->stride, p = cs->pad, kc = k * cin;
+    const size_t kk = (size_t)kc * k;
+    for (int i = 0; i < nimg; i++) {
+        const real_t *ximg = x + (size_t)(img0 + i) * h * w * cin;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                real_t *dst = col + (((size_t)i * oh + oy) * ow + ox) * kk;
+                int ix0 = ox * s - p;
+                for (int kh = 0; kh < k; kh++, dst += kc) {
+                    int iy = oy * s - p + kh;
+                    if (iy < 0 || iy >= h) {
+                        opsi_zero(dst, kc);
+                        continue;
+                    }
+                    const real_t *xrow = ximg + (size_t)iy * w * cin;
+                    if (ix0 >= 0 && ix0 + k <= w && s == 1) {
+                        opsi_copy(dst, xrow + (size_t)ix0 * cin, kc);
+                        continue;
+                    }
+                    for (int kw = 0; kw < k; kw++) {
+                        int ix = ix0 + kw;
+                        if (ix < 0 || ix >= w)
+                            opsi_zero(dst + kw * cin, cin);
+                        else
+                            opsi_copy(dst + kw * cin, xrow + (size_t)ix * cin, cin);
+                    }
+                }
             }
-        }
     }
 }
 
-/* dx (images [img0, img0+nimg), overwritten) = scatter-add of col. Parallel over
- * images, each of which owns its dx region, so the order of additions is fixed. */
+/* dx (images [img0, img0+nimg), overwritten) = scatter-add of col, in a fixed order. */
 static void opsi_col2im(const ConvSpec *cs, int h, int w, int oh, int ow, const real_t *col,
                         int img0, int nimg, real_t *dx) {
     const int cin = cs->cin, k = cs->k, s = cs->stride, p = cs->pad;
     const size_t kk = (size_t)cin * k * k;
-#pragma omp parallel for schedule(static)
+    real_t *dimg0 = dx + (size_t)img0 * h * w * cin;
+    opsi_zero(dimg0, nimg * h * w * cin);
     for (int i = 0; i < nimg; i++) {
-        real_t *dimg = dx + (size_t)(img0 + i) * h * w * cin;
-        memset(dimg, 0, (size_t)h * w * cin * sizeof(real_t));
+        real_t *dimg = dimg0 + (size_t)i * h * w * cin;
         for (int oy = 0; oy < oh; oy++)
             for (int ox = 0; ox < ow; ox++) {
                 const real_t *src = col + (((size_t)i * oh + oy) * ow + ox) * kk;
                 for (int kh = 0; kh < k; kh++) {
                     int iy = oy * s - p + kh;
+                    if (iy < 0 || iy >= h) {
+                        src += (size_t)k * cin;
+                        continue;
+                    }
                     for (int kw = 0; kw < k; kw++, src += cin) {
                         int ix = ox * s - p + kw;
-                        if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                        if (ix < 0 || ix >= w) continue;
                         real_t *d = dimg + ((size_t)iy * w + ix) * cin;
                         for (int ci = 0; ci < cin; ci++) d[ci] += src[ci];
                     }
@@ -176,63 +233,85 @@ static void opsi_col2im(const ConvSpec *cs, int h, int w, int oh, int ow, const 
 void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
                             const real_t *weight, const real_t *bias, real_t *y,
                             real_t *workspace) {
-    const int oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
-    const int ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
-    const int64_t rows = (int64_t)n * oh * ow;
-    if (opsi_conv_is_pointwise(cs)) {
-        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, cs->cout, cs->cin, 1, x,
-                 cs->cin, weight, cs->cin, 0, y, cs->cout);
-    } else {
-        const int kk = cs->cin * cs->k * cs->k;
-        const int chunk = opsi_conv_chunk_images(cs, n, oh, ow);
-        real_t *wp = workspace, *col = workspace + 2 * (size_t)cs->cout * kk;
-        opsi_weight_to_hwc(cs, weight, wp);
-        for (int img0 = 0; img0 < n; img0 += chunk) {
-            int nimg = n - img0 < chunk ? n - img0 : chunk;
-            int crows = nimg * oh * ow;
-            opsi_im2col(cs, h, w, oh, ow, x, img0, nimg, col);
-            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, crows, cs->cout, kk, 1, col, kk, wp,
-                     kk, 0, y + (size_t)img0 * oh * ow * cs->cout, cs->cout);
-        }
+    const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
+    const int pointwise = opsi_conv_is_pointwise(cs);
+    const int cout = cs->cout, per_img = p.oh * p.ow;
+    const real_t *wmat = weight;
+    if (!pointwise) {
+        opsi_weight_to_hwc(cs, weight, workspace);
+        wmat = workspace;
     }
-    opsi_add_bias(rows, cs->cout, bias, y);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < p.ntiles; t++) {
+        int img0 = t * p.tile_imgs;
+        int nimg = n - img0 < p.tile_imgs ? n - img0 : p.tile_imgs;
+        int rows = nimg * per_img;
+        const real_t *a = x + (size_t)img0 * per_img * cs->cin;
+        if (!pointwise) {
+            real_t *col = opsi_col_buffer((size_t)rows * p.kk);
+            opsi_im2col(cs, h, w, p.oh, p.ow, x, img0, nimg, col);
+            a = col;
+        }
+        real_t *yt = y + (size_t)img0 * per_img * cout;
+        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cout, p.kk, 1, a, p.kk, wmat,
+                 p.kk, 0, yt, cout);
+        if (bias)
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < cout; o++) yt[(size_t)r * cout + o] += bias[o];
+    }
 }
 
 void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
                              const real_t *weight, const real_t *dy, real_t *dx,
                              real_t *dweight, real_t *dbias, real_t *workspace) {
-    const int oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
-    const int ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
-    const int64_t rows = (int64_t)n * oh * ow;
-    if (dbias) opsi_colsums(rows, cs->cout, dy, dbias);
-    if (opsi_conv_is_pointwise(cs)) {
-        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cs->cout, cs->cin, (int)rows, 1, dy,
-                 cs->cout, x, cs->cin, 0, dweight, cs->cin);
-        if (dx)
-            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, cs->cin, cs->cout, 1,
-                     dy, cs->cout, weight, cs->cin, 0, dx, cs->cin);
-        return;
-    }
-    const int kk = cs->cin * cs->k * cs->k;
-    const int chunk = opsi_conv_chunk_images(cs, n, oh, ow);
-    real_t *wp = workspace, *dwp = workspace + (size_t)cs->cout * kk;
-    real_t *col = workspace + 2 * (size_t)cs->cout * kk;
-    opsi_weight_to_hwc(cs, weight, wp);
-    for (int img0 = 0; img0 < n; img0 += chunk) {
-        int nimg = n - img0 < chunk ? n - img0 : chunk;
-        int crows = nimg * oh * ow;
-        const real_t *dyc = dy + (size_t)img0 * oh * ow * cs->cout;
-        opsi_im2col(cs, h, w, oh, ow, x, img0, nimg, col);
-        /* dW accumulates over chunks in chunk order: beta 0 on the first */
-        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cs->cout, kk, crows, 1, dyc, cs->cout,
-                 col, kk, img0 == 0 ? 0 : 1, dwp, kk);
-        if (dx) {
-            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, crows, kk, cs->cout, 1, dyc,
-                     cs->cout, wp, kk, 0, col, kk);
-            opsi_col2im(cs, h, w, oh, ow, col, img0, nimg, dx);
+    const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
+    const int pointwise = opsi_conv_is_pointwise(cs);
+    const int cout = cs->cout, per_img = p.oh * p.ow;
+    if (dbias) opsi_colsums((int64_t)n * per_img, cout, dy, dbias);
+    real_t *wmat = workspace, *parts = workspace + p.part_len;
+    if (pointwise)
+        memcpy(wmat, weight, p.part_len * sizeof(real_t));
+    else
+        opsi_weight_to_hwc(cs, weight, wmat);
+#pragma omp parallel for schedule(static)
+    for (int q = 0; q < p.nparts; q++) {
+        real_t *dwq = parts + (size_t)q * p.part_len;
+        int t0 = (int)((int64_t)p.ntiles * q / p.nparts);
+        int t1 = (int)((int64_t)p.ntiles * (q + 1) / p.nparts);
+        for (int t = t0; t < t1; t++) {
+            int img0 = t * p.tile_imgs;
+            int nimg = n - img0 < p.tile_imgs ? n - img0 : p.tile_imgs;
+            int rows = nimg * per_img;
+            const real_t *dyt = dy + (size_t)img0 * per_img * cout;
+            const real_t *a = x + (size_t)img0 * per_img * cs->cin;
+            real_t *col = NULL;
+            if (!pointwise) {
+                col = opsi_col_buffer((size_t)rows * p.kk);
+                opsi_im2col(cs, h, w, p.oh, p.ow, x, img0, nimg, col);
+                a = col;
+            }
+            OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p.kk, rows, 1, dyt, cout, a,
+                     p.kk, t == t0 ? 0 : 1, dwq, p.kk);
+            if (!dx) continue;
+            if (pointwise) {
+                OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p.kk, cout, 1, dyt,
+                         cout, wmat, p.kk, 0, dx + (size_t)img0 * per_img * cs->cin, p.kk);
+            } else {
+                OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p.kk, cout, 1, dyt,
+                         cout, wmat, p.kk, 0, col, p.kk);
+                opsi_col2im(cs, h, w, p.oh, p.ow, col, img0, nimg, dx);
+            }
         }
     }
-    opsi_weight_from_hwc(cs, dwp, dweight);
+    /* partials summed in part order; the permuted sum lands in wmat (free now) */
+    real_t *dsum = pointwise ? dweight : wmat;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < p.part_len; i++) {
+        real_t s = parts[i];
+        for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
+        dsum[i] = s;
+    }
+    if (!pointwise) opsi_weight_from_hwc(cs, wmat, dweight);
 }
 
 /* ------------------------------------------------------------- batchnorm */
@@ -371,22 +450,22 @@ void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t
 /* ---------------------------------------------------------- elementwise */
 
 void OPS_FN(relu_forward)(size_t n, const real_t *x, real_t *y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
 }
 
 void OPS_FN(relu_backward)(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
 }
 
 void OPS_FN(add_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
 void OPS_FN(add_relu_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         real_t s = a[i] + b[i];
         y[i] = s > 0 ? s : 0;
