@@ -1,0 +1,359 @@
+/* test_model: model config JSON, layout (names, shapes, counts against PyTorch),
+ * initialisation, and a basic-block network training on the CPU ops.
+ * (tests/test_reference.c compares the numbers with PyTorch.) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model.h"
+#include "ops.h"
+#include "rng.h"
+
+static int g_failures;
+
+#define EXPECT(cond, ...)                                                \
+    do {                                                                 \
+        if (!(cond)) {                                                   \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
+            printf(__VA_ARGS__);                                         \
+            printf("\n");                                                \
+            g_failures++;                                                \
+        }                                                                \
+    } while (0)
+
+static void set_image(ModelConfig *cfg, int c, int h, int w, int k) {
+    cfg->img_channels = c;
+    cfg->img_height = h;
+    cfg->img_width = w;
+    cfg->num_classes = k;
+}
+
+/* ---------------------------------------------------------------- config */
+
+static void test_config_seed_json(void) {
+    /* The seed's Config class as JSON, with its training fields. */
+    const char *json = "{\"n_channels\": [16, 32, 64], \"bottlenecks\": [8, 16, 16],"
+                       " \"n_blocks\": [6, 6, 6], \"first_kernel_size\": 3,"
+                       " \"total_epoches\": 500, \"batch_size\": 256, \"Lr\": 0.1}";
+    ModelConfig a, b;
+    memset(&a, 0, sizeof a);
+    model_config_seed(&b);
+    char err[256] = "";
+    a.stem_stride = 2;
+    a.first_block_stride = 2;
+    EXPECT(model_config_parse_json(json, &a, err, sizeof err) == 0, "%s", err);
+    EXPECT(model_config_equal(&a, &b), "parsed seed config differs from model_config_seed");
+    EXPECT(a.n_stages == 3 && a.use_bottleneck == 1 && a.bottlenecks[2] == 16 &&
+               a.n_blocks[1] == 6 && a.first_kernel_size == 3,
+           "fields");
+}
+
+static void test_config_basic_and_partial(void) {
+    ModelConfig c;
+    model_config_seed(&c);
+    char err[256] = "";
+    EXPECT(model_config_parse_json("{\"n_channels\":[16,32],\"bottlenecks\":null,\"n_blocks\":[2,2],"
+                                   "\"first_kernel_size\":5,\"stem_stride\":1,\"first_block_stride\":1}",
+                                   &c, err, sizeof err) == 0,
+           "%s", err);
+    EXPECT(c.n_stages == 2 && c.use_bottleneck == 0 && c.bottlenecks[0] == 0 &&
+               c.first_kernel_size == 5 && c.stem_stride == 1 && c.first_block_stride == 1,
+           "null bottlenecks / strides: stages %d bneck %d k %d", c.n_stages, c.use_bottleneck,
+           c.first_kernel_size);
+    /* A field left out keeps its value. */
+    model_config_seed(&c);
+    EXPECT(model_config_parse_json("{\"first_kernel_size\": 7}", &c, err, sizeof err) == 0, "%s", err);
+    EXPECT(c.first_kernel_size == 7 && c.n_stages == 3 && c.use_bottleneck, "partial update");
+}
+
+static void expect_parse_error(const char *json, const char *want) {
+    ModelConfig c, before;
+    model_config_seed(&c);
+    before = c;
+    char err[256] = "";
+    int rc = model_config_parse_json(json, &c, err, sizeof err);
+    EXPECT(rc == -1, "accepted %s", json);
+    EXPECT(strstr(err, want) != NULL, "error for %s is \"%s\", wanted \"%s\"", json, err, want);
+    EXPECT(memcmp(&c, &before, sizeof c) == 0, "config changed by a failed parse of %s", json);
+}
+
+static void test_config_errors(void) {
+    expect_parse_error("{\"n_channels\": [16, 32", "not valid JSON");
+    expect_parse_error("[1, 2]", "JSON object");
+    expect_parse_error("{\"n_channels\":[16,32],\"n_blocks\":[6,6,6],\"bottlenecks\":null}",
+                       "\"n_blocks\" has 3 entries but \"n_channels\" has 2");
+    expect_parse_error("{\"n_channels\":[16,32],\"n_blocks\":[6,6]}",
+                       "\"bottlenecks\" has 3 entries but \"n_channels\" has 2");
+    expect_parse_error("{\"n_channels\":[16,0,64]}", "n_channels[1]");
+    expect_parse_error("{\"n_blocks\":[6,-1,6]}", "n_blocks[1]");
+    expect_parse_error("{\"n_channels\":[16,32.5,64]}", "n_channels[1]");
+    expect_parse_error("{\"n_channels\":\"16\"}", "array");
+    expect_parse_error("{\"n_channels\":[]}", "1 to 8 stages");
+    expect_parse_error("{\"n_channels\":[1,1,1,1,1,1,1,1,1]}", "1 to 8 stages");
+    expect_parse_error("{\"first_kernel_size\":0}", "first_kernel_size");
+    expect_parse_error("{\"stem_stride\":\"2\"}", "stem_stride");
+}
+
+static void test_config_json_roundtrip(void) {
+    ModelConfig a, b;
+    model_config_seed(&a);
+    set_image(&a, 3, 32, 32, 10);
+    char *json = model_config_to_json(&a);
+    memset(&b, 0, sizeof b);
+    char err[256] = "";
+    EXPECT(model_config_parse_json(json, &b, err, sizeof err) == 0, "%s: %s", json, err);
+    EXPECT(model_config_equal(&a, &b), "round trip of %s", json);
+    free(json);
+    a.use_bottleneck = 0;
+    memset(a.bottlenecks, 0, sizeof a.bottlenecks);
+    json = model_config_to_json(&a);
+    EXPECT(strstr(json, "\"bottlenecks\":null") != NULL, "basic blocks as null: %s", json);
+    EXPECT(model_config_parse_json(json, &b, err, sizeof err) == 0, "%s", err);
+    EXPECT(model_config_equal(&a, &b), "round trip of %s", json);
+    free(json);
+    b.num_classes = 100;
+    EXPECT(!model_config_equal(&a, &b), "different class counts compare equal");
+    b = a;
+    b.n_blocks[2] = 5;
+    EXPECT(!model_config_equal(&a, &b), "different block counts compare equal");
+}
+
+/* ---------------------------------------------------------------- layout */
+
+static const TensorInfo *find_tensor(const Model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+static void expect_shape(const Model *m, const char *name, int ndim, int64_t d0, int64_t d1,
+                         int64_t d2, int64_t d3) {
+    const TensorInfo *t = find_tensor(m, name);
+    EXPECT(t != NULL, "no tensor %s", name);
+    if (!t) return;
+    int64_t want[4] = {d0, d1, d2, d3};
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    EXPECT(ok, "%s: ndim %d shape [%lld %lld %lld %lld]", name, t->ndim, (long long)t->shape[0],
+           (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
+}
+
+static void test_seed_layout(void) {
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    set_image(&cfg, 3, 32, 32, 10);
+    Model m;
+    char err[256] = "";
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == 0, "%s", err);
+    /* sum(p.numel() for p in model.parameters()) and len(state_dict()) of
+     * nn.Sequential(ResNetBase([6,6,6],[16,32,64],[8,16,16],3,3), nn.Linear(64,10))
+     * under torch 1.13. */
+    EXPECT(m.num_params == 58042, "params %zu, PyTorch has 58042", m.num_params);
+    EXPECT(m.n_tensors == 408, "state_dict entries %d, PyTorch has 408", m.n_tensors);
+    EXPECT(m.num_buffers == 2560, "buffer floats %zu", m.num_buffers);
+    EXPECT(m.n_blocks == 18, "blocks %d", m.n_blocks);
+    EXPECT(strcmp(m.tensors[0].name, "0.conv.weight") == 0, "first %s", m.tensors[0].name);
+    EXPECT(strcmp(m.tensors[6].name, "0.bn.num_batches_tracked") == 0 &&
+               m.tensors[6].kind == TENSOR_COUNTER && m.tensors[6].ndim == 0,
+           "seventh %s", m.tensors[6].name);
+    EXPECT(strcmp(m.tensors[7].name, "0.blocks.0.conv1.weight") == 0, "eighth %s", m.tensors[7].name);
+    EXPECT(strcmp(m.tensors[m.n_tensors - 1].name, "1.bias") == 0, "last %s",
+           m.tensors[m.n_tensors - 1].name);
+    expect_shape(&m, "0.conv.weight", 4, 16, 3, 3, 3);
+    expect_shape(&m, "0.blocks.0.conv2.weight", 4, 8, 8, 3, 3);
+    expect_shape(&m, "0.blocks.0.shortcut.conv.weight", 4, 16, 16, 1, 1);
+    expect_shape(&m, "0.blocks.6.shortcut.bn.running_var", 1, 32, 0, 0, 0);
+    expect_shape(&m, "0.blocks.17.conv3.weight", 4, 64, 16, 1, 1);
+    expect_shape(&m, "1.weight", 2, 10, 64, 0, 0);
+    EXPECT(find_tensor(&m, "0.blocks.1.shortcut.conv.weight") == NULL, "block 1 has no projection");
+    EXPECT(find_tensor(&m, "0.blocks.12.shortcut.conv.weight") != NULL, "block 12 projects 32->64");
+    /* Strides: stem 32 -> 16, only block 0 halves again. */
+    EXPECT(m.stem_h == 16 && m.stem_w == 16, "stem %dx%d", m.stem_h, m.stem_w);
+    EXPECT(m.blocks[0].out_h == 8 && m.blocks[0].out_w == 8, "block 0 out %dx%d", m.blocks[0].out_h,
+           m.blocks[0].out_w);
+    EXPECT(m.blocks[0].conv2.spec.stride == 2 && m.blocks[0].proj_conv.spec.stride == 2 &&
+               m.blocks[6].conv2.spec.stride == 1 && m.blocks[6].has_projection &&
+               !m.blocks[7].has_projection,
+           "strides / projections");
+    EXPECT(m.blocks[17].out_h == 8 && m.fc_in == 64 && m.fc_out == 10, "head");
+    /* Parameters, then buffers, fill their flat buffers densely in table order. */
+    size_t next_p = 0, next_b = 0;
+    int dense = 1;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const TensorInfo *t = &m.tensors[i];
+        if (t->kind == TENSOR_PARAM) {
+            dense &= t->offset == next_p && t->decay == 1;
+            next_p += t->numel;
+        } else if (t->kind == TENSOR_BUFFER) {
+            dense &= t->offset == next_b;
+            next_b += t->numel;
+        }
+    }
+    EXPECT(dense && next_p == m.num_params && next_b == m.num_buffers, "offsets not dense");
+    /* torch forward hooks on every Conv2d/Linear of the same model: 3535488. */
+    EXPECT(model_forward_macs(&m) == 3535488.0, "MACs %.0f", model_forward_macs(&m));
+    model_free(&m);
+}
+
+static void test_build_errors(void) {
+    ModelConfig cfg;
+    Model m;
+    char err[256] = "";
+    model_config_seed(&cfg);
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "image shape"),
+           "no image shape accepted: %s", err);
+    set_image(&cfg, 3, 32, 32, 10);
+    cfg.n_stages = 0;
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "stages"), "0 stages: %s", err);
+    model_config_seed(&cfg);
+    set_image(&cfg, 3, 32, 32, 10);
+    cfg.bottlenecks[1] = 0;
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "stage 1"), "bneck 0: %s", err);
+}
+
+/* ---------------------------------------------------------------- init */
+
+static void test_init(void) {
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    set_image(&cfg, 3, 32, 32, 10);
+    Model m;
+    char err[256];
+    if (model_build(&m, &cfg, err, sizeof err)) die("build: %s", err);
+    float *p1 = xmalloc(m.num_params * sizeof(float)), *p2 = xmalloc(m.num_params * sizeof(float));
+    float *p3 = xmalloc(m.num_params * sizeof(float)), *b1 = xmalloc(m.num_buffers * sizeof(float));
+    float *b2 = xmalloc(m.num_buffers * sizeof(float));
+    model_init(&m, p1, b1, 42);
+    model_init(&m, p2, b2, 42);
+    model_init(&m, p3, b2, 43);
+    EXPECT(memcmp(p1, p2, m.num_params * sizeof(float)) == 0, "same seed, different params");
+    EXPECT(memcmp(b1, b2, m.num_buffers * sizeof(float)) == 0, "same seed, different buffers");
+    size_t same = 0;
+    for (size_t i = 0; i < m.num_params; i++) same += p1[i] == p3[i];
+    /* Only BN gamma (1) and beta (0) coincide: 2 * sum of BN channels. */
+    size_t bn_params = m.num_buffers; /* mean + var per channel = gamma + beta per channel */
+    EXPECT(same == bn_params, "seeds 42/43 share %zu values (BN affine: %zu)", same, bn_params);
+    /* Every conv/linear tensor within +-1/sqrt(fan_in), spread over the range. */
+    const TensorInfo *w = find_tensor(&m, "0.blocks.5.conv2.weight"); /* fan_in 8*9 */
+    const TensorInfo *fc = find_tensor(&m, "1.bias");                 /* fan_in 64 */
+    double bound = 1.0 / sqrt(72.0), lo = 1, hi = -1, mean = 0;
+    for (size_t i = 0; i < w->numel; i++) {
+        double v = p1[w->offset + i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        mean += v / (double)w->numel;
+    }
+    EXPECT(lo >= -bound && hi <= bound && lo < -0.9 * bound && hi > 0.9 * bound && fabs(mean) < 0.02,
+           "conv2 weight range [%g, %g] mean %g, bound %g", lo, hi, mean, bound);
+    int in_range = 1;
+    for (size_t i = 0; i < fc->numel; i++) in_range &= fabsf(p1[fc->offset + i]) <= 0.125f;
+    EXPECT(in_range, "fc bias outside +-1/8");
+    const TensorInfo *g = find_tensor(&m, "0.blocks.3.bn2.weight");
+    const TensorInfo *v = find_tensor(&m, "0.blocks.3.bn2.running_var");
+    const TensorInfo *mu = find_tensor(&m, "0.blocks.3.bn2.running_mean");
+    EXPECT(p1[g->offset] == 1.0f && p1[g->offset + 1] == 1.0f && b1[v->offset] == 1.0f &&
+               b1[mu->offset] == 0.0f,
+           "BN init");
+    /* Counter-based: the value is rng_uniform of (seed, INIT, tensor index << 32 | element). */
+    const TensorInfo *c0 = &m.tensors[0];
+    float u = rng_uniform(42, RNG_STREAM_INIT, (0ull << 32) | 5);
+    EXPECT(p1[c0->offset + 5] == (2.0f * u - 1.0f) * (float)(1.0 / sqrt(27.0)), "0.conv.weight[5]");
+    free(p1); free(p2); free(p3); free(b1); free(b2);
+    model_free(&m);
+}
+
+/* ---------------------------------------------------------------- basic blocks */
+
+/* A grayscale 20x24 image, 7 classes, basic blocks, stem kernel 5: every code
+ * path the seed preset does not take. */
+static void test_basic_blocks_train(void) {
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    char err[256] = "";
+    if (model_config_parse_json("{\"n_channels\":[16,32],\"bottlenecks\":null,\"n_blocks\":[2,2],"
+                                "\"first_kernel_size\":5}", &cfg, err, sizeof err))
+        die("parse: %s", err);
+    set_image(&cfg, 1, 20, 24, 7);
+    Model m;
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == 0, "%s", err);
+    /* nn.Sequential(ResNetBase([2,2],[16,32],None,1,5), nn.Linear(32,7)) in torch 1.13:
+     * 43639 parameters, 79 state_dict entries, 1315424 MACs for a 1x20x24 image. */
+    EXPECT(m.num_params == 43639, "params %zu, PyTorch has 43639", m.num_params);
+    EXPECT(m.n_tensors == 79, "entries %d, PyTorch has 79", m.n_tensors);
+    EXPECT(model_forward_macs(&m) == 1315424.0, "MACs %.0f", model_forward_macs(&m));
+    expect_shape(&m, "0.conv.weight", 4, 16, 1, 5, 5);
+    expect_shape(&m, "0.blocks.0.conv1.weight", 4, 16, 16, 3, 3);
+    expect_shape(&m, "0.blocks.2.shortcut.conv.weight", 4, 32, 16, 1, 1);
+    expect_shape(&m, "0.blocks.3.bn2.running_mean", 1, 32, 0, 0, 0);
+    expect_shape(&m, "1.weight", 2, 7, 32, 0, 0);
+    EXPECT(find_tensor(&m, "0.blocks.0.conv3.weight") == NULL, "basic block has a conv3");
+    EXPECT(m.stem_h == 10 && m.stem_w == 12 && m.blocks[3].out_h == 5 && m.blocks[3].out_w == 6,
+           "spatial sizes");
+
+    const int n = 6, max_batch = 8;
+    size_t px = (size_t)20 * 24;
+    float *params = xmalloc(m.num_params * sizeof(float)), *buffers = xmalloc(m.num_buffers * sizeof(float));
+    float *grads = xmalloc(m.num_params * sizeof(float)), *grads2 = xmalloc(m.num_params * sizeof(float));
+    float *mom = xcalloc(m.num_params, sizeof(float)), *x = xmalloc(n * px * sizeof(float));
+    float *logits = xmalloc((size_t)n * 7 * sizeof(float));
+    int32_t labels[6];
+    model_init(&m, params, buffers, 7);
+    for (size_t i = 0; i < n * px; i++) x[i] = 2.0f * rng_uniform(9, RNG_STREAM_SYNTH, i) - 1.0f;
+    for (int i = 0; i < n; i++) labels[i] = i % 7;
+    ModelRun *run = model_run_create(&m, max_batch);
+    float *buf_copy = xmalloc(m.num_buffers * sizeof(float));
+    memcpy(buf_copy, buffers, m.num_buffers * sizeof(float));
+    int correct = -1;
+    float loss0 = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, &correct);
+    EXPECT(isfinite(loss0) && loss0 > 0.5f && loss0 < 5.0f && correct >= 0 && correct <= n,
+           "first loss %g correct %d", loss0, correct);
+    int finite = 1, nonzero = 0;
+    for (size_t i = 0; i < m.num_params; i++) {
+        finite &= isfinite(grads[i]);
+        nonzero += grads[i] != 0.0f;
+    }
+    EXPECT(finite && nonzero > (int)(m.num_params / 2), "grads finite %d, nonzero %d", finite, nonzero);
+    EXPECT(memcmp(buf_copy, buffers, m.num_buffers * sizeof(float)) != 0, "running stats not updated");
+    /* Same inputs, same state: bit-identical gradients. */
+    memcpy(buffers, buf_copy, m.num_buffers * sizeof(float));
+    float loss0b = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads2, NULL);
+    EXPECT(loss0b == loss0 && memcmp(grads, grads2, m.num_params * sizeof(float)) == 0,
+           "forward/backward not deterministic");
+    /* Label smoothing changes the loss, and a smaller batch fits the run. */
+    float ls = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.1f, grads2, NULL);
+    EXPECT(isfinite(ls) && ls != loss0, "label smoothing loss %g vs %g", ls, loss0);
+    /* Ten SGD steps on the one batch: the loss must fall. */
+    float loss = loss0;
+    for (int s = 0; s < 10; s++) {
+        loss = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, NULL);
+        sgd_update(m.num_params, params, grads, mom, NULL, 0.05f, 0.9f, 5e-4f, 0, s == 0);
+    }
+    loss = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, &correct);
+    EXPECT(loss < 0.5f * loss0, "loss %g after 10 steps (start %g)", loss, loss0);
+    model_forward_eval(&m, run, params, buffers, x, 3, logits);
+    finite = 1;
+    for (int i = 0; i < 3 * 7; i++) finite &= isfinite(logits[i]);
+    EXPECT(finite, "eval logits not finite");
+    EXPECT(memcmp(model_run_logits(run), logits, 3 * 7 * sizeof(float)) == 0, "model_run_logits");
+    printf("basic blocks: loss %.4f -> %.4f after 10 steps, %d/%d correct\n", loss0, loss, correct, n);
+    model_run_free(run);
+    free(params); free(buffers); free(grads); free(grads2); free(mom); free(x); free(logits);
+    free(buf_copy);
+    model_free(&m);
+}
+
+int main(void) {
+    log_set_program("test_model");
+    test_config_seed_json();
+    test_config_basic_and_partial();
+    test_config_errors();
+    test_config_json_roundtrip();
+    test_seed_layout();
+    test_build_errors();
+    test_init();
+    test_basic_blocks_train();
+    printf("test_model: %s\n", g_failures ? "FAILED" : "passed");
+    return g_failures ? 1 : 0;
+}
