@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# make bench-gpu: training images/s of the seed model on one GPU, cifar-train
+# against PyTorch (../shared/bench/torch_anchor.py, eager and --compile), at batch
+# 256 and 1024, tf32 on both sides (PyTorch's default lets cuDNN use TF32).
+#
+# cifar-train's figure is the images/s of its second epoch (the first one holds
+# cuDNN's algorithm search and the CUDA graph capture) over 16384 synthetic images
+# held on the GPU; PyTorch's is torch_anchor.py's timed steps after its warm-up,
+# random uint8 data on the GPU. Both do crop+flip+normalise on the device.
+# Environment: BIN (commands), PYTHON_GPU (python3 with a CUDA PyTorch),
+# ANCHOR (torch_anchor.py), BENCH_STEPS (PyTorch steps, default 50),
+# BENCH_BATCHES (default "256 1024").
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+BIN=${BIN:-$repo/bin}
+PY=${PYTHON_GPU:-python3}
+ANCHOR=${ANCHOR:-$repo/../shared/bench/torch_anchor.py}
+STEPS=${BENCH_STEPS:-50}
+BATCHES=${BENCH_BATCHES:-256 1024}
+work=$(mktemp -d /tmp/cifar-bench-gpu.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+if ! nvidia-smi >/dev/null 2>&1; then
+    echo "bench-gpu: needs a GPU (nvidia-smi fails) and a CUDA build (make CUDA=1)" >&2
+    exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu: /'
+
+"$BIN/cifar-synth" "$work/data" --train 16384 --test 256 --seed 5 >/dev/null 2>&1
+lmdb=$("$BIN/cifar-prep" --quiet "$work/data" -o "$work/data.lmdb" | tail -1)
+
+ours_ips() { # batch
+    local dir="$work/run-$1"
+    "$BIN/cifar-train" --quiet --device cuda --precision tf32 --epochs 2 --batch-size "$1" \
+        --save-every 2 --run-dir "$dir" "$lmdb" >/dev/null
+    sed -n 's/.*"images_per_s":\([0-9.e+]*\).*/\1/p' "$dir/metrics.jsonl" | sed -n 2p
+}
+
+have_torch=0
+if [ -f "$ANCHOR" ] && "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    have_torch=1
+else
+    echo "PyTorch anchor not run: $ANCHOR missing or no CUDA PyTorch for $PY (set ANCHOR / PYTHON_GPU)"
+fi
+theirs_ips() { # batch, extra args...
+    local b=$1; shift
+    "$PY" "$ANCHOR" --device cuda --batch "$b" --steps "$STEPS" --warmup 10 "$@" 2>/dev/null |
+        sed -n 's/.*"images_per_s": *\([0-9.e+]*\).*/\1/p' | tail -1
+}
+
+for b in $BATCHES; do
+    o=$(ours_ips "$b")
+    echo "ours batch $b: cifar-train cuda tf32 $o images/s"
+    if [ "$have_torch" = 1 ]; then
+        e=$(theirs_ips "$b")
+        c=$(theirs_ips "$b" --compile)
+        echo "pytorch batch $b: eager ${e:-n/a} images/s, compile ${c:-n/a} images/s"
+        awk -v o="$o" -v e="$e" -v c="$c" -v b="$b" 'BEGIN {
+            printf "ratio batch %d: cifar-train / eager %s, cifar-train / compile %s\n", b,
+                   (e > 0 ? sprintf("%.2fx", o / e) : "n/a"), (c > 0 ? sprintf("%.2fx", o / c) : "n/a") }'
+    fi
+done
