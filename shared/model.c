@@ -101,7 +101,8 @@ int model_config_parse_json(const char *json, ModelConfig *cfg, char *err, size_
         goto done;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "n_channels"))) {
-        if ((len = json_get_int_array(item, "n_channels", c.n_channels, err, errlen)) < 0) goto done;
+        if ((len = json_get_int_array(item, "n_channels", c.n_channels, err, errlen)) < 0)
+            goto done;
         c.n_stages = len;
     }
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "n_blocks"))) {
@@ -148,8 +149,9 @@ int model_config_parse_json(const char *json, ModelConfig *cfg, char *err, size_
         json_opt_int(root, "num_classes", 1, &c.num_classes, err, errlen))
         goto done;
     if (c.first_kernel_size < 1 || c.stem_stride < 1 || c.first_block_stride < 1) {
-        snprintf(err, errlen, "\"first_kernel_size\", \"stem_stride\" and \"first_block_stride\" "
-                              "must be positive");
+        snprintf(err, errlen,
+                 "\"first_kernel_size\", \"stem_stride\" and \"first_block_stride\" "
+                 "must be positive");
         goto done;
     }
     *cfg = c;
@@ -237,15 +239,15 @@ static TensorInfo *builder_add(Builder *b, const char *name, TensorKind kind, in
     return t;
 }
 
-static size_t builder_add_named(Builder *b, const char *prefix, const char *suffix,
-                                TensorKind kind, int ndim, const int64_t *shape) {
+static size_t builder_add_named(Builder *b, const char *prefix, const char *suffix, TensorKind kind,
+                                int ndim, const int64_t *shape) {
     char name[96];
     snprintf(name, sizeof name, "%s.%s", prefix, suffix);
     return builder_add(b, name, kind, ndim, shape)->offset;
 }
 
-static ConvLayer builder_conv(Builder *b, const char *prefix, int cin, int cout, int k,
-                              int stride, int pad) {
+static ConvLayer builder_conv(Builder *b, const char *prefix, int cin, int cout, int k, int stride,
+                              int pad) {
     ConvLayer l;
     l.spec = (ConvSpec){.cin = cin, .cout = cout, .k = k, .stride = stride, .pad = pad};
     int64_t wshape[4] = {cout, cin, k, k};
@@ -314,16 +316,18 @@ static int config_check(const ModelConfig *cfg, char *err, size_t errlen) {
     for (int i = 0; i < cfg->n_stages; i++) {
         if (cfg->n_channels[i] < 1 || cfg->n_blocks[i] < 1 ||
             (cfg->use_bottleneck && cfg->bottlenecks[i] < 1)) {
-            snprintf(err, errlen, "stage %d: channels, blocks and bottleneck width must be positive",
-                     i);
+            snprintf(err, errlen,
+                     "stage %d: channels, blocks and bottleneck width must be positive", i);
             return -1;
         }
     }
     if (cfg->first_kernel_size < 1 || cfg->stem_stride < 1 || cfg->first_block_stride < 1) {
-        snprintf(err, errlen, "first_kernel_size, stem_stride and first_block_stride must be positive");
+        snprintf(err, errlen,
+                 "first_kernel_size, stem_stride and first_block_stride must be positive");
         return -1;
     }
-    if (cfg->img_channels < 1 || cfg->img_height < 1 || cfg->img_width < 1 || cfg->num_classes < 1) {
+    if (cfg->img_channels < 1 || cfg->img_height < 1 || cfg->img_width < 1 ||
+        cfg->num_classes < 1) {
         snprintf(err, errlen, "image shape %dx%dx%d with %d classes: all must be positive",
                  cfg->img_height, cfg->img_width, cfg->img_channels, cfg->num_classes);
         return -1;
@@ -367,7 +371,8 @@ int model_build(Model *m, const ModelConfig *cfg, char *err, size_t errlen) {
         }
     }
     if (h < 1 || w < 1) {
-        snprintf(err, errlen, "a %dx%d image is too small for the strides (stem %d, first block %d)",
+        snprintf(err, errlen,
+                 "a %dx%d image is too small for the strides (stem %d, first block %d)",
                  cfg->img_height, cfg->img_width, cfg->stem_stride, cfg->first_block_stride);
         model_free(m);
         return -1;
@@ -395,7 +400,8 @@ void model_free(Model *m) {
 /* The table index of the parameter tensor at `offset`: it keys the init stream. */
 static uint64_t tensor_index_of(const Model *m, size_t offset) {
     for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].kind == TENSOR_PARAM && m->tensors[i].offset == offset) return (uint64_t)i;
+        if (m->tensors[i].kind == TENSOR_PARAM && m->tensors[i].offset == offset)
+            return (uint64_t)i;
     die("model: no parameter tensor at offset %zu (internal error)", offset);
 }
 
@@ -460,7 +466,8 @@ void model_init(const Model *m, float *params, float *buffers, uint64_t seed) {
 /* ---------------------------------------------------------------- cost */
 
 static double conv_macs(const ConvSpec *s, int h, int w) {
-    int oh = conv_out_size(h, s->k, s->stride, s->pad), ow = conv_out_size(w, s->k, s->stride, s->pad);
+    int oh = conv_out_size(h, s->k, s->stride, s->pad),
+        ow = conv_out_size(w, s->k, s->stride, s->pad);
     return (double)oh * ow * s->cout * s->cin * s->k * s->k;
 }
 

@@ -160,22 +160,23 @@ const real_t *MODEL_FN(model_run_logits)(const struct MODEL_RUN *run) { return r
 
 /* ---------------------------------------------------------------- forward */
 
-static void conv_fwd(struct MODEL_RUN *r, const ConvLayer *l, const real_t *params, int n, int h, int w,
-                     const real_t *x, real_t *y) {
-    MODEL_OP(conv2d_forward)(&l->spec, n, h, w, x, params + l->weight, params + l->bias, y, r->workspace);
+static void conv_fwd(struct MODEL_RUN *r, const ConvLayer *l, const real_t *params, int n, int h,
+                     int w, const real_t *x, real_t *y) {
+    MODEL_OP(conv2d_forward)
+    (&l->spec, n, h, w, x, params + l->weight, params + l->bias, y, r->workspace);
 }
 
 /* BN in training mode (saving statistics, updating running ones) or eval mode. */
 static void bn_fwd(const BNLayer *l, const real_t *params, real_t *buffers, const real_t *cbuffers,
                    int train, int rows, const real_t *x, real_t *y, real_t *mean, real_t *invstd) {
     if (train)
-        MODEL_OP(batchnorm2d_forward_train)(rows, l->c, x, params + l->gamma, params + l->beta, y, mean,
-                                  invstd, buffers + l->running_mean, buffers + l->running_var,
-                                  MODEL_BN_MOMENTUM, MODEL_BN_EPS);
+        MODEL_OP(batchnorm2d_forward_train)
+        (rows, l->c, x, params + l->gamma, params + l->beta, y, mean, invstd,
+         buffers + l->running_mean, buffers + l->running_var, MODEL_BN_MOMENTUM, MODEL_BN_EPS);
     else
-        MODEL_OP(batchnorm2d_forward_eval)(rows, l->c, x, params + l->gamma, params + l->beta,
-                                 cbuffers + l->running_mean, cbuffers + l->running_var,
-                                 MODEL_BN_EPS, y);
+        MODEL_OP(batchnorm2d_forward_eval)
+        (rows, l->c, x, params + l->gamma, params + l->beta, cbuffers + l->running_mean,
+         cbuffers + l->running_var, MODEL_BN_EPS, y);
 }
 
 static void block_forward(struct MODEL_RUN *r, const Block *b, BlockActs *a, const real_t *params,
@@ -208,8 +209,9 @@ static void block_forward(struct MODEL_RUN *r, const Block *b, BlockActs *a, con
 }
 
 /* Stem, blocks, pool and head; logits land in run->logits. */
-static void model_forward(const Model *m, struct MODEL_RUN *r, const real_t *params, real_t *buffers,
-                          const real_t *cbuffers, int train, const real_t *x, int n) {
+static void model_forward(const Model *m, struct MODEL_RUN *r, const real_t *params,
+                          real_t *buffers, const real_t *cbuffers, int train, const real_t *x,
+                          int n) {
     if (n < 1 || n > r->max_batch)
         die("model: batch of %d images, but the run was created for at most %d", n, r->max_batch);
     r->x = x;
@@ -224,12 +226,12 @@ static void model_forward(const Model *m, struct MODEL_RUN *r, const real_t *par
     }
     const Block *last = &m->blocks[m->n_blocks - 1];
     MODEL_OP(meanpool_forward)(n, last->out_h * last->out_w, m->fc_in, in, r->pooled);
-    MODEL_OP(linear_forward)(n, m->fc_in, m->fc_out, r->pooled, params + m->fc_weight, params + m->fc_bias,
-                   r->logits);
+    MODEL_OP(linear_forward)
+    (n, m->fc_in, m->fc_out, r->pooled, params + m->fc_weight, params + m->fc_bias, r->logits);
 }
 
-void MODEL_FN(model_forward_eval)(const Model *m, struct MODEL_RUN *run, const real_t *params, const real_t *buffers,
-                        const real_t *x, int n, real_t *logits) {
+void MODEL_FN(model_forward_eval)(const Model *m, struct MODEL_RUN *run, const real_t *params,
+                                  const real_t *buffers, const real_t *x, int n, real_t *logits) {
     model_forward(m, run, params, NULL, buffers, 0, x, n);
     memcpy(logits, run->logits, (size_t)n * m->fc_out * sizeof(real_t));
 }
@@ -243,22 +245,24 @@ static real_t *grad_pick(struct MODEL_RUN *r, const real_t *busy1, const real_t 
     die("model: no free gradient buffer (internal error)");
 }
 
-static void conv_bwd(struct MODEL_RUN *r, const ConvLayer *l, const real_t *params, real_t *grads, int n,
-                     int h, int w, const real_t *x, const real_t *dy, real_t *dx) {
-    MODEL_OP(conv2d_backward)(&l->spec, n, h, w, x, params + l->weight, dy, dx, grads + l->weight,
-                    grads + l->bias, r->workspace);
+static void conv_bwd(struct MODEL_RUN *r, const ConvLayer *l, const real_t *params, real_t *grads,
+                     int n, int h, int w, const real_t *x, const real_t *dy, real_t *dx) {
+    MODEL_OP(conv2d_backward)
+    (&l->spec, n, h, w, x, params + l->weight, dy, dx, grads + l->weight, grads + l->bias,
+     r->workspace);
 }
 
 static void bn_bwd(const BNLayer *l, const real_t *params, real_t *grads, int rows, const real_t *x,
                    const real_t *mean, const real_t *invstd, const real_t *dy, real_t *dx) {
-    MODEL_OP(batchnorm2d_backward)(rows, l->c, x, params + l->gamma, mean, invstd, dy, dx,
-                         grads + l->gamma, grads + l->beta);
+    MODEL_OP(batchnorm2d_backward)
+    (rows, l->c, x, params + l->gamma, mean, invstd, dy, dx, grads + l->gamma, grads + l->beta);
 }
 
 /* dout: gradient of the block's output (one of run->grad, overwritten). Returns the
  * scratch buffer holding the gradient of the block's input x. */
-static real_t *block_backward(struct MODEL_RUN *r, const Block *b, const BlockActs *a, const real_t *params,
-                             real_t *grads, int n, const real_t *x, real_t *dout) {
+static real_t *block_backward(struct MODEL_RUN *r, const Block *b, const BlockActs *a,
+                              const real_t *params, real_t *grads, int n, const real_t *x,
+                              real_t *dout) {
     int rows_out = n * b->out_h * b->out_w;
     size_t nout = (size_t)rows_out * b->cout;
     MODEL_OP(relu_backward)(nout, a->out, dout, dout);
@@ -277,7 +281,8 @@ static real_t *block_backward(struct MODEL_RUN *r, const Block *b, const BlockAc
         block_conv_input(b, j, &h, &w);
         int rows = n * conv_out_size(h, cl->spec.k, cl->spec.stride, cl->spec.pad) *
                    conv_out_size(w, cl->spec.k, cl->spec.stride, cl->spec.pad);
-        if (j < block_n_convs(b) - 1) MODEL_OP(relu_backward)((size_t)rows * cl->spec.cout, a->act[j], cur, cur);
+        if (j < block_n_convs(b) - 1)
+            MODEL_OP(relu_backward)((size_t)rows * cl->spec.cout, a->act[j], cur, cur);
         real_t *dc = grad_pick(r, cur, dshort);
         bn_bwd(block_bn(b, j), params, grads, rows, a->conv_out[j], a->mean[j], a->invstd[j], cur,
                dc);
@@ -289,19 +294,21 @@ static real_t *block_backward(struct MODEL_RUN *r, const Block *b, const BlockAc
     return cur;
 }
 
-real_t MODEL_FN(model_forward_backward)(const Model *m, struct MODEL_RUN *run, const real_t *params, real_t *buffers,
-                             const real_t *x, const int32_t *labels, int n, real_t label_smoothing,
-                             real_t *grads, int *correct) {
+real_t MODEL_FN(model_forward_backward)(const Model *m, struct MODEL_RUN *run, const real_t *params,
+                                        real_t *buffers, const real_t *x, const int32_t *labels,
+                                        int n, real_t label_smoothing, real_t *grads,
+                                        int *correct) {
     for (int i = 0; i < n && i < run->max_batch; i++)
         if (labels[i] < 0 || labels[i] >= m->fc_out)
             die("model: label %d of image %d is outside [0, %d)", (int)labels[i], i, m->fc_out);
     model_forward(m, run, params, buffers, buffers, 1, x, n);
     if (correct) *correct = 0;
-    real_t loss = MODEL_OP(softmax_xent_forward_backward)(n, m->fc_out, run->logits, labels, label_smoothing,
-                                               run->dlogits, correct);
+    real_t loss = MODEL_OP(softmax_xent_forward_backward)(n, m->fc_out, run->logits, labels,
+                                                          label_smoothing, run->dlogits, correct);
     const Block *last = &m->blocks[m->n_blocks - 1];
-    MODEL_OP(linear_backward)(n, m->fc_in, m->fc_out, run->pooled, params + m->fc_weight, run->dlogits,
-                    run->dpooled, grads + m->fc_weight, grads + m->fc_bias);
+    MODEL_OP(linear_backward)
+    (n, m->fc_in, m->fc_out, run->pooled, params + m->fc_weight, run->dlogits, run->dpooled,
+     grads + m->fc_weight, grads + m->fc_bias);
     real_t *g = run->grad[0];
     MODEL_OP(meanpool_backward)(n, last->out_h * last->out_w, m->fc_in, run->dpooled, g);
     for (int i = m->n_blocks - 1; i >= 0; i--) {
@@ -316,4 +323,3 @@ real_t MODEL_FN(model_forward_backward)(const Model *m, struct MODEL_RUN *run, c
              NULL);
     return loss;
 }
-

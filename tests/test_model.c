@@ -13,14 +13,14 @@
 
 static int g_failures;
 
-#define EXPECT(cond, ...)                                                \
-    do {                                                                 \
-        if (!(cond)) {                                                   \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
-            printf(__VA_ARGS__);                                         \
-            printf("\n");                                                \
-            g_failures++;                                                \
-        }                                                                \
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+            g_failures++;                                                                          \
+        }                                                                                          \
     } while (0)
 
 static void set_image(ModelConfig *cfg, int c, int h, int w, int k) {
@@ -54,9 +54,10 @@ static void test_config_basic_and_partial(void) {
     ModelConfig c;
     model_config_seed(&c);
     char err[256] = "";
-    EXPECT(model_config_parse_json("{\"n_channels\":[16,32],\"bottlenecks\":null,\"n_blocks\":[2,2],"
-                                   "\"first_kernel_size\":5,\"stem_stride\":1,\"first_block_stride\":1}",
-                                   &c, err, sizeof err) == 0,
+    EXPECT(model_config_parse_json(
+               "{\"n_channels\":[16,32],\"bottlenecks\":null,\"n_blocks\":[2,2],"
+               "\"first_kernel_size\":5,\"stem_stride\":1,\"first_block_stride\":1}",
+               &c, err, sizeof err) == 0,
            "%s", err);
     EXPECT(c.n_stages == 2 && c.use_bottleneck == 0 && c.bottlenecks[0] == 0 &&
                c.first_kernel_size == 5 && c.stem_stride == 1 && c.first_block_stride == 1,
@@ -64,7 +65,8 @@ static void test_config_basic_and_partial(void) {
            c.first_kernel_size);
     /* A field left out keeps its value. */
     model_config_seed(&c);
-    EXPECT(model_config_parse_json("{\"first_kernel_size\": 7}", &c, err, sizeof err) == 0, "%s", err);
+    EXPECT(model_config_parse_json("{\"first_kernel_size\": 7}", &c, err, sizeof err) == 0, "%s",
+           err);
     EXPECT(c.first_kernel_size == 7 && c.n_stages == 3 && c.use_bottleneck, "partial update");
 }
 
@@ -158,7 +160,8 @@ static void test_seed_layout(void) {
     EXPECT(strcmp(m.tensors[6].name, "0.bn.num_batches_tracked") == 0 &&
                m.tensors[6].kind == TENSOR_COUNTER && m.tensors[6].ndim == 0,
            "seventh %s", m.tensors[6].name);
-    EXPECT(strcmp(m.tensors[7].name, "0.blocks.0.conv1.weight") == 0, "eighth %s", m.tensors[7].name);
+    EXPECT(strcmp(m.tensors[7].name, "0.blocks.0.conv1.weight") == 0, "eighth %s",
+           m.tensors[7].name);
     EXPECT(strcmp(m.tensors[m.n_tensors - 1].name, "1.bias") == 0, "last %s",
            m.tensors[m.n_tensors - 1].name);
     expect_shape(&m, "0.conv.weight", 4, 16, 3, 3, 3);
@@ -206,11 +209,13 @@ static void test_build_errors(void) {
            "no image shape accepted: %s", err);
     set_image(&cfg, 3, 32, 32, 10);
     cfg.n_stages = 0;
-    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "stages"), "0 stages: %s", err);
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "stages"), "0 stages: %s",
+           err);
     model_config_seed(&cfg);
     set_image(&cfg, 3, 32, 32, 10);
     cfg.bottlenecks[1] = 0;
-    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "stage 1"), "bneck 0: %s", err);
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == -1 && strstr(err, "stage 1"), "bneck 0: %s",
+           err);
 }
 
 /* ---------------------------------------------------------------- init */
@@ -245,7 +250,8 @@ static void test_init(void) {
         hi = v > hi ? v : hi;
         mean += v / (double)w->numel;
     }
-    EXPECT(lo >= -bound && hi <= bound && lo < -0.9 * bound && hi > 0.9 * bound && fabs(mean) < 0.02,
+    EXPECT(lo >= -bound && hi <= bound && lo < -0.9 * bound && hi > 0.9 * bound &&
+               fabs(mean) < 0.02,
            "conv2 weight range [%g, %g] mean %g, bound %g", lo, hi, mean, bound);
     int in_range = 1;
     for (size_t i = 0; i < fc->numel; i++) in_range &= fabsf(p1[fc->offset + i]) <= 0.125f;
@@ -260,7 +266,11 @@ static void test_init(void) {
     const TensorInfo *c0 = &m.tensors[0];
     float u = rng_uniform(42, RNG_STREAM_INIT, (0ull << 32) | 5);
     EXPECT(p1[c0->offset + 5] == (2.0f * u - 1.0f) * (float)(1.0 / sqrt(27.0)), "0.conv.weight[5]");
-    free(p1); free(p2); free(p3); free(b1); free(b2);
+    free(p1);
+    free(p2);
+    free(p3);
+    free(b1);
+    free(b2);
     model_free(&m);
 }
 
@@ -273,7 +283,8 @@ static void test_basic_blocks_train(void) {
     model_config_seed(&cfg);
     char err[256] = "";
     if (model_config_parse_json("{\"n_channels\":[16,32],\"bottlenecks\":null,\"n_blocks\":[2,2],"
-                                "\"first_kernel_size\":5}", &cfg, err, sizeof err))
+                                "\"first_kernel_size\":5}",
+                                &cfg, err, sizeof err))
         die("parse: %s", err);
     set_image(&cfg, 1, 20, 24, 7);
     Model m;
@@ -294,8 +305,10 @@ static void test_basic_blocks_train(void) {
 
     const int n = 6, max_batch = 8;
     size_t px = (size_t)20 * 24;
-    float *params = xmalloc(m.num_params * sizeof(float)), *buffers = xmalloc(m.num_buffers * sizeof(float));
-    float *grads = xmalloc(m.num_params * sizeof(float)), *grads2 = xmalloc(m.num_params * sizeof(float));
+    float *params = xmalloc(m.num_params * sizeof(float)),
+          *buffers = xmalloc(m.num_buffers * sizeof(float));
+    float *grads = xmalloc(m.num_params * sizeof(float)),
+          *grads2 = xmalloc(m.num_params * sizeof(float));
     float *mom = xcalloc(m.num_params, sizeof(float)), *x = xmalloc(n * px * sizeof(float));
     float *logits = xmalloc((size_t)n * 7 * sizeof(float));
     int32_t labels[6];
@@ -306,7 +319,8 @@ static void test_basic_blocks_train(void) {
     float *buf_copy = xmalloc(m.num_buffers * sizeof(float));
     memcpy(buf_copy, buffers, m.num_buffers * sizeof(float));
     int correct = -1;
-    float loss0 = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, &correct);
+    float loss0 =
+        model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, &correct);
     EXPECT(isfinite(loss0) && loss0 > 0.5f && loss0 < 5.0f && correct >= 0 && correct <= n,
            "first loss %g correct %d", loss0, correct);
     int finite = 1, nonzero = 0;
@@ -314,11 +328,14 @@ static void test_basic_blocks_train(void) {
         finite &= isfinite(grads[i]);
         nonzero += grads[i] != 0.0f;
     }
-    EXPECT(finite && nonzero > (int)(m.num_params / 2), "grads finite %d, nonzero %d", finite, nonzero);
-    EXPECT(memcmp(buf_copy, buffers, m.num_buffers * sizeof(float)) != 0, "running stats not updated");
+    EXPECT(finite && nonzero > (int)(m.num_params / 2), "grads finite %d, nonzero %d", finite,
+           nonzero);
+    EXPECT(memcmp(buf_copy, buffers, m.num_buffers * sizeof(float)) != 0,
+           "running stats not updated");
     /* Same inputs, same state: bit-identical gradients. */
     memcpy(buffers, buf_copy, m.num_buffers * sizeof(float));
-    float loss0b = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads2, NULL);
+    float loss0b =
+        model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads2, NULL);
     EXPECT(loss0b == loss0 && memcmp(grads, grads2, m.num_params * sizeof(float)) == 0,
            "forward/backward not deterministic");
     /* Label smoothing changes the loss, and a smaller batch fits the run. */
@@ -337,9 +354,16 @@ static void test_basic_blocks_train(void) {
     for (int i = 0; i < 3 * 7; i++) finite &= isfinite(logits[i]);
     EXPECT(finite, "eval logits not finite");
     EXPECT(memcmp(model_run_logits(run), logits, 3 * 7 * sizeof(float)) == 0, "model_run_logits");
-    printf("basic blocks: loss %.4f -> %.4f after 10 steps, %d/%d correct\n", loss0, loss, correct, n);
+    printf("basic blocks: loss %.4f -> %.4f after 10 steps, %d/%d correct\n", loss0, loss, correct,
+           n);
     model_run_free(run);
-    free(params); free(buffers); free(grads); free(grads2); free(mom); free(x); free(logits);
+    free(params);
+    free(buffers);
+    free(grads);
+    free(grads2);
+    free(mom);
+    free(x);
+    free(logits);
     free(buf_copy);
     model_free(&m);
 }

@@ -91,7 +91,8 @@ static void ref_load(RefFile *f, const char *path) {
     f->image = fs_read_file(path, REF_MAX_BYTES, &f->len);
     CHECK_STDIO(f->image != NULL, path);
     size_t pos = 0;
-    if (memcmp(ref_take(f, &pos, 8), REF_MAGIC, 8) != 0) ref_fail("bad magic (not a CIFREF01 file)");
+    if (memcmp(ref_take(f, &pos, 8), REF_MAGIC, 8) != 0)
+        ref_fail("bad magic (not a CIFREF01 file)");
     if (ref_u64(f, &pos) != REF_VERSION) ref_fail("unsupported version");
     uint64_t clen = ref_u64(f, &pos);
     if (clen > f->len) ref_fail("config length larger than the file");
@@ -265,21 +266,21 @@ typedef struct {
 } Case;
 
 /* Every state entry "<prefix><name>" into params / buffers (either precision). */
-#define LOAD_STATE(T, c, prefix, params, buffers)                                           \
-    do {                                                                                   \
-        char key_[160];                                                                    \
-        for (int i_ = 0; i_ < (c)->m->n_tensors; i_++) {                                   \
-            const TensorInfo *t_ = &(c)->m->tensors[i_];                                   \
-            if (t_->kind == TENSOR_COUNTER) continue;                                      \
-            snprintf(key_, sizeof key_, "%s%s", prefix, t_->name);                         \
-            const RefTensor *r_ = ref_get((c)->f, key_, t_->numel);                        \
-            T *dst_ = (t_->kind == TENSOR_PARAM ? (params) : (buffers)) + t_->offset;      \
-            for (size_t j_ = 0; j_ < t_->numel; j_++) {                                    \
-                float v_;                                                                  \
-                memcpy(&v_, r_->data + j_, sizeof v_);                                     \
-                dst_[j_] = (T)v_;                                                          \
-            }                                                                              \
-        }                                                                                  \
+#define LOAD_STATE(T, c, prefix, params, buffers)                                                  \
+    do {                                                                                           \
+        char key_[160];                                                                            \
+        for (int i_ = 0; i_ < (c)->m->n_tensors; i_++) {                                           \
+            const TensorInfo *t_ = &(c)->m->tensors[i_];                                           \
+            if (t_->kind == TENSOR_COUNTER) continue;                                              \
+            snprintf(key_, sizeof key_, "%s%s", prefix, t_->name);                                 \
+            const RefTensor *r_ = ref_get((c)->f, key_, t_->numel);                                \
+            T *dst_ = (t_->kind == TENSOR_PARAM ? (params) : (buffers)) + t_->offset;              \
+            for (size_t j_ = 0; j_ < t_->numel; j_++) {                                            \
+                float v_;                                                                          \
+                memcpy(&v_, r_->data + j_, sizeof v_);                                             \
+                dst_[j_] = (T)v_;                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
 static float *to_float(const double *p, size_t n) {
@@ -349,12 +350,15 @@ static int run_double(const Case *c, const Tolerances *tol) {
     for (size_t i = 0; i < nx; i++) x[i] = c->x_nhwc[i];
     struct ModelRunD *run = ref_d_model_run_create(m, n);
 
-    Group g[5] = {{.name = "forward"}, {.name = "grads"}, {.name = "bn stats"},
-                  {.name = "after steps"}, {.name = "eval logits"}};
+    Group g[5] = {{.name = "forward"},
+                  {.name = "grads"},
+                  {.name = "bn stats"},
+                  {.name = "after steps"},
+                  {.name = "eval logits"}};
     double loss = ref_d_model_forward_backward(m, run, params, buffers, x, c->labels, n,
                                                c->smoothing, grads, NULL);
-    compare_d(&g[0], "logits", ref_d_model_run_logits(run), ref_get(c->f, "logits", (size_t)n * K)->data,
-              (size_t)n * K, tol->logits, 0);
+    compare_d(&g[0], "logits", ref_d_model_run_logits(run),
+              ref_get(c->f, "logits", (size_t)n * K)->data, (size_t)n * K, tol->logits, 0);
     compare_d(&g[0], "loss", &loss, ref_get(c->f, "loss", 1)->data, 1, tol->loss, 0);
     float *gf = to_float(grads, np), *pf = to_float(params, np), *bf = to_float(buffers, nb);
     compare_grads(&g[1], c, gf, tol);
@@ -376,8 +380,15 @@ static int run_double(const Case *c, const Tolerances *tol) {
               (size_t)n * K, tol->steps, 0);
     int failures = report(tol->label, g, 5);
     ref_d_model_run_free(run);
-    free(logits); free(gf); free(pf); free(bf); free(x);
-    free(params); free(buffers); free(grads); free(mom);
+    free(logits);
+    free(gf);
+    free(pf);
+    free(bf);
+    free(x);
+    free(params);
+    free(buffers);
+    free(grads);
+    free(mom);
     return failures;
 }
 
@@ -405,7 +416,9 @@ static int run_float(const Case *c, const Tolerances *tol) {
         failures++;
     }
     model_run_free(run);
-    free(params); free(buffers); free(grads);
+    free(params);
+    free(buffers);
+    free(grads);
     return failures;
 }
 
@@ -413,8 +426,10 @@ int main(int argc, char **argv) {
     log_set_program("test_reference");
     const char *path = "tests/data/reference.bin";
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-v") == 0) g_verbose = 1;
-        else path = argv[i];
+        if (strcmp(argv[i], "-v") == 0)
+            g_verbose = 1;
+        else
+            path = argv[i];
     }
     RefFile f = {0};
     ref_load(&f, path);
@@ -434,7 +449,8 @@ int main(int argc, char **argv) {
     c.wd = json_number(f.config_json, "weight_decay");
     c.smoothing = json_number(f.config_json, "label_smoothing");
     if (c.batch < 1 || c.steps < 1) ref_fail("batch and steps must be positive");
-    printf("reference %s: %zu tensors, batch %d, model %zu params, %zu buffer floats, %.0f MACs/image\n",
+    printf("reference %s: %zu tensors, batch %d, model %zu params, %zu buffer floats, %.0f "
+           "MACs/image\n",
            path, f.n, c.batch, m.num_params, m.num_buffers, model_forward_macs(&m));
     int failures = check_table(&f, &m);
 
@@ -456,18 +472,35 @@ int main(int argc, char **argv) {
 
     /* double: the stored reference is float32-rounded (6e-8 relative), so a few
      * 1e-7 of slack; the steps amplify differences, hence 1e-5 there. */
-    Tolerances td = {.label = "double", .logits = 1e-6, .loss = 1e-6, .grad_rel = 1e-5,
-                     .grad_floor = 1e-9, .grad_all = 1e-6, .stats = 1e-6, .steps = 1e-5};
+    Tolerances td = {.label = "double",
+                     .logits = 1e-6,
+                     .loss = 1e-6,
+                     .grad_rel = 1e-5,
+                     .grad_floor = 1e-9,
+                     .grad_all = 1e-6,
+                     .stats = 1e-6,
+                     .steps = 1e-5};
     /* float: PyTorch's own float32 gradients here are off from float64 by 0.75%
      * over all tensors and by up to 7% on single BN weights (ReLU mask flips). */
-    Tolerances tf = {.label = "float", .logits = 1e-4, .loss = 1e-5, .grad_rel = 0.25,
-                     .grad_floor = 1e-5, .grad_all = 3e-2, .stats = 1e-4, .steps = 0};
+    Tolerances tf = {.label = "float",
+                     .logits = 1e-4,
+                     .loss = 1e-5,
+                     .grad_rel = 0.25,
+                     .grad_floor = 1e-5,
+                     .grad_all = 3e-2,
+                     .stats = 1e-4,
+                     .steps = 0};
     failures += run_double(&c, &td);
     failures += run_float(&c, &tf);
     printf("test_reference: %s\n", failures ? "FAILED" : "passed");
 
     model_free(&m);
-    free(labels); free(lab); free(x); free(xin);
-    free(f.t); free(f.config_json); free(f.image);
+    free(labels);
+    free(lab);
+    free(x);
+    free(xin);
+    free(f.t);
+    free(f.config_json);
+    free(f.image);
     return failures ? 1 : 0;
 }
