@@ -18,25 +18,33 @@
 #define CONVERT_WINDOW_BYTES (64ull << 20)
 #define CONVERT_MAX_WINDOW 4096
 
+#define CONVERT_CHUNK_BYTES (1ull << 20)
+#define CONVERT_MAX_CHUNK 64
+
 enum { SLOT_EMPTY = 0, SLOT_READY, SLOT_FAILED };
 
+/* One chunk of consecutive records, decoded by one worker: claiming and handing
+ * back chunks rather than single images keeps the locking off the profile. */
 typedef struct {
     int state;
-    char *err; /* SLOT_FAILED: "<file>: <reason>" (allocated) */
+    int64_t n_ok;  /* records decoded before the first failure (all when READY) */
+    char *err;     /* SLOT_FAILED: "<file>: <reason>" (allocated) */
     uint64_t sum[DATASET_MAX_CHANNELS], sumsq[DATASET_MAX_CHANNELS];
 } Slot;
 
 typedef struct {
     const ConvertJob *job;
     size_t rec;       /* bytes per image */
-    int64_t count;
-    int64_t window;
-    uint8_t *pixels;  /* window * rec */
+    int64_t count;    /* images */
+    int64_t chunk;    /* images per chunk */
+    int64_t n_chunks;
+    int64_t window;   /* chunks in flight */
+    uint8_t *pixels;  /* window * chunk * rec */
     Slot *slots;
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a slot was freed */
     pthread_cond_t cv_done; /* the slot the writer waits for is filled */
-    int64_t next_claim, written;
+    int64_t next_claim, written; /* in chunks */
     int waiting;      /* workers blocked on a full window */
 } Convert;
 
@@ -83,7 +91,7 @@ int convert_read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len,
     return 0;
 }
 
-/* Exact per-channel sums of one image (integers: no rounding, any order). */
+/* Add one image to the exact per-channel sums (integers: no rounding, any order). */
 static void slot_stats(Slot *s, const uint8_t *px, size_t pixels, int c) {
     for (int k = 0; k < c; k++) {
         uint64_t sum = 0, sq = 0;
@@ -92,8 +100,8 @@ static void slot_stats(Slot *s, const uint8_t *px, size_t pixels, int c) {
             sum += v;
             sq += v * v;
         }
-        s->sum[k] = sum;
-        s->sumsq[k] = sq;
+        s->sum[k] += sum;
+        s->sumsq[k] += sq;
     }
 }
 
@@ -103,18 +111,17 @@ typedef struct {
     size_t file_cap;
 } WorkerState;
 
-static void convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t *out) {
+/* Decode record i into out and add it to the slot's sums; 0, or -1 with s->err. */
+static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t *out) {
     const ConvertJob *job = cv->job;
     char path[4096], why[768], msg[4096 + 1024];
     size_t len;
     ImageShape got;
     convert_image_path(job->image_dir, job->ann->files[i], path, sizeof path);
-    s->state = SLOT_FAILED;
-    s->err = NULL;
     if (convert_read_file(path, &ws->file, &ws->file_cap, &len, why, sizeof why)) {
         snprintf(msg, sizeof msg, "%s: %s", path, why);
         s->err = xstrdup(msg);
-        return;
+        return -1;
     }
     int rc = image_decode(ws->dec, ws->file, len, &job->shape, out, cv->rec, &got, why, sizeof why);
     if (rc == IMAGE_MISMATCH) {
@@ -122,14 +129,28 @@ static void convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_
                  path, got.height, got.width, got.channels, job->shape.height, job->shape.width,
                  job->shape.channels, job->shape_from);
         s->err = xstrdup(msg);
-        return;
+        return -1;
     }
     if (rc != IMAGE_OK) {
         snprintf(msg, sizeof msg, "%s: %s", path, why);
         s->err = xstrdup(msg);
-        return;
+        return -1;
     }
     slot_stats(s, out, (size_t)got.width * (size_t)got.height, got.channels);
+    return 0;
+}
+
+static void convert_chunk(Convert *cv, WorkerState *ws, int64_t c, Slot *s) {
+    memset(s, 0, sizeof *s);
+    int64_t first = c * cv->chunk, end = first + cv->chunk < cv->count ? first + cv->chunk : cv->count;
+    uint8_t *base = cv->pixels + (size_t)(c % cv->window) * (size_t)cv->chunk * cv->rec;
+    for (int64_t i = first; i < end; i++) {
+        if (convert_one(cv, ws, i, s, base + (size_t)(i - first) * cv->rec)) {
+            s->state = SLOT_FAILED;
+            return;
+        }
+        s->n_ok++;
+    }
     s->state = SLOT_READY;
 }
 
@@ -138,21 +159,20 @@ static void *convert_worker(void *arg) {
     WorkerState ws = {image_decoder_create(), NULL, 0};
     for (;;) {
         pthread_mutex_lock(&cv->mu);
-        while (cv->next_claim < cv->count && cv->next_claim >= cv->written + cv->window) {
+        while (cv->next_claim < cv->n_chunks && cv->next_claim >= cv->written + cv->window) {
             cv->waiting++;
             pthread_cond_wait(&cv->cv_work, &cv->mu);
             cv->waiting--;
         }
-        int64_t i = cv->next_claim;
-        if (i < cv->count) cv->next_claim++;
+        int64_t c = cv->next_claim;
+        if (c < cv->n_chunks) cv->next_claim++;
         pthread_mutex_unlock(&cv->mu);
-        if (i >= cv->count) break;
+        if (c >= cv->n_chunks) break;
         Slot tmp;
-        int64_t k = i % cv->window;
-        convert_one(cv, &ws, i, &tmp, cv->pixels + (size_t)k * cv->rec);
+        convert_chunk(cv, &ws, c, &tmp);
         pthread_mutex_lock(&cv->mu);
-        cv->slots[k] = tmp;
-        if (i == cv->written) pthread_cond_signal(&cv->cv_done);
+        cv->slots[c % cv->window] = tmp;
+        if (c == cv->written) pthread_cond_signal(&cv->cv_done);
         pthread_mutex_unlock(&cv->mu);
     }
     image_decoder_free(ws.dec);
@@ -177,60 +197,75 @@ static void convert_setup(Convert *cv, const ConvertJob *job) {
     cv->job = job;
     cv->count = job->ann->count;
     cv->rec = (size_t)job->shape.width * (size_t)job->shape.height * (size_t)job->shape.channels;
-    int64_t w = (int64_t)(CONVERT_WINDOW_BYTES / cv->rec);
-    if (w > CONVERT_MAX_WINDOW) w = CONVERT_MAX_WINDOW;
+    int64_t ch = (int64_t)(CONVERT_CHUNK_BYTES / cv->rec);
+    ch = ch < 1 ? 1 : ch > CONVERT_MAX_CHUNK ? CONVERT_MAX_CHUNK : ch;
+    /* small splits: still give every thread a share */
+    while (ch > 1 && (cv->count + ch - 1) / ch < 4 * (int64_t)job->threads) ch /= 2;
+    cv->chunk = ch;
+    cv->n_chunks = (cv->count + ch - 1) / ch;
+    int64_t w = (int64_t)(CONVERT_WINDOW_BYTES / ((size_t)ch * cv->rec));
     if (w < 2 * (int64_t)job->threads) w = 2 * (int64_t)job->threads;
-    if (w > cv->count) w = cv->count;
+    if (w > cv->n_chunks) w = cv->n_chunks;
     cv->window = w;
-    cv->pixels = xmalloc((size_t)w * cv->rec);
+    cv->pixels = xmalloc((size_t)w * (size_t)ch * cv->rec);
     cv->slots = xcalloc((size_t)w, sizeof *cv->slots);
     pthread_mutex_init(&cv->mu, NULL);
     pthread_cond_init(&cv->cv_work, NULL);
     pthread_cond_init(&cv->cv_done, NULL);
 }
 
+/* Hand a decoded chunk's records to the writer, in order; dies on the first failure. */
+static void convert_drain(Convert *cv, int64_t c, const Slot *s) {
+    const ConvertJob *job = cv->job;
+    const uint8_t *base = cv->pixels + (size_t)(c % cv->window) * (size_t)cv->chunk * cv->rec;
+    char err[1024];
+    for (int64_t j = 0; j < s->n_ok; j++) {
+        int64_t i = c * cv->chunk + j;
+        if (dataset_writer_put(job->writer, job->split, i, job->ann->labels[i],
+                               base + (size_t)j * cv->rec, cv->rec, err, sizeof err))
+            die("%s: %s", job->out_path, err);
+    }
+    /* The first failure in file order is reported; exit stops the workers. */
+    if (s->state == SLOT_FAILED) die("%s", s->err);
+}
+
 void convert_split(const ConvertJob *job, DatasetSplit *result) {
     Convert cv;
     convert_setup(&cv, job);
-    int nthreads = job->threads < cv.count ? job->threads : (int)cv.count;
+    int nthreads = job->threads < cv.n_chunks ? job->threads : (int)cv.n_chunks;
     pthread_t *tids = xcalloc((size_t)nthreads, sizeof *tids);
     for (int t = 0; t < nthreads; t++) {
         int rc = pthread_create(&tids[t], NULL, convert_worker, &cv);
         if (rc) die("cannot start a decoding thread (%s); try --threads 1", strerror(rc));
     }
-    int c = job->shape.channels;
+    int nch = job->shape.channels;
     __int128 sum[DATASET_MAX_CHANNELS] = {0}, sumsq[DATASET_MAX_CHANNELS] = {0};
     Progress prog;
     progress_begin(&prog, job->split, cv.count, "img");
-    char err[1024];
-    for (int64_t i = 0; i < cv.count; i++) {
-        int64_t k = i % cv.window;
-        Slot *s = &cv.slots[k];
+    for (int64_t c = 0; c < cv.n_chunks; c++) {
+        Slot *s = &cv.slots[c % cv.window];
         pthread_mutex_lock(&cv.mu);
         while (s->state == SLOT_EMPTY) pthread_cond_wait(&cv.cv_done, &cv.mu);
         pthread_mutex_unlock(&cv.mu);
-        /* The first failure in file order is reported; exit stops the workers. */
-        if (s->state == SLOT_FAILED) die("%s", s->err);
-        for (int ch = 0; ch < c; ch++) {
-            sum[ch] += s->sum[ch];
-            sumsq[ch] += s->sumsq[ch];
+        convert_drain(&cv, c, s);
+        for (int k = 0; k < nch; k++) {
+            sum[k] += s->sum[k];
+            sumsq[k] += s->sumsq[k];
         }
-        if (dataset_writer_put(job->writer, job->split, i, job->ann->labels[i],
-                               cv.pixels + (size_t)k * cv.rec, cv.rec, err, sizeof err))
-            die("%s: %s", job->out_path, err);
         pthread_mutex_lock(&cv.mu);
         s->state = SLOT_EMPTY;
-        cv.written = i + 1;
+        cv.written = c + 1;
         if (cv.waiting) pthread_cond_broadcast(&cv.cv_work);
         pthread_mutex_unlock(&cv.mu);
-        progress_update(&prog, i + 1, NULL);
+        int64_t done = (c + 1) * cv.chunk;
+        progress_update(&prog, done < cv.count ? done : cv.count, NULL);
     }
     for (int t = 0; t < nthreads; t++) pthread_join(tids[t], NULL);
     progress_end(&prog, NULL);
     memset(result, 0, sizeof *result);
     snprintf(result->name, sizeof result->name, "%s", job->split);
     result->count = cv.count;
-    stats_finish(sum, sumsq, (__int128)cv.count * job->shape.width * job->shape.height, c, result);
+    stats_finish(sum, sumsq, (__int128)cv.count * job->shape.width * job->shape.height, nch, result);
     free(tids);
     free(cv.pixels);
     free(cv.slots);
