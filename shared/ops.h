@@ -101,6 +101,10 @@ void sgd_update(size_t n, float *param, const float *grad, float *momentum_buf,
 /* Number of threads the CPU ops use (OpenMP and BLAS). */
 void ops_set_threads(int threads);
 int ops_threads(void);
+/* Instruction-set variant of the CPU ops: 0 baseline x86-64 (or non-x86), 1 AVX2+FMA,
+ * 2 AVX-512. The default is the best the CPU supports; a level the CPU lacks (or -1)
+ * selects that best. Returns the level now in use. For tests and benchmarks. */
+int ops_set_isa(int level);
 
 #ifdef __cplusplus
 }

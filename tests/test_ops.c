@@ -222,16 +222,20 @@ static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, 
                memcmp(db, db2, (size_t)cout * sizeof(double)) == 0,
            "%s: backward with dx NULL gives other parameter gradients", name);
 
-    /* the float op agrees with the double one */
+    /* the float op agrees with the double one, in every instruction-set variant */
     float *fx = to_float(c.x, c.nx), *fw = to_float(c.wt, c.nw), *fb = to_float(c.b, cout);
     float *fr = to_float(c.r, c.ny), *fy = fvec(c.ny), *fdx = fvec(c.nx), *fdw = fvec(c.nw);
     float *fdb = fvec((size_t)cout), *fws = fvec(conv2d_workspace_floats(&c.cs, n, h, w));
-    conv2d_forward(&c.cs, n, h, w, fx, fw, fb, fy, fws);
-    conv2d_backward(&c.cs, n, h, w, fx, fw, fr, fdx, fdw, fdb, fws);
-    EXPECT(rel_err_f(fy, yref, c.ny, 1.0) < 1e-5, "%s: float forward", name);
-    EXPECT(rel_err_f(fdx, dx, c.nx, 1.0) < 1e-5, "%s: float dx", name);
-    EXPECT(rel_err_f(fdw, dw, c.nw, 1.0) < 1e-5, "%s: float dW", name);
-    EXPECT(rel_err_f(fdb, db, cout, 1.0) < 1e-5, "%s: float db", name);
+    for (int isa = 0; isa <= 2; isa++) {
+        if (ops_set_isa(isa) != isa) continue;
+        conv2d_forward(&c.cs, n, h, w, fx, fw, fb, fy, fws);
+        conv2d_backward(&c.cs, n, h, w, fx, fw, fr, fdx, fdw, fdb, fws);
+        EXPECT(rel_err_f(fy, yref, c.ny, 1.0) < 1e-5, "%s: float forward (isa %d)", name, isa);
+        EXPECT(rel_err_f(fdx, dx, c.nx, 1.0) < 1e-5, "%s: float dx (isa %d)", name, isa);
+        EXPECT(rel_err_f(fdw, dw, c.nw, 1.0) < 1e-5, "%s: float dW (isa %d)", name, isa);
+        EXPECT(rel_err_f(fdb, db, cout, 1.0) < 1e-5, "%s: float db (isa %d)", name, isa);
+    }
+    ops_set_isa(-1);
 
     free(fx); free(fw); free(fb); free(fr); free(fy); free(fdx); free(fdw); free(fdb); free(fws);
     free(dw2); free(db2); free(dx); free(dw); free(db); free(yref);
@@ -290,13 +294,17 @@ static void test_batchnorm_grad(int rows, int c) {
     float *fx = to_float(t.x, n), *fg = to_float(t.g, c), *fb = to_float(t.b, c);
     float *fr = to_float(t.r, n), *fy = fvec(n), *fm = fvec(c), *fi = fvec(c), *frm = fvec(c);
     float *frv = fvec(c), *fdx = fvec(n), *fdg = fvec(c), *fdb = fvec(c);
-    batchnorm2d_forward_train(rows, c, fx, fg, fb, fy, fm, fi, frm, frv, 0.1f, 1e-5f);
-    batchnorm2d_backward(rows, c, fx, fg, fm, fi, fr, fdx, fdg, fdb);
     bn_loss(&t);
-    EXPECT(rel_err_f(fy, t.y, n, 1.0) < 1e-5, "batchnorm: float forward");
-    EXPECT(rel_err_f(fdx, dx, n, 1.0) < 1e-5, "batchnorm: float dx");
-    EXPECT(rel_err_f(fdg, dg, c, 1.0) < 1e-5, "batchnorm: float dgamma");
-    EXPECT(rel_err_f(fdb, db, c, 1.0) < 1e-5, "batchnorm: float dbeta");
+    for (int isa = 0; isa <= 2; isa++) {
+        if (ops_set_isa(isa) != isa) continue;
+        batchnorm2d_forward_train(rows, c, fx, fg, fb, fy, fm, fi, frm, frv, 0.1f, 1e-5f);
+        batchnorm2d_backward(rows, c, fx, fg, fm, fi, fr, fdx, fdg, fdb);
+        EXPECT(rel_err_f(fy, t.y, n, 1.0) < 1e-5, "batchnorm: float forward (isa %d)", isa);
+        EXPECT(rel_err_f(fdx, dx, n, 1.0) < 1e-5, "batchnorm: float dx (isa %d)", isa);
+        EXPECT(rel_err_f(fdg, dg, c, 1.0) < 1e-5, "batchnorm: float dgamma (isa %d)", isa);
+        EXPECT(rel_err_f(fdb, db, c, 1.0) < 1e-5, "batchnorm: float dbeta (isa %d)", isa);
+    }
+    ops_set_isa(-1);
 
     free(fx); free(fg); free(fb); free(fr); free(fy); free(fm); free(fi); free(frm); free(frv);
     free(fdx); free(fdg); free(fdb);
@@ -724,6 +732,8 @@ static void test_determinism(void) {
 
 int main(void) {
     log_set_program("test_ops");
+    printf("test_ops: CPU op variant %d (0 baseline, 1 AVX2, 2 AVX-512), %d threads\n",
+           ops_set_isa(-1), ops_threads());
     test_conv();
     test_batchnorm_grad(37, 3);
     test_batchnorm_grad(1500, 5); /* several reduction blocks */
@@ -731,8 +741,12 @@ int main(void) {
     test_elementwise();
     test_meanpool();
     test_linear();
-    test_xent();
-    test_sgd();
+    for (int isa = 0; isa <= 2; isa++) /* the float loss and optimizer in every variant */
+        if (ops_set_isa(isa) == isa) {
+            test_xent();
+            test_sgd();
+        }
+    ops_set_isa(-1);
     test_block();
     test_determinism();
     if (failures) {
