@@ -162,21 +162,22 @@ const real_t *MODEL_FN(model_run_logits)(const struct MODEL_RUN *run) { return r
 
 static void conv_fwd(struct MODEL_RUN *r, const ConvLayer *l, const real_t *params, int n, int h,
                      int w, const real_t *x, real_t *y) {
-    MODEL_OP(conv2d_forward)
-    (&l->spec, n, h, w, x, params + l->weight, params + l->bias, y, r->workspace);
+    MODEL_OP(conv2d_forward)(&l->spec, n, h, w, x, params + l->weight, params + l->bias, y,
+                             r->workspace);
 }
 
 /* BN in training mode (saving statistics, updating running ones) or eval mode. */
 static void bn_fwd(const BNLayer *l, const real_t *params, real_t *buffers, const real_t *cbuffers,
                    int train, int rows, const real_t *x, real_t *y, real_t *mean, real_t *invstd) {
     if (train)
-        MODEL_OP(batchnorm2d_forward_train)
-        (rows, l->c, x, params + l->gamma, params + l->beta, y, mean, invstd,
-         buffers + l->running_mean, buffers + l->running_var, MODEL_BN_MOMENTUM, MODEL_BN_EPS);
+        MODEL_OP(batchnorm2d_forward_train)(rows, l->c, x, params + l->gamma, params + l->beta, y,
+                                            mean, invstd, buffers + l->running_mean,
+                                            buffers + l->running_var, MODEL_BN_MOMENTUM,
+                                            MODEL_BN_EPS);
     else
-        MODEL_OP(batchnorm2d_forward_eval)
-        (rows, l->c, x, params + l->gamma, params + l->beta, cbuffers + l->running_mean,
-         cbuffers + l->running_var, MODEL_BN_EPS, y);
+        MODEL_OP(batchnorm2d_forward_eval)(rows, l->c, x, params + l->gamma, params + l->beta,
+                                           cbuffers + l->running_mean, cbuffers + l->running_var,
+                                           MODEL_BN_EPS, y);
 }
 
 static void block_forward(struct MODEL_RUN *r, const Block *b, BlockActs *a, const real_t *params,
@@ -226,8 +227,8 @@ static void model_forward(const Model *m, struct MODEL_RUN *r, const real_t *par
     }
     const Block *last = &m->blocks[m->n_blocks - 1];
     MODEL_OP(meanpool_forward)(n, last->out_h * last->out_w, m->fc_in, in, r->pooled);
-    MODEL_OP(linear_forward)
-    (n, m->fc_in, m->fc_out, r->pooled, params + m->fc_weight, params + m->fc_bias, r->logits);
+    MODEL_OP(linear_forward)(n, m->fc_in, m->fc_out, r->pooled, params + m->fc_weight,
+                             params + m->fc_bias, r->logits);
 }
 
 void MODEL_FN(model_forward_eval)(const Model *m, struct MODEL_RUN *run, const real_t *params,
@@ -247,15 +248,14 @@ static real_t *grad_pick(struct MODEL_RUN *r, const real_t *busy1, const real_t 
 
 static void conv_bwd(struct MODEL_RUN *r, const ConvLayer *l, const real_t *params, real_t *grads,
                      int n, int h, int w, const real_t *x, const real_t *dy, real_t *dx) {
-    MODEL_OP(conv2d_backward)
-    (&l->spec, n, h, w, x, params + l->weight, dy, dx, grads + l->weight, grads + l->bias,
-     r->workspace);
+    MODEL_OP(conv2d_backward)(&l->spec, n, h, w, x, params + l->weight, dy, dx, grads + l->weight,
+                              grads + l->bias, r->workspace);
 }
 
 static void bn_bwd(const BNLayer *l, const real_t *params, real_t *grads, int rows, const real_t *x,
                    const real_t *mean, const real_t *invstd, const real_t *dy, real_t *dx) {
-    MODEL_OP(batchnorm2d_backward)
-    (rows, l->c, x, params + l->gamma, mean, invstd, dy, dx, grads + l->gamma, grads + l->beta);
+    MODEL_OP(batchnorm2d_backward)(rows, l->c, x, params + l->gamma, mean, invstd, dy, dx,
+                                   grads + l->gamma, grads + l->beta);
 }
 
 /* dout: gradient of the block's output (one of run->grad, overwritten). Returns the
@@ -306,9 +306,8 @@ real_t MODEL_FN(model_forward_backward)(const Model *m, struct MODEL_RUN *run, c
     real_t loss = MODEL_OP(softmax_xent_forward_backward)(n, m->fc_out, run->logits, labels,
                                                           label_smoothing, run->dlogits, correct);
     const Block *last = &m->blocks[m->n_blocks - 1];
-    MODEL_OP(linear_backward)
-    (n, m->fc_in, m->fc_out, run->pooled, params + m->fc_weight, run->dlogits, run->dpooled,
-     grads + m->fc_weight, grads + m->fc_bias);
+    MODEL_OP(linear_backward)(n, m->fc_in, m->fc_out, run->pooled, params + m->fc_weight,
+                              run->dlogits, run->dpooled, grads + m->fc_weight, grads + m->fc_bias);
     real_t *g = run->grad[0];
     MODEL_OP(meanpool_backward)(n, last->out_h * last->out_w, m->fc_in, run->dpooled, g);
     for (int i = m->n_blocks - 1; i >= 0; i--) {
