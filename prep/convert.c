@@ -203,7 +203,11 @@ static void convert_setup(Convert *cv, const ConvertJob *job) {
     while (ch > 1 && (cv->count + ch - 1) / ch < 4 * (int64_t)job->threads) ch /= 2;
     cv->chunk = ch;
     cv->n_chunks = (cv->count + ch - 1) / ch;
-    int64_t w = (int64_t)(CONVERT_WINDOW_BYTES / ((size_t)ch * cv->rec));
+    /* 4 chunks per thread keep the workers busy while the writer drains; more
+     * only touches more memory (page faults, cache misses). */
+    int64_t w = 4 * (int64_t)job->threads;
+    int64_t fit = (int64_t)(CONVERT_WINDOW_BYTES / ((size_t)ch * cv->rec));
+    if (w > fit) w = fit;
     if (w < 2 * (int64_t)job->threads) w = 2 * (int64_t)job->threads;
     if (w > cv->n_chunks) w = cv->n_chunks;
     cv->window = w;
