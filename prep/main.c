@@ -148,12 +148,14 @@ static void read_data_dir_stdin(Options *o) {
 
 static void default_splits(Options *o) {
     static const char *names[] = {"train", "test"};
+    char dd[PATH_CAP]; /* a copy: the outputs below live in the same struct */
+    memcpy(dd, o->data_dir, sizeof dd);
     for (int i = 0; i < 2; i++) {
         SplitSpec *s = &o->splits[i];
         snprintf(s->name, sizeof s->name, "%s", names[i]);
-        if (snprintf(s->ann, PATH_CAP, "%s/annotations/cifar10_%s.json", o->data_dir, names[i]) >=
+        if (snprintf(s->ann, PATH_CAP, "%s/annotations/cifar10_%s.json", dd, names[i]) >=
                 PATH_CAP ||
-            snprintf(s->dir, PATH_CAP, "%s/%s_cifar10", o->data_dir, names[i]) >= PATH_CAP)
+            snprintf(s->dir, PATH_CAP, "%s/%s_cifar10", dd, names[i]) >= PATH_CAP)
             die_usage("DATA_DIR: path too long");
     }
     o->n_splits = 2;
