@@ -424,10 +424,21 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* rows x c as an NHWC tensor of N=rows, H=W=1 (the memory is the same); cuDNN's
- * spatial mode then reduces over the rows, as batchnorm2d_* does. */
+/* rows x c as an NHWC tensor of N=rows, H=W=1 (the memory is the same; PyTorch's
+ * BatchNorm1d path); cuDNN's spatial mode then reduces over the rows, as
+ * batchnorm2d_* does. cuDNN rejects N above 880801 there (PyTorch avoids it past
+ * that size), so larger row counts are described as N x H with H dividing rows:
+ * the same memory and the same reduction. */
+#define BN_MAX_N 880801
+
 static void bn_describe(CudaCtx *ctx, int rows, int c) {
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, rows, c, 1, 1));
+    int n = rows, h = 1;
+    if (rows > BN_MAX_N) {
+        for (h = (rows + BN_MAX_N - 1) / BN_MAX_N; h < rows; h++)
+            if (rows % h == 0) break;
+        n = rows / h;
+    }
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, c, h, 1));
     CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->bn_p, ctx->bn_x, CUDNN_BATCHNORM_SPATIAL));
 }
 

@@ -496,6 +496,7 @@ int main(void) {
     test_conv(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f, "projection");
     test_bn(ctx, 3 * 7 * 7, 16);
     test_bn(ctx, 2 * 16 * 16, 8);
+    test_bn(ctx, 1000000, 4); /* past cuDNN's N limit: described as N x H */
     test_elementwise(ctx);
     test_pool_linear(ctx);
     test_softmax(ctx, 300, 10, 0.1f);
