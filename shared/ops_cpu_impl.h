@@ -268,6 +268,10 @@ void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real
     const int pointwise = opsi_conv_is_pointwise(cs);
     const int cout = cs->cout, per_img = p.oh * p.ow;
     if (dbias) opsi_colsums((int64_t)n * per_img, cout, dy, dbias);
+    if (p.ntiles == 0) { /* empty batch: zero gradients */
+        memset(dweight, 0, p.part_len * sizeof(real_t));
+        return;
+    }
     real_t *wmat = workspace, *parts = workspace + p.part_len;
     if (pointwise)
         memcpy(wmat, weight, p.part_len * sizeof(real_t));
