@@ -14,7 +14,7 @@
 #include "fsutil.h"
 #include "model.h"
 #include "progress.h"
-#include "rng.h"
+#include "sampler.h"
 #include "snapshot.h"
 #include "train.h"
 
@@ -145,23 +145,6 @@ static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const Dist
     return engine_create_cpu(ec);
 }
 
-/* ---- sampler: DistributedSampler with a fresh permutation per epoch ---- */
-
-static void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world,
-                          int64_t *perm, int64_t *mine, int64_t *per_rank) {
-    for (int64_t i = 0; i < n; i++) perm[i] = i;
-    for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = rng_below(seed, RNG_STREAM_SHUFFLE, ((uint64_t)epoch << 32) ^ (uint64_t)i,
-                              (uint32_t)(i + 1));
-        int64_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    /* Padded to a multiple of the world size with the permutation's start. */
-    *per_rank = (n + world - 1) / world;
-    for (int64_t j = 0; j < *per_rank; j++) mine[j] = perm[(rank + j * world) % n];
-}
-
 /* ---- metrics ---- */
 
 typedef struct {
@@ -224,7 +207,7 @@ typedef struct {
 } Worker;
 
 static int64_t steps_per_epoch(const Worker *w) {
-    int64_t per_rank = (w->data.n_train + w->env->world_size - 1) / w->env->world_size;
+    int64_t per_rank = sampler_per_rank(w->data.n_train, w->env->world_size);
     return (per_rank + w->o->batch_size - 1) / w->o->batch_size;
 }
 
@@ -369,8 +352,8 @@ typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     const TrainOptions *o = w->o;
     const int world = w->env->world_size;
-    sampler_epoch(o->seed, epoch, w->data.n_train, w->env->rank, world, w->perm, w->mine,
-                  &w->per_rank);
+    sampler_epoch(o->seed, epoch, w->data.n_train, w->env->rank, world, w->perm, w->mine);
+    w->per_rank = sampler_per_rank(w->data.n_train, world);
     Progress bar;
     char label[64];
     snprintf(label, sizeof label, "epoch %" PRId64 "/%d", epoch + 1, o->epochs);
@@ -473,7 +456,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     train_state_alloc(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
     w->perm = xmalloc((size_t)w->data.n_train * sizeof(int64_t));
-    w->mine = xmalloc((size_t)(w->data.n_train / env->world_size + 1) * sizeof(int64_t));
+    w->mine = xmalloc((size_t)sampler_per_rank(w->data.n_train, env->world_size) * sizeof(int64_t));
     w->steps_per_epoch = steps_per_epoch(w);
 }
 

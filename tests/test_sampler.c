@@ -1,0 +1,80 @@
+/* test_sampler: the DistributedSampler contract. For several dataset sizes and
+ * world sizes: each rank gets ceil(n/W) indices, the shards together are the
+ * padded permutation (every index at least once, only the first
+ * ceil(n/W)*W - n repeated), the shards are disjoint when W divides n, the order
+ * changes from epoch to epoch and with the seed, and is the same whoever computes it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+
+static int failures;
+#define EXPECT(cond, ...)                                                     \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            failures++;                                                       \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);              \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fputc('\n', stderr);                                              \
+        }                                                                     \
+    } while (0)
+
+static void check_cover(int64_t n, int world, int64_t epoch) {
+    int64_t per = sampler_per_rank(n, world);
+    int64_t *perm = malloc((size_t)n * sizeof *perm), *mine = malloc((size_t)per * sizeof *mine);
+    int *seen = calloc((size_t)n, sizeof *seen);
+    for (int r = 0; r < world; r++) {
+        sampler_epoch(7, epoch, n, r, world, perm, mine);
+        for (int64_t j = 0; j < per; j++) {
+            EXPECT(mine[j] >= 0 && mine[j] < n, "index %lld out of range", (long long)mine[j]);
+            if (mine[j] >= 0 && mine[j] < n) seen[mine[j]]++;
+        }
+    }
+    /* Padding repeats the permutation from its start (several times over when
+     * the world is larger than the dataset, as PyTorch does). */
+    int64_t pad = per * world - n, total = 0, max_seen = 1 + (pad + n - 1) / n, twice = 0;
+    for (int64_t i = 0; i < n; i++) {
+        EXPECT(seen[i] >= 1, "n=%lld W=%d: index %lld never sampled", (long long)n, world, (long long)i);
+        EXPECT(seen[i] <= max_seen, "index %lld sampled %d times", (long long)i, seen[i]);
+        total += seen[i];
+        if (seen[i] == 2) twice++;
+    }
+    EXPECT(total == per * world, "n=%lld W=%d: %lld samples, want %lld", (long long)n, world,
+           (long long)total, (long long)(per * world));
+    if (pad < n)
+        EXPECT(twice == pad, "n=%lld W=%d: %lld repeats, want the padding %lld", (long long)n, world,
+               (long long)twice, (long long)pad);
+    free(perm);
+    free(mine);
+    free(seen);
+}
+
+static void check_epochs_differ(void) {
+    const int64_t n = 1000;
+    int64_t *perm = malloc(n * sizeof *perm), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    sampler_epoch(7, 0, n, 0, 1, perm, a);
+    sampler_epoch(7, 1, n, 0, 1, perm, b);
+    EXPECT(memcmp(a, b, n * sizeof *a) != 0, "epochs 0 and 1 have the same order");
+    sampler_epoch(8, 0, n, 0, 1, perm, b);
+    EXPECT(memcmp(a, b, n * sizeof *a) != 0, "seeds 7 and 8 give the same order");
+    sampler_epoch(7, 0, n, 0, 1, perm, b);
+    EXPECT(memcmp(a, b, n * sizeof *a) == 0, "the same (seed, epoch) gives two orders");
+    int fixed = 0;
+    for (int64_t i = 0; i < n; i++) fixed += a[i] == i;
+    EXPECT(fixed < 20, "%d of 1000 indices stay in place: not shuffled", fixed);
+    free(perm);
+    free(a);
+    free(b);
+}
+
+int main(void) {
+    const int64_t sizes[] = {1, 2, 7, 64, 1000, 1001};
+    const int worlds[] = {1, 2, 3, 8};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
+            for (int64_t e = 0; e < 3; e++) check_cover(sizes[i], worlds[w], e);
+    check_epochs_differ();
+    printf("test_sampler: %s\n", failures ? "FAILED" : "all checks passed");
+    return failures ? 1 : 0;
+}
