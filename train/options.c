@@ -142,12 +142,6 @@ static const char *data_path_from_stdin(void) {
     return last;
 }
 
-/* Fault-injection hooks for the test suite, off unless the variable is set. */
-static int64_t test_hook_steps(const char *var) {
-    const char *v = getenv(var);
-    return v && *v ? strtoll(v, NULL, 10) : 0;
-}
-
 void train_options_parse(TrainOptions *o, int argc, char **argv) {
     train_options_default(o);
     int c;
@@ -183,8 +177,6 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }
     }
-    o->die_after_steps = test_hook_steps("CIFAR_TEST_DIE_AFTER_STEPS");
-    o->nan_after_steps = test_hook_steps("CIFAR_TEST_NAN_AFTER_STEPS");
     if (argc - optind > 1) die_usage("expected one DATA.lmdb, got %d arguments", argc - optind);
     o->data_path = optind < argc ? argv[optind] : data_path_from_stdin();
 }

@@ -33,11 +33,6 @@ typedef struct {
     Precision precision;
     int deterministic;
     int quiet;
-    /* Test hooks from the environment (tests/train.bats): SIGKILL this process
-     * after CIFAR_TEST_DIE_AFTER_STEPS steps; poison a weight with NaN after
-     * CIFAR_TEST_NAN_AFTER_STEPS steps (the next loss is then NaN for real). */
-    int64_t die_after_steps;
-    int64_t nan_after_steps;
 } TrainOptions;
 
 /* Parse argv (launcher options already removed). Exits 2 on bad usage, 0 on --help. */

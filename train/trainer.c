@@ -189,6 +189,31 @@ static void metrics_truncate(const char *run_dir, int64_t epochs) {
     free(text);
 }
 
+/* ---- fault-injection hooks for the test suite (off unless the variable is set) ---- */
+
+typedef struct {
+    int64_t die_after_steps; /* CIFAR_TEST_DIE_AFTER_STEPS: SIGKILL self after this many steps */
+    int die_rank;            /* CIFAR_TEST_DIE_RANK: only this rank dies (-1: any) */
+    int die_attempts;        /* CIFAR_TEST_DIE_ATTEMPTS: only while the restart count is below */
+    int64_t nan_after_steps; /* CIFAR_TEST_NAN_AFTER_STEPS: a NaN weight after this step */
+    const char *hash_dir;    /* CIFAR_TEST_PARAM_HASH_DIR: per-rank hash of the params per step */
+} TestHooks;
+
+static int64_t env_i64(const char *var, int64_t fallback) {
+    const char *v = getenv(var);
+    return v && *v ? strtoll(v, NULL, 10) : fallback;
+}
+
+static TestHooks test_hooks_from_env(void) {
+    TestHooks h;
+    h.die_after_steps = env_i64("CIFAR_TEST_DIE_AFTER_STEPS", 0);
+    h.die_rank = (int)env_i64("CIFAR_TEST_DIE_RANK", -1);
+    h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
+    h.nan_after_steps = env_i64("CIFAR_TEST_NAN_AFTER_STEPS", 0);
+    h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
+    return h;
+}
+
 /* ---- the worker ---- */
 
 typedef struct {
@@ -204,6 +229,7 @@ typedef struct {
     char *options_json;
     int64_t *perm, *mine;
     int64_t steps_per_epoch, per_rank;
+    TestHooks hooks;
 } Worker;
 
 static int64_t steps_per_epoch(const Worker *w) {
@@ -347,6 +373,29 @@ static void poison_weights(Worker *w) {
     w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
 }
 
+/* FNV-1a of the parameters, appended as "step hash" to HASH_DIR/rank-R.txt. */
+static void record_param_hash(Worker *w) {
+    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, NULL);
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)w->state.params;
+    for (size_t i = 0; i < w->model.num_params * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank-%d.txt", w->hooks.hash_dir, w->env->rank);
+    FILE *f = fopen(path, "a");
+    CHECK_STDIO(f != NULL, path);
+    fprintf(f, "%" PRId64 " %016" PRIx64 "\n", w->progress.step, h);
+    CHECK_STDIO(fclose(f) == 0, path);
+}
+
+static void run_test_hooks(Worker *w) {
+    const TestHooks *h = &w->hooks;
+    if (h->die_after_steps && w->progress.step >= h->die_after_steps &&
+        (h->die_rank < 0 || h->die_rank == w->env->rank) && w->env->restart_count < h->die_attempts)
+        raise(SIGKILL);
+    if (h->nan_after_steps && w->progress.step == h->nan_after_steps) poison_weights(w);
+    if (h->hash_dir) record_param_hash(w);
+}
+
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
 
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
@@ -377,8 +426,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         w->progress.partial_correct += correct;
         w->progress.partial_seen += n;
         *lr_out = lr;
-        if (o->die_after_steps && w->progress.step >= o->die_after_steps) raise(SIGKILL);
-        if (o->nan_after_steps && w->progress.step == o->nan_after_steps) poison_weights(w);
+        run_test_hooks(w);
         if (w->env->rank == 0 && !o->quiet) {
             char extra[64];
             snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
@@ -458,6 +506,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     w->perm = xmalloc((size_t)w->data.n_train * sizeof(int64_t));
     w->mine = xmalloc((size_t)sampler_per_rank(w->data.n_train, env->world_size) * sizeof(int64_t));
     w->steps_per_epoch = steps_per_epoch(w);
+    w->hooks = test_hooks_from_env();
 }
 
 static void worker_free(Worker *w) {
