@@ -148,7 +148,8 @@ train_bg() { # output file, run-dir, extra args...
     for _ in $(seq 100); do [ -s "$dir/metrics.jsonl" ] && break; sleep 0.1; done
     sleep 0.3
     kill -INT "$pid"
-    run wait "$pid"
+    status=0
+    wait "$pid" || status=$?   # not `run wait`: run's subshell cannot wait for our child
     [ "$status" -eq 130 ] || { cat "$BATS_TEST_TMPDIR/out"; false; }
     ls "$dir"/snapshot-*.safetensors
     resumed=$(train "$dir" --epochs 6 --save-every 10 | tail -1)
