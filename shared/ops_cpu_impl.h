@@ -455,7 +455,7 @@ void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t
 
 void OPS_FN(relu_forward)(size_t n, const real_t *x, real_t *y) {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? 0 : x[i]; /* NaN passes, as in PyTorch */
 }
 
 void OPS_FN(relu_backward)(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
@@ -472,7 +472,7 @@ void OPS_FN(add_relu_forward)(size_t n, const real_t *a, const real_t *b, real_t
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         real_t s = a[i] + b[i];
-        y[i] = s > 0 ? s : 0;
+        y[i] = s <= 0 ? 0 : s; /* NaN passes, as in PyTorch */
     }
 }
 
