@@ -254,6 +254,29 @@ static int dataset_open_tables(Dataset *ds, MDB_txn *txn, char *err, size_t errl
     return 0;
 }
 
+/* LMDB maps the file and trusts its header: a page past the end of a truncated
+ * file would be a SIGBUS on first touch, so the size is checked before any read. */
+static int dataset_check_size(const Dataset *ds, const struct stat *st, char *err,
+                              size_t errlen) {
+    MDB_envinfo ei;
+    MDB_stat ms;
+    int rc = mdb_env_info(ds->env, &ei);
+    if (!rc) rc = mdb_env_stat(ds->env, &ms);
+    if (rc) {
+        snprintf(err, errlen, "%s", lmdb_reason(rc));
+        return -1;
+    }
+    uint64_t need = ((uint64_t)ei.me_last_pgno + 1) * (uint64_t)ms.ms_psize;
+    if (ei.me_last_pgno >= SIZE_MAX / ms.ms_psize || need > (uint64_t)st->st_size) {
+        snprintf(err, errlen,
+                 "truncated LMDB file: %lld bytes, its header says %llu pages of %u bytes "
+                 "---> HINT: rerun cifar-prep to rebuild it",
+                 (long long)st->st_size, (unsigned long long)ei.me_last_pgno + 1, ms.ms_psize);
+        return -1;
+    }
+    return 0;
+}
+
 Dataset *dataset_open(const char *path, char *err, size_t errlen) {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -272,6 +295,10 @@ Dataset *dataset_open(const char *path, char *err, size_t errlen) {
                           0644);
     if (rc) {
         snprintf(err, errlen, "%s", lmdb_reason(rc));
+        dataset_close(ds);
+        return NULL;
+    }
+    if (dataset_check_size(ds, &st, err, errlen)) {
         dataset_close(ds);
         return NULL;
     }
