@@ -5,6 +5,7 @@
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
+#   make plot RUN=dir training curves of a run: dir/metrics.jsonl -> dir/curves.png
 #   make bench        speed figures side by side with PyTorch (CPU)
 #   make fuzz         libFuzzer targets, each for FUZZ_SECONDS
 
@@ -59,11 +60,12 @@ endif
 LIB = $(OBJ)/libcifar.a
 LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o) $(SHARED_CU:%.cu=$(OBJ)/%.cu.o)
 
-COMMANDS = cifar-prep cifar-train cifar-eval cifar-synth
+COMMANDS = cifar-prep cifar-train cifar-eval cifar-synth cifar-unpack
 prep_SRC = $(wildcard prep/*.c)
 train_SRC = $(wildcard train/*.c)
 eval_SRC = $(wildcard eval/*.c)
 synth_SRC = pipelines/cifar-synth.c
+unpack_SRC = pipelines/cifar-unpack.c
 
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
@@ -95,6 +97,7 @@ $(eval $(call command_rule,cifar-prep,$(prep_SRC)))
 $(eval $(call command_rule,cifar-train,$(train_SRC)))
 $(eval $(call command_rule,cifar-eval,$(eval_SRC)))
 $(eval $(call command_rule,cifar-synth,$(synth_SRC)))
+$(eval $(call command_rule,cifar-unpack,$(unpack_SRC)))
 
 $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -131,6 +134,10 @@ test-bats: all
 pipeline: deps-check
 	@$(MAKE) --no-print-directory all
 	BIN=$(abspath $(BIN)) pipelines/demo.sh
+
+plot:
+	@test -n "$(RUN)" || { echo "make plot RUN=dir: give the run folder (cifar-train --run-dir)" >&2; exit 2; }
+	pipelines/plot.sh $(RUN)
 
 bench: all $(OBJ)/bench/bench_train
 	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
