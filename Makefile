@@ -8,6 +8,8 @@
 #   make plot RUN=dir training curves of a run: dir/metrics.jsonl -> dir/curves.png
 #   make bench        speed figures side by side with PyTorch (CPU)
 #   make fuzz         libFuzzer targets, each for FUZZ_SECONDS
+#   make test-asan    the unit tests and bats suites built with ASan+UBSan (build/asan/)
+#   make test-valgrind  memcheck on a short prep, train and eval (slow; not in CI)
 
 CUDA_HOME ?= /usr/local/cuda
 CUDA ?= auto
@@ -69,8 +71,9 @@ unpack_SRC = pipelines/cifar-unpack.c
 
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
+FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: all build-info deps deps-check test test-unit test-bats pipeline bench bench-gpu fuzz clean plot
+.PHONY: all build-info deps deps-check test test-unit test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -127,8 +130,31 @@ test-bins: $(TEST_BINS)
 test-unit: $(TEST_BINS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 
-test-bats: all
-	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) bats tests/*.bats
+BATS_FILES ?= tests/*.bats
+test-bats: all $(FAULTINJECT)
+	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) bats $(BATS_FILES)
+
+# The LD_PRELOAD shim of tests/hardening.bats (failing or SIGKILLing writes); never sanitized.
+$(FAULTINJECT): tests/faultinject.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -g -Wall -Wextra -fPIC -shared -o $@ $< -ldl
+
+# Everything again with AddressSanitizer + UndefinedBehaviorSanitizer in build/asan/: any
+# error, UB or leak fails the test that hit it. CIFAR_ASAN=1 lets the bats suites skip what
+# cannot run sanitized (ulimit -v: ASan reserves terabytes of address space).
+ASAN_OPT = -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ASAN_ENV = CIFAR_ASAN=1 \
+  ASAN_OPTIONS=detect_leaks=1:verify_asan_link_order=0:detect_stack_use_after_return=0:abort_on_error=0:exitcode=86 \
+  LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(abspath tests/ubsan.supp)
+ASAN_MAKE = $(MAKE) --no-print-directory CUDA=0 BUILD=build/asan BIN=build/asan/bin OPT="$(ASAN_OPT)" \
+  LDFLAGS="-fopenmp -fsanitize=address,undefined"
+test-asan: deps-check
+	@$(ASAN_MAKE) all test-bins
+	@$(ASAN_ENV) $(ASAN_MAKE) test-unit test-bats
+
+test-valgrind: all
+	BIN=$(abspath $(BIN)) tests/valgrind.sh
 
 # ---- pipeline, bench, fuzz ----
 pipeline: deps-check

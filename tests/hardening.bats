@@ -1,0 +1,438 @@
+#!/usr/bin/env bats
+# Hardening: no input or fault makes a stage crash, hang or lose a good file.
+#   - corrupt inputs for every stage (LMDB truncated, wrong record length, label out of
+#     range, from another tool, newer version; snapshot with a flipped byte, a truncated
+#     header, tensors of the wrong shape, a newer version): exit 1 with a clear message;
+#   - fault injection (tests/faultinject.c, LD_PRELOAD): ENOSPC/EIO at every write,
+#     fsync and rename of a snapshot and of an LMDB, and SIGKILL at each of those points:
+#     the previous file survives, no temporary survives the next run, resume is exact;
+#   - resource limits: a dataset larger than the initial LMDB map, a low `ulimit -v`.
+# A crash shows up as a status above 128 (or 86, ASan's exit code under make test-asan),
+# never as the 1 every test expects.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
+PYTHON=${PYTHON:-/usr/bin/python3}
+
+setup_file() {
+    export T="$BATS_FILE_TMPDIR"
+    # The shim: the Makefile's build when given, else compiled here.
+    if [ -z "${FAULTINJECT:-}" ] || [ ! -f "$FAULTINJECT" ]; then
+        cc -O2 -fPIC -shared -o "$T/libfaultinject.so" "$BATS_TEST_DIRNAME/faultinject.c" -ldl
+        export FAULTINJECT="$T/libfaultinject.so"
+    fi
+    lmdbput_build
+    export DATA="$T/data"
+    "$BIN/cifar-synth" "$DATA" --train 128 --test 32 --size 8 --seed 7 >/dev/null
+    "$BIN/cifar-prep" --quiet "$DATA" >/dev/null
+    export LMDB="$DATA/cifar10.lmdb"
+    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$T/model.json"
+    export MODEL="$T/model.json"
+    # One epoch done (the state every save-path test starts from) and the reference:
+    # the second epoch on top of it without a fault (the schedule depends on --epochs,
+    # so 1 then 2 is not 2 straight).
+    train "$T/base" --epochs 1 >/dev/null
+    export BASE_SNAP=$(ls "$T/base"/snapshot-*.safetensors)
+    cp -r "$T/base" "$T/ref"
+    export REF2=$(data_checksum "$(train "$T/ref" --epochs 2 | tail -1)")
+    # The fault points of one snapshot write (epoch 2 on top of base), as the shim counts them.
+    cp -r "$T/base" "$T/probe"
+    LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe" FI_LOG="$T/snapshot-points.log" \
+        train "$T/probe" --epochs 2 >/dev/null
+    # ... and of one LMDB write.
+    cp -r "$DATA" "$T/probe-data"
+    LD_PRELOAD="$FAULTINJECT" FI_PATH=".lmdb" FI_LOG="$T/lmdb-points.log" \
+        "$BIN/cifar-prep" --quiet --force "$T/probe-data" >/dev/null
+}
+
+# lmdbput FILE DB KEY [VALUE-FILE]: put one record (delete it without VALUE-FILE) in a
+# single-file LMDB, creating file and table as needed; DB "-" is the unnamed table.
+lmdbput_build() {
+    cat > "$T/lmdbput.c" <<'EOF'
+#include <lmdb.h>
+#include <stdio.h>
+#include <string.h>
+static char buf[1 << 24];
+int main(int argc, char **argv) {
+    MDB_env *env; MDB_txn *txn; MDB_dbi dbi; size_t n = 0; int rc;
+    if (argc < 4) return 2;
+    if (argc > 4) { FILE *f = fopen(argv[4], "rb"); if (!f) return 1; n = fread(buf, 1, sizeof buf, f); fclose(f); }
+    if ((rc = mdb_env_create(&env)) || (rc = mdb_env_set_maxdbs(env, 16)) ||
+        (rc = mdb_env_set_mapsize(env, 256u << 20)) ||
+        (rc = mdb_env_open(env, argv[1], MDB_NOSUBDIR | MDB_NOLOCK, 0644)) ||
+        (rc = mdb_txn_begin(env, NULL, 0, &txn)) ||
+        (rc = mdb_dbi_open(txn, strcmp(argv[2], "-") ? argv[2] : NULL, MDB_CREATE, &dbi))) {
+        fprintf(stderr, "lmdbput: %s\n", mdb_strerror(rc)); return 1;
+    }
+    MDB_val k = {strlen(argv[3]), argv[3]}, v = {n, buf};
+    rc = argc > 4 ? mdb_put(txn, dbi, &k, &v, 0) : mdb_del(txn, dbi, &k, NULL);
+    if (!rc) rc = mdb_txn_commit(txn);
+    if (rc) { fprintf(stderr, "lmdbput: %s\n", mdb_strerror(rc)); return 1; }
+    mdb_env_close(env);
+    return 0;
+}
+EOF
+    cc -O1 -o "$T/lmdbput" "$T/lmdbput.c" -llmdb
+}
+
+train() { # run-dir, extra args...
+    local dir=$1; shift
+    "$BIN/cifar-train" --quiet --threads 1 --batch-size 32 --model "$MODEL" --save-every 1 \
+        --run-dir "$dir" "$@" "$LMDB"
+}
+
+data_checksum() { # snapshot
+    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
+}
+
+# The command failed the way a user should see it: status 1, a message naming
+# `what`, no sanitizer report.
+assert_clean_failure() { # what
+    [ "$status" -eq 1 ] || { echo "status $status (expected 1)"; echo "$output"; false; }
+    assert_output --partial "$1"
+    refute_output --partial "Sanitizer"
+    refute_output --partial "runtime error"
+}
+
+no_temporaries() { # dir
+    [ -z "$(ls -A "$1" | grep -- '\.tmp-')" ] || { ls -la "$1"; false; }
+}
+
+# A value file: int32 LE label then `bytes` pixel bytes.
+record_file() { # out label bytes
+    printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($2 & 255)) $((($2 >> 8) & 255)) \
+        $((($2 >> 16) & 255)) $((($2 >> 24) & 255)))" > "$1"
+    head -c "$3" /dev/zero | tr '\0' '\100' >> "$1"
+}
+
+meta_json() { # version
+    printf '{"format":"cifar-lmdb","version":%d,"height":8,"width":8,"channels":3,"num_classes":10,"splits":{"train":{"count":128,"mean":[0.5,0.5,0.5],"std":[0.2,0.2,0.2]},"test":{"count":32,"mean":[0.5,0.5,0.5],"std":[0.2,0.2,0.2]}}}' "$1"
+}
+
+# Rewrite a snapshot's JSON header with a Python expression over `h` (the header dict);
+# the data section, and so the checksum, stay as they are.
+snapshot_edit() { # in out python-statement
+    "$PYTHON" - "$1" "$2" "$3" <<'EOF'
+import json, struct, sys
+src, dst, stmt = sys.argv[1:4]
+b = open(src, 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+exec(stmt)
+t = json.dumps(h, separators=(',', ':')).encode()
+t += b' ' * (-len(t) % 8)
+open(dst, 'wb').write(struct.pack('<Q', len(t)) + t + b[8 + n:])
+EOF
+}
+
+# Both readers of a dataset refuse it with `reason`.
+dataset_refused() { # lmdb reason
+    run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$1"
+    assert_clean_failure "$1: $2"
+    run "$BIN/cifar-eval" --quiet --threads 1 --data "$1" "$BASE_SNAP"
+    assert_clean_failure "$1: $2"
+}
+
+# ------------------------------------------------------------ corrupt datasets
+
+@test "a truncated LMDB (at several sizes) is refused, not a SIGBUS" {
+    for size in 100 4096 8192 20000 40000; do
+        cp "$LMDB" "$BATS_TEST_TMPDIR/t.lmdb"
+        truncate -s "$size" "$BATS_TEST_TMPDIR/t.lmdb"
+        run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/t.lmdb"
+        assert_clean_failure "t.lmdb: "
+        run "$BIN/cifar-eval" --quiet --threads 1 --data "$BATS_TEST_TMPDIR/t.lmdb" "$BASE_SNAP"
+        assert_clean_failure "t.lmdb: "
+    done
+    cp "$LMDB" "$BATS_TEST_TMPDIR/t.lmdb"
+    truncate -s 40000 "$BATS_TEST_TMPDIR/t.lmdb"
+    dataset_refused "$BATS_TEST_TMPDIR/t.lmdb" "truncated LMDB file"
+}
+
+@test "an LMDB record of the wrong length is named" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
+    record_file "$BATS_TEST_TMPDIR/rec" 3 100
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" train 00000005 "$BATS_TEST_TMPDIR/rec"
+    run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/w.lmdb"
+    assert_clean_failure "record train/00000005 has 104 bytes, expected 196"
+    cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
+    record_file "$BATS_TEST_TMPDIR/rec" 3 1000
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" test 00000031 "$BATS_TEST_TMPDIR/rec"
+    dataset_refused "$BATS_TEST_TMPDIR/w.lmdb" "record test/00000031 has 1004 bytes"
+    # An empty value
+    cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
+    : > "$BATS_TEST_TMPDIR/empty"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" test 00000000 "$BATS_TEST_TMPDIR/empty"
+    dataset_refused "$BATS_TEST_TMPDIR/w.lmdb" "record test/00000000 has 0 bytes"
+}
+
+@test "an LMDB label out of range (too large, negative) is named" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/l.lmdb"
+    record_file "$BATS_TEST_TMPDIR/rec" 10 192
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/l.lmdb" test 00000007 "$BATS_TEST_TMPDIR/rec"
+    dataset_refused "$BATS_TEST_TMPDIR/l.lmdb" "record test/00000007 has label 10, outside [0, 10)"
+    cp "$LMDB" "$BATS_TEST_TMPDIR/l.lmdb"
+    record_file "$BATS_TEST_TMPDIR/rec" -1 192
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/l.lmdb" train 00000127 "$BATS_TEST_TMPDIR/rec"
+    run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/l.lmdb"
+    assert_clean_failure "record train/00000127 has label -1"
+}
+
+@test "a missing record, an extra record and a miscounted split are named" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/m.lmdb"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/m.lmdb" test 00000004
+    dataset_refused "$BATS_TEST_TMPDIR/m.lmdb" "split \"test\" holds 31 records, the metadata says 32"
+    record_file "$BATS_TEST_TMPDIR/rec" 1 192
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/m.lmdb" test 00000099 "$BATS_TEST_TMPDIR/rec"
+    dataset_refused "$BATS_TEST_TMPDIR/m.lmdb" "record test/00000004 is missing"
+}
+
+@test "an LMDB from another tool (no metadata, foreign metadata) is refused" {
+    # Caffe-style: keys in the unnamed table, no "meta".
+    record_file "$BATS_TEST_TMPDIR/rec" 1 192
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/caffe.lmdb" - 00000000_cat.png "$BATS_TEST_TMPDIR/rec"
+    dataset_refused "$BATS_TEST_TMPDIR/caffe.lmdb" "no cifar-lmdb metadata"
+    printf '{"format":"imagenet-lmdb","version":1}' > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/caffe.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/caffe.lmdb" "not a cifar-lmdb dataset"
+    printf 'not json at all' > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/caffe.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/caffe.lmdb" "metadata is not valid JSON"
+    # A folder-style LMDB (data.mdb inside a directory), as most tools write.
+    mkdir "$BATS_TEST_TMPDIR/dir.lmdb"
+    cp "$LMDB" "$BATS_TEST_TMPDIR/dir.lmdb/data.mdb"
+    dataset_refused "$BATS_TEST_TMPDIR/dir.lmdb" "not a regular file"
+}
+
+@test "dataset metadata from a newer format version is refused as such" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/v.lmdb"
+    meta_json 2 > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/v.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/v.lmdb" "written by a newer cifar-prep (format version 2"
+    # The same document at version 1 is accepted: only the version was wrong.
+    meta_json 1 > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/v.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    run "$BIN/cifar-eval" --quiet --threads 1 --data "$BATS_TEST_TMPDIR/v.lmdb" "$BASE_SNAP"
+    assert_success
+}
+
+@test "dataset metadata with bad sizes is refused" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/s.lmdb"
+    meta_json 1 | sed 's/"channels":3/"channels":9/' > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"channels\" must be an integer"
+    meta_json 1 | sed 's/"height":8/"height":1e300/' > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"height\" must be an integer"
+    # Height and width swapped to a size the records do not have.
+    meta_json 1 | sed 's/"height":8/"height":4/' > "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/s.lmdb"
+    assert_clean_failure "has 196 bytes, expected 100"
+}
+
+# ------------------------------------------------------------ corrupt snapshots
+
+@test "a snapshot with a flipped byte: eval refuses it, train skips to the previous one" {
+    cp "$BASE_SNAP" "$BATS_TEST_TMPDIR/f.safetensors"
+    size=$(stat -c %s "$BATS_TEST_TMPDIR/f.safetensors")
+    for off in $((size - 1)) $((size / 2)) 2000; do
+        cp "$BASE_SNAP" "$BATS_TEST_TMPDIR/f.safetensors"
+        printf '\x5a' | dd of="$BATS_TEST_TMPDIR/f.safetensors" bs=1 seek="$off" conv=notrunc status=none
+        run "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/f.safetensors"
+        assert_clean_failure "f.safetensors: "
+    done
+    # A flip in the data section is a checksum mismatch.
+    cp "$BASE_SNAP" "$BATS_TEST_TMPDIR/f.safetensors"
+    printf '\x5a' | dd of="$BATS_TEST_TMPDIR/f.safetensors" bs=1 seek=$((size - 1)) conv=notrunc status=none
+    run "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/f.safetensors"
+    assert_clean_failure "checksum mismatch"
+}
+
+@test "a truncated snapshot header (or file) is refused" {
+    for n in 0 4 8 20 200; do
+        head -c "$n" "$BASE_SNAP" > "$BATS_TEST_TMPDIR/t.safetensors"
+        run "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/t.safetensors"
+        assert_clean_failure "t.safetensors: "
+    done
+    head -c 200 "$BASE_SNAP" > "$BATS_TEST_TMPDIR/t.safetensors"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/t.safetensors"
+    assert_clean_failure "truncated header"
+    size=$(stat -c %s "$BASE_SNAP")
+    head -c $((size - 16)) "$BASE_SNAP" > "$BATS_TEST_TMPDIR/t.safetensors"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/t.safetensors"
+    assert_clean_failure "truncated data"
+}
+
+@test "snapshot tensors of the wrong shape, a missing or an extra tensor are refused" {
+    s="$BATS_TEST_TMPDIR/s.safetensors"
+    snapshot_edit "$BASE_SNAP" "$s" "h['1.weight']['shape'] = [16, 10]"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "1.weight"
+    snapshot_edit "$BASE_SNAP" "$s" "h['1.weight']['shape'] = [160]"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "1.weight"
+    snapshot_edit "$BASE_SNAP" "$s" "h['1.biasx'] = h.pop('1.bias')"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "1.bias"
+    snapshot_edit "$BASE_SNAP" "$s" "h['1.weight']['dtype'] = 'I64'; h['1.weight']['shape'] = [80]"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "1.weight"
+    # train: a snapshot it cannot load is skipped with a warning, never overwritten in place
+    # by a different state: the run starts again from the one before.
+    dir="$BATS_TEST_TMPDIR/run"
+    cp -r "$T/base" "$dir"
+    train "$dir" --epochs 2 >/dev/null
+    latest=$(ls "$dir"/snapshot-*.safetensors | sort | tail -1)
+    snapshot_edit "$latest" "$latest" "h['1.weight']['shape'] = [16, 10]"
+    run train "$dir" --epochs 2
+    assert_success
+    assert_output --partial "skipping this snapshot"
+    [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
+}
+
+@test "snapshot metadata from a newer format version, or another tool's safetensors, is refused" {
+    s="$BATS_TEST_TMPDIR/s.safetensors"
+    snapshot_edit "$BASE_SNAP" "$s" "h['__metadata__']['format_version'] = '2'"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "written by a newer version (format_version 2"
+    snapshot_edit "$BASE_SNAP" "$s" "del h['__metadata__']['format']"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "not a cifar snapshot"
+    snapshot_edit "$BASE_SNAP" "$s" "del h['__metadata__']"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "not a cifar snapshot"
+    snapshot_edit "$BASE_SNAP" "$s" "h['__metadata__']['model'] = '{\"n_channels\":[8,16],'"
+    run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+    assert_clean_failure "s.safetensors: "
+}
+
+# ------------------------------------------------------------ faults on the save path
+
+# Fail one counted call (line of the probe log) of the epoch-2 snapshot write.
+snapshot_fault() { # point errno-name expected-text
+    dir="$BATS_TEST_TMPDIR/f$1-$2"
+    cp -r "$T/base" "$dir"
+    LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_FAIL_AT="$1" FI_ERRNO="$2" run train "$dir" --epochs 2
+    assert_clean_failure "$3"
+    # No snapshot temporary. (A failed metrics.jsonl rewrite leaves its temporary until
+    # the next run removes it: train/trainer.c metrics_truncate, reported.)
+    [ -z "$(ls -A "$dir" | grep -- '\.safetensors\.tmp-')" ] || { ls -la "$dir"; false; }
+    cmp "$BASE_SNAP" "$dir/$(basename "$BASE_SNAP")" # the good snapshot is untouched
+    run train "$dir" --epochs 2                      # and the rerun finishes exactly
+    assert_success
+    [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
+    no_temporaries "$dir"
+}
+
+@test "ENOSPC and EIO at every kind of point of a snapshot write: clear error, old snapshot kept" {
+    log="$T/snapshot-points.log"
+    n=$(wc -l < "$log")
+    echo "snapshot write points: $n"; awk '{print $3}' "$log" | sort | uniq -c
+    [ "$n" -gt 5 ]
+    first_write=$(awk '$3 == "write" { print $2; exit }' "$log")
+    last_write=$(awk '$3 == "write" { n = $2 } END { print n }' "$log")
+    for p in "$first_write" $((first_write + 1)) $((first_write + 2)) "$last_write"; do
+        snapshot_fault "$p" ENOSPC "No space left on device"
+    done
+    snapshot_fault $((first_write + 3)) EIO "Input/output error"
+    # fsync of the file, the rename, fsync of the folder, and the metrics file's rename.
+    for p in $(awk '$3 != "write" { print $2 }' "$log"); do
+        snapshot_fault "$p" EIO "Input/output error"
+    done
+}
+
+@test "SIGKILL at each point of a snapshot write: resume finds the last complete snapshot" {
+    log="$T/snapshot-points.log"
+    points=$(awk '{ print $2 }' "$log")
+    if [ -n "${CIFAR_ASAN:-}" ]; then # sanitized binaries are slow: every kind of point once
+        points=$(awk '$3 != "write" || $3 != prev { print $2 } { prev = $3 }' "$log"; \
+                 awk '$3 == "write" { n = $2 } END { print n }' "$log")
+    fi
+    tried=0
+    for p in $points; do
+        dir="$BATS_TEST_TMPDIR/k$p"
+        cp -r "$T/base" "$dir"
+        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_KILL_AT="$p" run train "$dir" --epochs 2
+        [ "$status" -eq 137 ] || { echo "point $p: status $status"; echo "$output"; false; }
+        cmp "$BASE_SNAP" "$dir/$(basename "$BASE_SNAP")"
+        # Every snapshot present is complete: eval accepts each.
+        for s in "$dir"/snapshot-*.safetensors; do
+            "$BIN/cifar-eval" --quiet --threads 1 "$s" >/dev/null
+        done
+        run train "$dir" --epochs 2
+        assert_success
+        [ "$(data_checksum "${lines[-1]}")" = "$REF2" ] || { echo "point $p: not exact"; false; }
+        [ "$(wc -l < "$dir/metrics.jsonl")" -eq 2 ]
+        no_temporaries "$dir"
+        rm -rf "$dir"
+        tried=$((tried + 1))
+    done
+    echo "SIGKILL points tried: $tried"
+}
+
+@test "ENOSPC, EIO and SIGKILL at each point of an LMDB write: old dataset kept, no temporary" {
+    log="$T/lmdb-points.log"
+    echo "LMDB write points: $(wc -l < "$log")"; awk '{print $3}' "$log" | sort | uniq -c
+    [ "$(wc -l < "$log")" -ge 3 ]
+    d="$BATS_TEST_TMPDIR/d"
+    cp -r "$DATA" "$d"
+    for p in $(awk '{ print $2 }' "$log"); do
+        for e in ENOSPC EIO; do
+            LD_PRELOAD="$FAULTINJECT" FI_PATH=".lmdb" FI_FAIL_AT="$p" FI_ERRNO="$e" \
+                run "$BIN/cifar-prep" --quiet --force "$d"
+            [ "$e" = ENOSPC ] && msg="No space left on device" || msg="Input/output error"
+            assert_clean_failure "$msg"
+            assert_output --partial "$d/cifar10.lmdb"
+            cmp "$LMDB" "$d/cifar10.lmdb"
+            no_temporaries "$d"
+        done
+        LD_PRELOAD="$FAULTINJECT" FI_PATH=".lmdb" FI_KILL_AT="$p" run "$BIN/cifar-prep" --quiet --force "$d"
+        [ "$status" -eq 137 ]
+        cmp "$LMDB" "$d/cifar10.lmdb"
+    done
+    # The next run removes what the killed ones left and writes the same dataset.
+    run "$BIN/cifar-prep" --quiet --force "$d"
+    assert_success
+    no_temporaries "$d"
+    run "$BIN/cifar-eval" --quiet --threads 1 --data "$d/cifar10.lmdb" "$BASE_SNAP"
+    assert_success
+}
+
+# ------------------------------------------------------------ resource limits
+
+@test "a dataset larger than the initial 16 MiB LMDB map grows the map" {
+    big="$BATS_TEST_TMPDIR/big"
+    "$BIN/cifar-synth" "$big" --train 1400 --test 10 --size 64 --jpeg-fraction 0 --seed 3 >/dev/null
+    run "$BIN/cifar-prep" --quiet "$big"
+    assert_success
+    size=$(stat -c %s "$big/cifar10.lmdb")
+    echo "LMDB size: $size bytes"
+    [ "$size" -gt $((16 << 20)) ]
+    # Every record reads back (train loads the whole split and checks each record).
+    echo '{"n_channels":[4],"bottlenecks":null,"n_blocks":[1],"first_kernel_size":3}' > "$BATS_TEST_TMPDIR/m.json"
+    run "$BIN/cifar-train" --quiet --threads 1 --epochs 1 --batch-size 700 --model "$BATS_TEST_TMPDIR/m.json" \
+        --run-dir "$BATS_TEST_TMPDIR/run" "$big/cifar10.lmdb"
+    assert_success
+}
+
+@test "a low ulimit -v gives a clear error, not a crash" {
+    [ -z "${CIFAR_ASAN:-}" ] || skip "ASan reserves terabytes of address space"
+    # Enough to start, too little for the seed model at a large batch.
+    run bash -c "ulimit -v 400000; '$BIN/cifar-train' --quiet --threads 1 --epochs 1 --batch-size 8192 \
+        --run-dir '$BATS_TEST_TMPDIR/run' '$LMDB' 2>&1"
+    echo "$output"
+    assert_clean_failure "out of memory"
+    no_temporaries "$BATS_TEST_TMPDIR/run" 2>/dev/null || true
+    run bash -c "ulimit -v 200000; '$BIN/cifar-eval' --quiet --threads 1 --batch-size 100000 \
+        --data '$LMDB' '$BASE_SNAP' 2>&1"
+    echo "$output"
+    [ "$status" -eq 0 ] || assert_clean_failure "out of memory"
+    run bash -c "ulimit -v 60000; '$BIN/cifar-prep' --quiet --force -o '$BATS_TEST_TMPDIR/o.lmdb' '$DATA' 2>&1"
+    echo "$output"
+    [ "$status" -eq 0 ] || assert_clean_failure "o.lmdb"
+    no_temporaries "$BATS_TEST_TMPDIR"
+}
