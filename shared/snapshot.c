@@ -218,8 +218,11 @@ int snapshot_write(const char *path, const SnapTensorIn *tensors, int n_tensors,
         close(fd);
     } else if (close(fd) != 0) {
         snap_io_err(err, errlen, "cannot write", tmp, errno);
-    } else if (fs_commit_rename(tmp, path) != 0) {
+    } else if (rename(tmp, path) != 0) {
         snap_io_err(err, errlen, "cannot rename into place", tmp, errno);
+    } else if (fs_fsync_parent(path) != 0) {
+        /* The file is complete under its name, but the rename may not survive a crash. */
+        snap_io_err(err, errlen, "renamed, but cannot fsync the folder of", path, errno);
     } else {
         rc = 0;
     }
