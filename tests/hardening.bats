@@ -314,8 +314,8 @@ dataset_refused() { # lmdb reason
 
 # Fail one counted call (line of the probe log) of the epoch-2 snapshot write.
 snapshot_fault() { # point errno-name expected-text
-    dir="$BATS_TEST_TMPDIR/f$1-$2"
-    cp -r "$T/base" "$dir"
+    dir=$(mktemp -d "$BATS_TEST_TMPDIR/f$1-$2-XXXX")
+    cp -r "$T/base/." "$dir"
     LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_FAIL_AT="$1" FI_ERRNO="$2" run train "$dir" --epochs 2
     assert_clean_failure "$3"
     # No snapshot temporary. (A failed metrics.jsonl rewrite leaves its temporary until
