@@ -1,5 +1,6 @@
 /* cifar-eval: load a snapshot, evaluate it on a split of a cifar-prep LMDB and
  * report overall accuracy, per-class accuracy and the confusion matrix. */
+#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -149,23 +150,35 @@ static void print_text(const EvalOptions *o, const char *data, const EvalResult 
     }
 }
 
+static cJSON *int64_array(const int64_t *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+    return a;
+}
+
 static void print_json(const EvalOptions *o, const char *data, const EvalResult *r) {
-    printf("{\"snapshot\":\"%s\",\"data\":\"%s\",\"split\":\"%s\",\"images\":%" PRId64
-           ",\"correct\":%" PRId64 ",\"accuracy\":%.6f,\"loss\":%.6f,\"per_class\":[",
-           o->snapshot, data, o->split, r->total, r->correct,
-           (double)r->correct / (double)r->total, r->loss_sum / (double)r->total);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "snapshot", o->snapshot);
+    cJSON_AddStringToObject(j, "data", data);
+    cJSON_AddStringToObject(j, "split", o->split);
+    cJSON_AddNumberToObject(j, "images", (double)r->total);
+    cJSON_AddNumberToObject(j, "correct", (double)r->correct);
+    cJSON_AddNumberToObject(j, "accuracy", (double)r->correct / (double)r->total);
+    cJSON_AddNumberToObject(j, "loss", r->loss_sum / (double)r->total);
+    cJSON *per_class = cJSON_AddArrayToObject(j, "per_class");
+    cJSON *confusion = cJSON_AddArrayToObject(j, "confusion");
     for (int t = 0; t < r->k; t++) {
-        int64_t row = 0;
-        for (int p = 0; p < r->k; p++) row += r->confusion[(int64_t)t * r->k + p];
-        printf("%s%.6f", t ? "," : "", row ? (double)r->confusion[(int64_t)t * r->k + t] / (double)row : 0.0);
+        const int64_t *row = r->confusion + (int64_t)t * r->k;
+        int64_t n = 0;
+        for (int p = 0; p < r->k; p++) n += row[p];
+        cJSON_AddItemToArray(per_class, cJSON_CreateNumber(n ? (double)row[t] / (double)n : 0.0));
+        cJSON_AddItemToArray(confusion, int64_array(row, r->k));
     }
-    printf("],\"confusion\":[");
-    for (int t = 0; t < r->k; t++) {
-        printf("%s[", t ? "," : "");
-        for (int p = 0; p < r->k; p++) printf("%s%" PRId64, p ? "," : "", r->confusion[(int64_t)t * r->k + p]);
-        printf("]");
-    }
-    printf("]}\n");
+    char *text = cJSON_PrintUnformatted(j);
+    CHECK_ALLOC(text, 4096);
+    printf("%s\n", text);
+    free(text);
+    cJSON_Delete(j);
 }
 
 int main(int argc, char **argv) {
