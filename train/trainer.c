@@ -196,6 +196,7 @@ typedef struct {
     int die_rank;            /* CIFAR_TEST_DIE_RANK: only this rank dies (-1: any) */
     int die_attempts;        /* CIFAR_TEST_DIE_ATTEMPTS: only while the restart count is below */
     int64_t nan_after_steps; /* CIFAR_TEST_NAN_AFTER_STEPS: a NaN weight after this step */
+    int64_t sigint_after_steps; /* CIFAR_TEST_SIGINT_AFTER_STEPS: SIGINT self after this step */
     const char *hash_dir;    /* CIFAR_TEST_PARAM_HASH_DIR: per-rank hash of the params per step */
 } TestHooks;
 
@@ -210,6 +211,7 @@ static TestHooks test_hooks_from_env(void) {
     h.die_rank = (int)env_i64("CIFAR_TEST_DIE_RANK", -1);
     h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
     h.nan_after_steps = env_i64("CIFAR_TEST_NAN_AFTER_STEPS", 0);
+    h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
     h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
     return h;
 }
@@ -393,6 +395,7 @@ static void run_test_hooks(Worker *w) {
         (h->die_rank < 0 || h->die_rank == w->env->rank) && w->env->restart_count < h->die_attempts)
         raise(SIGKILL);
     if (h->nan_after_steps && w->progress.step == h->nan_after_steps) poison_weights(w);
+    if (h->sigint_after_steps && w->progress.step == h->sigint_after_steps) raise(SIGINT);
     if (h->hash_dir) record_param_hash(w);
 }
 
