@@ -96,7 +96,12 @@ static int info_parse_split(const cJSON *node, const DatasetInfo *info, DatasetS
                             size_t errlen) {
     const char *name = node->string;
     if (!name || !split_name_valid(name)) {
-        snprintf(err, errlen, "metadata has an invalid split name \"%.40s\"", name ? name : "");
+        /* The name comes from the file: keep the reason on one line. */
+        char shown[41];
+        snprintf(shown, sizeof shown, "%s", name ? name : "");
+        for (char *c = shown; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+        snprintf(err, errlen, "metadata has an invalid split name \"%s\"", shown);
         return -1;
     }
     if (!cJSON_IsObject(node)) {

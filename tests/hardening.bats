@@ -227,6 +227,11 @@ dataset_refused() { # lmdb reason
     meta_json 1 | sed 's/"height":8/"height":1e300/' > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"height\" must be an integer"
+    # A split name with a newline: the reason stays on one line (a fuzzer find).
+    meta_json 1 | sed 's/"test":/"te\\nst":/' > "$BATS_TEST_TMPDIR/meta"
+    grep -q 'te\\nst' "$BATS_TEST_TMPDIR/meta"
+    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" 'metadata has an invalid split name "te?st"'
     # Height and width swapped to a size the records do not have.
     meta_json 1 | sed 's/"height":8/"height":4/' > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"

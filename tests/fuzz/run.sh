@@ -20,6 +20,7 @@ sources_for() { # the library sources each target needs
         fuzz_annotations) echo "prep/annotations.c shared/check.c shared/fsutil.c" ;;
         fuzz_image) echo "prep/decode.c shared/check.c" ;;
         fuzz_snapshot) echo "shared/snapshot.c shared/check.c shared/fsutil.c" ;;
+        fuzz_dataset) echo "shared/dataset.c shared/check.c shared/fsutil.c" ;;
         *) ls shared/*.c | grep -v '_cuda\.c$' | tr '\n' ' ' ;;
     esac
 }
