@@ -105,7 +105,7 @@ fi
 
 # ---- 2. the seed's layout ----
 if [ -n "$batches" ]; then
-  rm -rf "$seed"
+  rm -rf "$seed" "$LMDB"  # an LMDB of an earlier unpack would not match the new images
   "$BIN/cifar-unpack" "$batches" "$seed" >/dev/null
   [ "$batches" != "$WORK/cifar-10-batches-bin" ] || rm -rf "$batches"  # the PNGs replace it
 fi

@@ -13,7 +13,7 @@
 # Both runs are then evaluated with cifar-eval.
 #
 # Environment (all optional): BIN=bin WORK=data/resume-demo RUN_DIR=run/resume-demo
-#   EPOCHS=4 TRAIN_IMAGES=1000 TEST_IMAGES=200 SIZE=16 BATCH=64
+#   EPOCHS=6 TRAIN_IMAGES=2000 TEST_IMAGES=200 SIZE=16 BATCH=64
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -28,8 +28,8 @@ esac
 BIN=${BIN:-$repo/bin}
 WORK=${WORK:-data/resume-demo}
 RUN_DIR=${RUN_DIR:-run/resume-demo}
-EPOCHS=${EPOCHS:-4}
-TRAIN_IMAGES=${TRAIN_IMAGES:-1000}
+EPOCHS=${EPOCHS:-6}
+TRAIN_IMAGES=${TRAIN_IMAGES:-2000}
 TEST_IMAGES=${TEST_IMAGES:-200}
 SIZE=${SIZE:-16}
 BATCH=${BATCH:-64}
