@@ -1,0 +1,79 @@
+#!/usr/bin/env bats
+# Soak: 20 SIGKILLs of random workers at random moments of a 2-worker CPU run under the
+# launcher (--max-restarts 25). Every kill must be recovered by a group restart that
+# resumes from the last complete snapshot, and the final weights, momentum and BN
+# buffers must be bit-identical to an uninterrupted run's (equal data_checksum).
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
+KILLS=${SOAK_KILLS:-20}
+
+setup_file() {
+    export T="$BATS_FILE_TMPDIR"
+    "$BIN/cifar-synth" "$T/data" --train 256 --test 64 --size 8 --seed 21 >/dev/null
+    "$BIN/cifar-prep" --quiet "$T/data" >/dev/null
+    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$T/model.json"
+    # Long enough to take all the kills; sanitized binaries are ~30x slower.
+    export EPOCHS=${SOAK_EPOCHS:-$([ -n "${CIFAR_ASAN:-}" ] && echo 30 || echo 400)}
+}
+
+train_args() {
+    echo --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --epochs "$EPOCHS" \
+        --save-every 1 --keep 3 --model "$T/model.json" --max-restarts 25
+}
+
+data_checksum() { # snapshot
+    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
+}
+
+workers_of() { # launcher pid: its worker pids, sorted
+    pgrep -P "$1" | sort | tr '\n' ' '
+}
+
+@test "20 SIGKILLs of random workers during a 2-worker run: all recovered, final weights exact" {
+    # shellcheck disable=SC2046
+    ref=$("$BIN/cifar-train" $(train_args) --run-dir "$T/ref" "$T/data/cifar10.lmdb" | tail -1)
+    [ -f "$ref" ]
+    dir="$T/soak"
+    # shellcheck disable=SC2046
+    "$BIN/cifar-train" $(train_args) --run-dir "$dir" "$T/data/cifar10.lmdb" \
+        > "$T/out" 2> "$T/err" &
+    launcher=$!
+    kills=0
+    RANDOM=$$
+    while [ "$kills" -lt "$KILLS" ] && kill -0 "$launcher" 2>/dev/null; do
+        # A running group of two workers, then a random moment of its life.
+        group=$(workers_of "$launcher")
+        if [ "$(echo "$group" | wc -w)" -ne 2 ]; then sleep 0.02; continue; fi
+        sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
+        [ "$(workers_of "$launcher")" = "$group" ] || continue
+        # shellcheck disable=SC2206
+        pids=($group)
+        victim=${pids[$((RANDOM % 2))]}
+        kill -9 "$victim" 2>/dev/null || continue
+        kills=$((kills + 1))
+        # Wait until the launcher has replaced the group (or finished).
+        for _ in $(seq 500); do
+            now=$(workers_of "$launcher")
+            [ -n "$now" ] && [ "$now" != "$group" ] && break
+            kill -0 "$launcher" 2>/dev/null || break
+            sleep 0.01
+        done
+    done
+    status=0
+    wait "$launcher" || status=$?
+    echo "kills: $kills; restarts: $(grep -c 'restarting the group' "$T/err");" \
+        "slow stops: $(grep -c 'did not stop within' "$T/err")"
+    [ "$status" -eq 0 ] || { echo "status $status"; tail -20 "$T/err"; false; }
+    [ "$kills" -eq "$KILLS" ] || { echo "the run ended after $kills kills: raise SOAK_EPOCHS"; false; }
+    [ "$(grep -c 'restarting the group' "$T/err")" -eq "$KILLS" ]
+    final=$(tail -1 "$T/out")
+    [ "$(data_checksum "$final")" = "$(data_checksum "$ref")" ]
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq "$EPOCHS" ]
+    [ -z "$(ls -A "$dir" | grep -- '\.tmp-')" ]
+    # No worker outlived the launcher, no shared-memory segment was left behind.
+    [ -z "$(pgrep -f -- "--run-dir $dir" || true)" ]
+}
