@@ -218,3 +218,73 @@ PYEOF
     assert_failure 1
     assert_output --partial "nowhere: not the seed's layout"
 }
+
+@test "resume.sh: a SIGKILLed run resumes when rerun; the launcher restarts a group after a worker dies" {
+    cd "$BATS_TEST_TMPDIR"
+    EPOCHS=3 TRAIN_IMAGES=384 TEST_IMAGES=64 SIZE=16 BATCH=64 run "$PIPES/resume.sh"
+    assert_success
+    assert_output --partial "resuming from run/resume-demo/crash/snapshot-"
+    assert_output --partial "restarting the group (1/2)"
+    assert_output --regexp "crash/snapshot-[0-9]+\.safetensors: [0-9.]+%"
+    assert_output --regexp "launcher/snapshot-[0-9]+\.safetensors: [0-9.]+%"
+    # both runs completed every epoch; the second one records its restart
+    [ "$(wc -l < run/resume-demo/crash/metrics.jsonl)" -eq 3 ]
+    tail -1 run/resume-demo/launcher/metrics.jsonl | grep -q '"epoch":3,.*"restarts":1'
+}
+
+@test "multi-gpu.sh runs without a GPU (CPU workers) and takes an LMDB or DATA" {
+    cd "$BATS_TEST_TMPDIR"
+    "$BIN/cifar-synth" d --train 128 --test 32 --size 16 >/dev/null
+    lmdb=$("$BIN/cifar-prep" --quiet d | tail -1)
+    NPROC=2 DEVICE=cpu EPOCHS=1 BATCH=32 TRAIN_ARGS="--threads 1" run --separate-stderr "$PIPES/multi-gpu.sh" "$lmdb"
+    assert_success
+    assert_output --partial "accuracy: "
+    grep -q '"world_size":2' run/multi-gpu/metrics.jsonl
+    is_png run/multi-gpu/curves.png
+    run "$PIPES/multi-gpu.sh"
+    assert_failure 2
+    run "$PIPES/multi-gpu.sh" nowhere.lmdb
+    assert_failure 1
+    assert_output --partial "nowhere.lmdb: no such LMDB file"
+}
+
+# srun and scontrol stand-ins: `srun ... CMD` starts SLURM_NTASKS copies of CMD with
+# SLURM_PROCID/SLURM_LOCALID set (one node), or one with --ntasks=1.
+fake_slurm() { # bin dir
+    mkdir -p "$1"
+    cat > "$1/srun" <<'SH'
+#!/usr/bin/env bash
+n=$SLURM_NTASKS
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
+    [ "$1" != --ntasks=1 ] || n=1
+    shift
+done
+pids=()
+for ((i = 0; i < n; i++)); do
+    SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NTASKS=$n SLURM_TASKS_PER_NODE=$n "$@" & pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+exit $rc
+SH
+    printf '#!/bin/sh\necho 127.0.0.1\n' > "$1/scontrol"
+    chmod +x "$1/srun" "$1/scontrol"
+}
+
+@test "slurm.sbatch: srun tasks train as ranks of one job, then rank 0's snapshot is evaluated" {
+    cd "$BATS_TEST_TMPDIR"
+    fake_slurm "$BATS_TEST_TMPDIR/fakebin"
+    "$BIN/cifar-synth" d --train 128 --test 32 --size 16 >/dev/null
+    lmdb=$("$BIN/cifar-prep" --quiet d | tail -1)
+    PATH="$BATS_TEST_TMPDIR/fakebin:$PATH" SLURM_JOB_ID=4242 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
+        SLURM_JOB_NODELIST=localhost BIN="$BIN" DEVICE=cpu EPOCHS=1 BATCH=32 TRAIN_ARGS="--threads 1" \
+        run "$PIPES/slurm.sbatch" "$lmdb"
+    assert_success
+    assert_output --partial "2 tasks on 1 nodes"
+    assert_output --partial "accuracy: "
+    grep -q '"world_size":2' run/slurm-4242/metrics.jsonl
+    [ "$(grep -c safetensors run/slurm-4242/final.txt)" -eq 1 ]
+    run env -u SLURM_JOB_ID "$PIPES/slurm.sbatch" "$lmdb"
+    assert_failure 2
+    assert_output --partial "not inside a Slurm job"
+}
