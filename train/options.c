@@ -22,7 +22,7 @@ static const char *usage_text =
     "  --momentum X           SGD momentum (default 0.9)\n"
     "  --nesterov             Nesterov momentum\n"
     "  --weight-decay X       L2 weight decay (default 5e-4)\n"
-    "  --schedule S           const | step (x0.1 at 50%% and 75%%) | cosine (default cosine)\n"
+    "  --schedule S           const | step (x0.1 at 50% and 75%) | cosine (default cosine)\n"
     "  --warmup-epochs X      linear warm-up from 0 (default 1)\n"
     "  --label-smoothing X    cross-entropy label smoothing (default 0)\n"
     "  --seed N               initialisation, shuffling and augmentation (default 0)\n"
