@@ -63,13 +63,13 @@ pid=$!
 wait_snapshot "$a" "$pid" || { echo "$me: no snapshot appeared; see $RUN_DIR/crash.log" >&2; exit 1; }
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null || true
-echo "killed after: $(cd "$a" && ls snapshot-*.safetensors | tr '\n' ' ')" >&2
+echo "killed after: $(cd "$a" && printf '%s ' snapshot-*.safetensors)" >&2
 say "A. the same command again: it resumes"
 "${cmd[@]}" >"$RUN_DIR/rerun.out" 2>"$RUN_DIR/rerun.log" ||
   { echo "$me: the resumed run failed; see $RUN_DIR/rerun.log" >&2; exit 1; }
 grep -E "resuming|epoch [0-9]+/[0-9]+:" "$RUN_DIR/rerun.log" >&2 || true
 final_a=$(tail -1 "$RUN_DIR/rerun.out")
-[ -n "$final_a" ] && [ -f "$final_a" ] || { echo "$me: the resumed run failed" >&2; exit 1; }
+if [ -z "$final_a" ] || [ ! -f "$final_a" ]; then echo "$me: the resumed run failed" >&2; exit 1; fi
 
 # ---- B: one worker dies; the launcher restarts the group ----
 b=$RUN_DIR/launcher
