@@ -88,6 +88,8 @@ train_bg() { # output file, run-dir, extra args...
 
 @test "PyTorch loads the snapshot into the seed model with strict=True" {
     "$PY" -c 'import torch' 2>/dev/null || skip "python3-torch not installed"
+    [ -f "${SEED_DIR:-$BATS_TEST_DIRNAME/../../shared/seed}/resnet.py" ] ||
+        skip "the seed's resnet.py is not in ../shared/seed beside this checkout (set SEED_DIR)"
     final=$(train "$BATS_TEST_TMPDIR/run" --epochs 1 | tail -1)
     run "$PY" "$BATS_TEST_DIRNAME/check_safetensors_torch.py" "$final"
     assert_success
