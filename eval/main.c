@@ -203,6 +203,7 @@ int main(int argc, char **argv) {
     const char *data = o.data ? o.data : info.dataset_path;
     if (!data || !data[0]) die_usage("%s: the snapshot records no dataset: give --data", o.snapshot);
     Dataset *ds = dataset_open(data, err, sizeof err);
+    if (!ds && !o.data) die("%s: %s (the dataset the snapshot was trained on; give --data)", data, err);
     if (!ds) die("%s: %s", data, err);
     const DatasetInfo *di = dataset_info(ds);
     if (di->height != cfg.img_height || di->width != cfg.img_width || di->channels != cfg.img_channels ||

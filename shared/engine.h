@@ -78,6 +78,8 @@ Engine *engine_create_cpu(const EngineConfig *cfg);
 Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t errlen);
 /* Number of usable CUDA devices (0 in CPU-only builds or without a driver/GPU). */
 int engine_cuda_device_count(void);
+/* Why the GPU code could not be loaded (cuda_loader.c), or NULL when it was. */
+const char *cuda_library_error(void);
 
 #ifdef __cplusplus
 }

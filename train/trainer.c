@@ -245,7 +245,9 @@ static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
     w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
     CheckpointInfo info;
     memset(&info, 0, sizeof info);
-    info.dataset_path = (char *)w->o->data_path;
+    /* Absolute, so cifar-eval finds the data from any folder. */
+    char *abs = realpath(w->o->data_path, NULL);
+    info.dataset_path = abs ? abs : (char *)w->o->data_path;
     memcpy(info.mean, w->mean, sizeof info.mean);
     memcpy(info.std, w->std, sizeof info.std);
     info.options_json = w->options_json;
@@ -253,8 +255,9 @@ static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
     info.progress.world_size = w->env->world_size;
     snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);
     char err[512];
-    if (checkpoint_write(path_out, &w->model, &w->state, &info, err, sizeof err) != 0)
-        die("%s: cannot write the snapshot: %s", path_out, err);
+    int rc = checkpoint_write(path_out, &w->model, &w->state, &info, err, sizeof err);
+    free(abs);
+    if (rc != 0) die("%s: cannot write the snapshot: %s", path_out, err);
     snapshot_prune(w->o->run_dir, w->o->keep);
 }
 
