@@ -137,9 +137,12 @@ static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const Dist
         e->cfg.comm = *comm; /* NCCL needs the device the engine selected */
         return e;
     }
-    if (o->device == DEVICE_AUTO && env->rank == 0 && engine_cuda_device_count() == 0)
-        log_info("no usable GPU: training on the CPU (%d thread%s per process)", ec->threads,
+    if (o->device == DEVICE_AUTO && env->rank == 0) {
+        const char *why = cuda_library_error();
+        log_info("no usable GPU (%s): training on the CPU, %d thread%s per process",
+                 why ? why : "no NVIDIA driver or no GPU visible", ec->threads,
                  ec->threads == 1 ? "" : "s");
+    }
     *comm = comm_create(env->world_size > 1 ? COMM_SHM : COMM_SINGLE, env);
     ec->comm = *comm;
     return engine_create_cpu(ec);
