@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "omp_env.h"
 #include "checkpoint.h"
 #include "dataset.h"
 #include "engine.h"
@@ -183,6 +184,7 @@ static void print_json(const EvalOptions *o, const char *data, const EvalResult 
 
 int main(int argc, char **argv) {
     log_set_program("cifar-eval");
+    omp_env_prefer_passive(argc, argv);
     EvalOptions o;
     eval_options_parse(&o, argc, argv);
     log_set_quiet(o.quiet);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "omp_env.h"
 #include "comm.h"
 #include "launcher.h"
 #include "train.h"
@@ -29,6 +30,7 @@ static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int ar
 
 int main(int argc, char **argv) {
     log_set_program("cifar-train");
+    omp_env_prefer_passive(argc, argv);
     DistEnv env;
     char err[256];
     if (dist_env_read(&env, err, sizeof err) != 0) die_usage("%s", err);

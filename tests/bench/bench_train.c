@@ -14,6 +14,7 @@
 #include "augment.h"
 #include "check.h"
 #include "model.h"
+#include "omp_env.h"
 #include "ops.h"
 #include "progress.h"
 #include "rng.h"
@@ -108,6 +109,7 @@ static void time_head(const Model *m, int n) {
 
 int main(int argc, char **argv) {
     log_set_program("bench_train");
+    omp_env_prefer_passive(argc, argv); /* as cifar-train does */
     int batch = 256, threads = 2, steps = 20;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
