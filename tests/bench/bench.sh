@@ -25,14 +25,18 @@ echo "== 1. cifar-prep"
 
 echo
 echo "== 2. training step, seed model, batch 256, $THREADS threads, data in memory"
-ours=$(OMP_NUM_THREADS=$THREADS "$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS")
+ours=$("$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS")
 echo "$ours"
 ours_ips=$(echo "$ours" | field images_per_s)
 if [ -f "$ANCHOR" ] && "$PYTHON_TORCH" -c 'import torch' 2>/dev/null; then
+  # PyTorch as it comes, and with the passive OpenMP wait cifar-train uses: the
+  # ratio is taken against the faster of the two, so it is never flattered.
   theirs=$("$PYTHON_TORCH" "$ANCHOR" --device cpu --batch 256 --threads "$THREADS" --steps "$STEPS" --warmup 3)
-  echo "$theirs"
-  theirs_ips=$(echo "$theirs" | field images_per_s)
-  awk -v a="$ours_ips" -v b="$theirs_ips" 'BEGIN { printf "training ratio cifar-train / pytorch-eager (CPU): %.2fx (%.1f vs %.1f images/s)\n", a / b, a, b }'
+  echo "$theirs (default OpenMP wait policy)"
+  passive=$(OMP_WAIT_POLICY=passive "$PYTHON_TORCH" "$ANCHOR" --device cpu --batch 256 --threads "$THREADS" --steps "$STEPS" --warmup 3)
+  echo "$passive (OMP_WAIT_POLICY=passive)"
+  theirs_ips=$( (echo "$theirs" | field images_per_s; echo "$passive" | field images_per_s) | sort -g | tail -1)
+  awk -v a="$ours_ips" -v b="$theirs_ips" 'BEGIN { printf "training ratio cifar-train / pytorch-eager (CPU, best of the two): %.2fx (%.1f vs %.1f images/s)\n", a / b, a, b }'
 else
   echo "PyTorch anchor not run: $ANCHOR or torch for $PYTHON_TORCH missing"
 fi
