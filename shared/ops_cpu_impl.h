@@ -230,14 +230,274 @@ static void opsi_col2im(const ConvSpec *cs, int h, int w, int oh, int ow, const 
     }
 }
 
+/* ------------------------------------------------- direct conv kernels
+ *
+ * For k > 1 with few output channels the im2col copy and small GEMMs cost more
+ * than the arithmetic; these loops convolve straight from the NHWC input with
+ * the weight in HWIO order ([kh][kw][ci][co]), so the innermost loop runs over
+ * `cout` contiguous outputs (one vector for 16 channels). The per-size
+ * instances (constant cout) let the compiler keep the accumulator in registers. */
+
+#define OPSI_DIRECT_MAX_COUT 64
+
+static int opsi_conv_is_direct(const ConvSpec *cs) {
+    return cs->k > 1 && cs->cout <= OPSI_DIRECT_MAX_COUT;
+}
+
+/* [cout][cin][k][k] -> [k][k][cin][cout]; flip != 0 gives the weight of the
+ * transposed convolution (dx from dy): [k-1-kh][k-1-kw][cout][cin]. */
+static void opsi_weight_to_hwio(const ConvSpec *cs, const real_t *w, real_t *wt, int flip) {
+    const int kk2 = cs->k * cs->k, cin = cs->cin, cout = cs->cout;
+    for (int o = 0; o < cout; o++)
+        for (int ci = 0; ci < cin; ci++)
+            for (int t = 0; t < kk2; t++) {
+                real_t v = w[((size_t)o * cin + ci) * kk2 + t];
+                if (flip)
+                    wt[((size_t)(kk2 - 1 - t) * cout + o) * cin + ci] = v;
+                else
+                    wt[((size_t)t * cin + ci) * cout + o] = v;
+            }
+}
+
+/* Output columns ox whose input column ox*s - p + kw lies inside [0, w). */
+static void opsi_tap_range(int w, int ow, int s, int p, int kw, int *lo, int *hi) {
+    int a = p - kw, b = w - 1 + p - kw;
+    *lo = a > 0 ? (a + s - 1) / s : 0;
+    *hi = b >= 0 ? b / s + 1 : 0;
+    if (*hi > ow) *hi = ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+typedef struct {
+    int cin, k, s, p, h, w, oh, ow;
+} OpsiDirect;
+
+/* 32-byte vectors (GCC vector extension, lowered to what the ISA has): 8 floats or
+ * 4 doubles; as fast as 64-byte ones where AVX-512 splits into two 256-bit halves
+ * (AMD Zen 4), and they fit cout = 8. Kernels run on them when cout is a multiple
+ * of the lane count, with a plain scalar loop otherwise. Loads and stores go
+ * through an unaligned, may_alias type (macros: no vector-ABI functions). */
+typedef real_t opsi_vec __attribute__((vector_size(32)));
+typedef real_t opsi_vec_u __attribute__((vector_size(32), aligned(sizeof(real_t)), may_alias));
+#define OPSI_VL ((int)(32 / sizeof(real_t)))
+#define OPSI_MAX_NV 8                /* cout <= 8 vectors */
+#define OPSI_DW_REGS 32              /* dW accumulators of one tap: cin * nv vectors */
+#define opsi_vload(p) (*(const opsi_vec_u *)(p))
+#define opsi_vstore(p, v) (*(opsi_vec_u *)(p) = (v))
+/* every lane = x (x - 0 folds to x; x + 0 would cost an add, for -0.0) */
+#define opsi_vbcast(x) ((real_t)(x) - (opsi_vec){0})
+
+/* Copies images [img0, img0+nimg) of x[n][h][w][cin] into xp with a zero border of p
+ * pixels, so the vector kernel below needs no bounds checks. */
+static void opsi_pad_images(int cin, int h, int w, int p, const real_t *x, int img0, int nimg,
+                            real_t *xp) {
+    const int hp = h + 2 * p, wp = w + 2 * p;
+    for (int i = 0; i < nimg; i++)
+        for (int yy = 0; yy < hp; yy++) {
+            real_t *dst = xp + ((size_t)i * hp + yy) * wp * cin;
+            int iy = yy - p;
+            if (iy < 0 || iy >= h) {
+                memset(dst, 0, (size_t)wp * cin * sizeof(real_t));
+                continue;
+            }
+            memset(dst, 0, (size_t)p * cin * sizeof(real_t));
+            memcpy(dst + (size_t)p * cin, x + (((size_t)img0 + i) * h + iy) * w * cin,
+                   (size_t)w * cin * sizeof(real_t));
+            memset(dst + (size_t)(p + w) * cin, 0, (size_t)p * cin * sizeof(real_t));
+        }
+}
+
+/* npx consecutive output pixels of one row (cout = nv vectors): xq is the padded
+ * input at the first pixel's top-left tap, wpc the padded row length times cin. The
+ * npx * nv accumulators stay in registers; each weight vector is loaded once per
+ * npx pixels. */
+static inline __attribute__((always_inline)) void
+opsi_direct_px(const int npx, const int nv, int cin, int k, int s, size_t wpc,
+               const real_t *restrict xq, const real_t *restrict wt,
+               const real_t *restrict bias, real_t *restrict yp) {
+    const int cout = nv * OPSI_VL;
+    opsi_vec acc[8][OPSI_MAX_NV];
+    for (int q = 0; q < npx; q++)
+        for (int j = 0; j < nv; j++)
+            acc[q][j] = bias ? (opsi_vec)opsi_vload(bias + j * OPSI_VL) : (opsi_vec){0};
+    for (int kh = 0; kh < k; kh++)
+        for (int kw = 0; kw < k; kw++) {
+            const real_t *xt = xq + kh * wpc + (size_t)kw * cin;
+            const real_t *wq = wt + (size_t)(kh * k + kw) * cin * cout;
+            for (int ci = 0; ci < cin; ci++) {
+                opsi_vec wv[OPSI_MAX_NV];
+                for (int j = 0; j < nv; j++) wv[j] = opsi_vload(wq + (size_t)ci * cout + j * OPSI_VL);
+                for (int q = 0; q < npx; q++) {
+                    const opsi_vec xs = opsi_vbcast(xt[(size_t)q * s * cin + ci]);
+                    for (int j = 0; j < nv; j++) acc[q][j] += xs * wv[j];
+                }
+            }
+        }
+    for (int q = 0; q < npx; q++)
+        for (int j = 0; j < nv; j++) opsi_vstore(yp + (size_t)q * cout + j * OPSI_VL, acc[q][j]);
+}
+
+/* y[img][oy][ox][:] = bias + sum over taps and ci of x * wt for images [img0,
+ * img0+nimg) (cout = nv vectors), through a padded copy of the tile's input. */
+static inline __attribute__((always_inline)) void
+opsi_direct_fwd_vec(const OpsiDirect *d, const int nv, const real_t *x, const real_t *wt,
+                    const real_t *bias, int img0, int nimg, real_t *y) {
+    const int cin = d->cin, k = d->k, s = d->s, p = d->p, cout = nv * OPSI_VL;
+    const int hp = d->h + 2 * p, wp = d->w + 2 * p;
+    const int npx = nv <= 2 ? 8 : 8 / nv; /* at most 16 accumulators */
+    real_t *xp = opsi_col_buffer((size_t)nimg * hp * wp * cin);
+    opsi_pad_images(cin, d->h, d->w, p, x, img0, nimg, xp);
+    const size_t wpc = (size_t)wp * cin;
+    for (int i = 0; i < nimg; i++)
+        for (int oy = 0; oy < d->oh; oy++) {
+            const real_t *xrow = xp + ((size_t)i * hp + (size_t)oy * s) * wpc;
+            real_t *yrow = y + (((size_t)img0 + i) * d->oh + oy) * d->ow * cout;
+            int ox = 0;
+            if (npx == 8)
+                for (; ox + 8 <= d->ow; ox += 8)
+                    opsi_direct_px(8, nv, cin, k, s, wpc, xrow + (size_t)ox * s * cin, wt, bias,
+                                   yrow + (size_t)ox * cout);
+            if (npx >= 4)
+                for (; ox + 4 <= d->ow; ox += 4)
+                    opsi_direct_px(4, nv, cin, k, s, wpc, xrow + (size_t)ox * s * cin, wt, bias,
+                                   yrow + (size_t)ox * cout);
+            for (; ox + 2 <= d->ow; ox += 2)
+                opsi_direct_px(2, nv, cin, k, s, wpc, xrow + (size_t)ox * s * cin, wt, bias,
+                               yrow + (size_t)ox * cout);
+            for (; ox < d->ow; ox++)
+                opsi_direct_px(1, nv, cin, k, s, wpc, xrow + (size_t)ox * s * cin, wt, bias,
+                               yrow + (size_t)ox * cout);
+        }
+}
+
+/* The same in scalars, any cout (odd shapes: tests, tiny layers). */
+static void opsi_direct_fwd_scalar(const OpsiDirect *d, int cout, const real_t *x,
+                                   const real_t *wt, const real_t *bias, int img0, int nimg,
+                                   real_t *y) {
+    const int cin = d->cin, k = d->k, s = d->s, p = d->p, h = d->h, w = d->w;
+    for (int i = img0; i < img0 + nimg; i++)
+        for (int oy = 0; oy < d->oh; oy++)
+            for (int ox = 0; ox < d->ow; ox++) {
+                real_t *yp = y + (((size_t)i * d->oh + oy) * d->ow + ox) * cout;
+                for (int co = 0; co < cout; co++) yp[co] = bias ? bias[co] : 0;
+                for (int kh = 0; kh < k; kh++) {
+                    int iy = oy * s - p + kh;
+                    if (iy < 0 || iy >= h) continue;
+                    for (int kw = 0; kw < k; kw++) {
+                        int ix = ox * s - p + kw;
+                        if (ix < 0 || ix >= w) continue;
+                        const real_t *xp = x + (((size_t)i * h + iy) * w + ix) * cin;
+                        const real_t *wp = wt + (size_t)(kh * k + kw) * cin * cout;
+                        for (int ci = 0; ci < cin; ci++)
+                            for (int co = 0; co < cout; co++)
+                                yp[co] += xp[ci] * wp[(size_t)ci * cout + co];
+                    }
+                }
+            }
+}
+
+static void opsi_direct_fwd(const OpsiDirect *d, int cout, const real_t *x, const real_t *wt,
+                            const real_t *bias, int img0, int nimg, real_t *y) {
+    if (cout % OPSI_VL != 0 || cout > OPSI_MAX_NV * OPSI_VL) {
+        opsi_direct_fwd_scalar(d, cout, x, wt, bias, img0, nimg, y);
+        return;
+    }
+    switch (cout / OPSI_VL) {
+    case 1: opsi_direct_fwd_vec(d, 1, x, wt, bias, img0, nimg, y); break;
+    case 2: opsi_direct_fwd_vec(d, 2, x, wt, bias, img0, nimg, y); break;
+    case 4: opsi_direct_fwd_vec(d, 4, x, wt, bias, img0, nimg, y); break;
+    case 8: opsi_direct_fwd_vec(d, 8, x, wt, bias, img0, nimg, y); break;
+    default: opsi_direct_fwd_scalar(d, cout, x, wt, bias, img0, nimg, y); break;
+    }
+}
+
+/* acc[kh][kw][ci][co] += sum over output pixels of x[tap input][ci] * dy[co]; one tap
+ * at a time, its cin * nv accumulators held in registers (constant cin and nv). */
+static inline __attribute__((always_inline)) void
+opsi_direct_dw_vec(const OpsiDirect *d, const int cin, const int nv, const real_t *restrict x,
+                   const real_t *restrict dy, int img0, int nimg, real_t *restrict acc) {
+    const int k = d->k, s = d->s, p = d->p, h = d->h, w = d->w, cout = nv * OPSI_VL;
+    for (int kh = 0; kh < k; kh++)
+        for (int kw = 0; kw < k; kw++) {
+            real_t *a = acc + (size_t)(kh * k + kw) * cin * cout;
+            opsi_vec ra[OPSI_DW_REGS];
+            for (int r = 0; r < cin * nv; r++) ra[r] = opsi_vload(a + (size_t)r * OPSI_VL);
+            int lo, hi;
+            opsi_tap_range(w, d->ow, s, p, kw, &lo, &hi);
+            for (int i = img0; i < img0 + nimg; i++)
+                for (int oy = 0; oy < d->oh; oy++) {
+                    int iy = oy * s - p + kh;
+                    if (iy < 0 || iy >= h) continue;
+                    const real_t *xrow = x + ((size_t)i * h + iy) * w * cin;
+                    const real_t *dyrow = dy + ((size_t)i * d->oh + oy) * d->ow * cout;
+                    for (int ox = lo; ox < hi; ox++) {
+                        const real_t *xp = xrow + (size_t)(ox * s - p + kw) * cin;
+                        opsi_vec dv[OPSI_MAX_NV];
+                        for (int j = 0; j < nv; j++)
+                            dv[j] = opsi_vload(dyrow + (size_t)ox * cout + j * OPSI_VL);
+                        for (int ci = 0; ci < cin; ci++) {
+                            const opsi_vec xs = opsi_vbcast(xp[ci]);
+                            for (int j = 0; j < nv; j++) ra[ci * nv + j] += xs * dv[j];
+                        }
+                    }
+                }
+            for (int r = 0; r < cin * nv; r++) opsi_vstore(a + (size_t)r * OPSI_VL, ra[r]);
+        }
+}
+
+static void opsi_direct_dw_scalar(const OpsiDirect *d, int cout, const real_t *x,
+                                  const real_t *dy, int img0, int nimg, real_t *acc) {
+    const int cin = d->cin, k = d->k, s = d->s, p = d->p, h = d->h, w = d->w;
+    for (int kh = 0; kh < k; kh++)
+        for (int kw = 0; kw < k; kw++) {
+            real_t *a = acc + (size_t)(kh * k + kw) * cin * cout;
+            int lo, hi;
+            opsi_tap_range(w, d->ow, s, p, kw, &lo, &hi);
+            for (int i = img0; i < img0 + nimg; i++)
+                for (int oy = 0; oy < d->oh; oy++) {
+                    int iy = oy * s - p + kh;
+                    if (iy < 0 || iy >= h) continue;
+                    for (int ox = lo; ox < hi; ox++) {
+                        const real_t *xp = x + (((size_t)i * h + iy) * w + ox * s - p + kw) * cin;
+                        const real_t *dyp = dy + (((size_t)i * d->oh + oy) * d->ow + ox) * cout;
+                        for (int ci = 0; ci < cin; ci++)
+                            for (int co = 0; co < cout; co++)
+                                a[(size_t)ci * cout + co] += xp[ci] * dyp[co];
+                    }
+                }
+        }
+}
+
+static void opsi_direct_dw(const OpsiDirect *d, int cout, const real_t *x, const real_t *dy,
+                           int img0, int nimg, real_t *acc) {
+    const int nv = cout / OPSI_VL, cin = d->cin;
+#define OPSI_DW_CASE(CIN, NV)                                          \
+    if (cin == CIN && nv == NV && cout % OPSI_VL == 0) {               \
+        opsi_direct_dw_vec(d, CIN, NV, x, dy, img0, nimg, acc);        \
+        return;                                                        \
+    }
+    OPSI_DW_CASE(3, 1)
+    OPSI_DW_CASE(3, 2)
+    OPSI_DW_CASE(8, 1)
+    OPSI_DW_CASE(8, 2)
+    OPSI_DW_CASE(16, 1)
+    OPSI_DW_CASE(16, 2)
+#undef OPSI_DW_CASE
+    opsi_direct_dw_scalar(d, cout, x, dy, img0, nimg, acc);
+}
+
 void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
                             const real_t *weight, const real_t *bias, real_t *y,
                             real_t *workspace) {
     const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
-    const int pointwise = opsi_conv_is_pointwise(cs);
+    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout, per_img = p.oh * p.ow;
+    const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p.oh, p.ow};
     const real_t *wmat = weight;
-    if (!pointwise) {
+    if (direct) {
+        opsi_weight_to_hwio(cs, weight, workspace, 0);
+        wmat = workspace;
+    } else if (!pointwise) {
         opsi_weight_to_hwc(cs, weight, workspace);
         wmat = workspace;
     }
@@ -246,6 +506,10 @@ void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_
         int img0 = t * p.tile_imgs;
         int nimg = n - img0 < p.tile_imgs ? n - img0 : p.tile_imgs;
         int rows = nimg * per_img;
+        if (direct) {
+            opsi_direct_fwd(&d, cout, x, wmat, bias, img0, nimg, y);
+            continue;
+        }
         const real_t *a = x + (size_t)img0 * per_img * cs->cin;
         if (!pointwise) {
             real_t *col = opsi_col_buffer((size_t)rows * p.kk);
@@ -261,61 +525,128 @@ void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_
     }
 }
 
+/* The input gradient of a stride-1 conv is the direct conv of dy with the flipped,
+ * transposed weight and padding k-1-pad. */
+static int opsi_conv_dx_is_direct(const ConvSpec *cs) {
+    return opsi_conv_is_direct(cs) && cs->stride == 1 && cs->pad <= cs->k - 1 &&
+           cs->cin <= OPSI_DIRECT_MAX_COUT;
+}
+
+/* dbq[o] += sum over rows of dy[r][o], in double (vectors when cout allows). */
+typedef double opsi_dvec __attribute__((vector_size(OPSI_VL * sizeof(double))));
+static void opsi_bias_partial(int rows, int cout, const real_t *dy, double *dbq) {
+    if (cout % OPSI_VL != 0 || cout > OPSI_MAX_NV * OPSI_VL) {
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < cout; o++) dbq[o] += dy[(size_t)r * cout + o];
+        return;
+    }
+    const int nv = cout / OPSI_VL;
+    opsi_dvec acc[OPSI_MAX_NV];
+    for (int j = 0; j < nv; j++) acc[j] = (opsi_dvec){0};
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < nv; j++)
+            acc[j] += __builtin_convertvector(
+                (opsi_vec)opsi_vload(dy + (size_t)r * cout + j * OPSI_VL), opsi_dvec);
+    for (int j = 0; j < nv; j++)
+        for (int l = 0; l < OPSI_VL; l++) dbq[j * OPSI_VL + l] += acc[j][l];
+}
+
+/* One tile of the backward: the dW partial (overwritten when `first`), the bias
+ * partial in double, and dx of the tile's images. */
+static void opsi_conv_bwd_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
+                               const real_t *x, const real_t *wmat, const real_t *dy, real_t *dx,
+                               int t, int first, real_t *dwq, double *dbq) {
+    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
+    const int cout = cs->cout, per_img = p->oh * p->ow;
+    int img0 = t * p->tile_imgs;
+    int nimg = n - img0 < p->tile_imgs ? n - img0 : p->tile_imgs;
+    int rows = nimg * per_img;
+    const real_t *dyt = dy + (size_t)img0 * per_img * cout;
+    if (dbq) opsi_bias_partial(rows, cout, dyt, dbq);
+    real_t *col = NULL;
+    if (direct) {
+        const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p->oh, p->ow};
+        if (first) memset(dwq, 0, p->part_len * sizeof(real_t));
+        opsi_direct_dw(&d, cout, x, dy, img0, nimg, dwq);
+    } else {
+        const real_t *a = x + (size_t)img0 * per_img * cs->cin;
+        if (!pointwise) {
+            col = opsi_col_buffer((size_t)rows * p->kk);
+            opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
+            a = col;
+        }
+        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p->kk, rows, 1, dyt, cout, a,
+                 p->kk, first ? 0 : 1, dwq, p->kk);
+    }
+    if (!dx) return;
+    if (pointwise) {
+        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->kk, cout, 1, dyt, cout, wmat,
+                 p->kk, 0, dx + (size_t)img0 * per_img * cs->cin, p->kk);
+    } else if (opsi_conv_dx_is_direct(cs)) {
+        const OpsiDirect dt = {cout, cs->k, 1, cs->k - 1 - cs->pad, p->oh, p->ow, h, w};
+        opsi_direct_fwd(&dt, cs->cin, dy, wmat, NULL, img0, nimg, dx);
+    } else {
+        if (!col) col = opsi_col_buffer((size_t)rows * p->kk);
+        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->kk, cout, 1, dyt, cout, wmat,
+                 p->kk, 0, col, p->kk);
+        opsi_col2im(cs, h, w, p->oh, p->ow, col, img0, nimg, dx);
+    }
+}
+
 void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
                              const real_t *weight, const real_t *dy, real_t *dx,
                              real_t *dweight, real_t *dbias, real_t *workspace) {
     const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
-    const int pointwise = opsi_conv_is_pointwise(cs);
-    const int cout = cs->cout, per_img = p.oh * p.ow;
-    if (dbias) opsi_colsums((int64_t)n * per_img, cout, dy, dbias);
+    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
+    const int cout = cs->cout;
     if (p.ntiles == 0) { /* empty batch: zero gradients */
         memset(dweight, 0, p.part_len * sizeof(real_t));
+        if (dbias) memset(dbias, 0, (size_t)cout * sizeof(real_t));
         return;
     }
+    /* the weight in the layout the dx path reads; the partials after it */
     real_t *wmat = workspace, *parts = workspace + p.part_len;
     if (pointwise)
         memcpy(wmat, weight, p.part_len * sizeof(real_t));
+    else if (opsi_conv_dx_is_direct(cs))
+        opsi_weight_to_hwio(cs, weight, wmat, 1);
     else
         opsi_weight_to_hwc(cs, weight, wmat);
+    double *bparts = dbias ? xcalloc((size_t)p.nparts * cout, sizeof(double)) : NULL;
 #pragma omp parallel for schedule(static)
     for (int q = 0; q < p.nparts; q++) {
-        real_t *dwq = parts + (size_t)q * p.part_len;
         int t0 = (int)((int64_t)p.ntiles * q / p.nparts);
         int t1 = (int)((int64_t)p.ntiles * (q + 1) / p.nparts);
-        for (int t = t0; t < t1; t++) {
-            int img0 = t * p.tile_imgs;
-            int nimg = n - img0 < p.tile_imgs ? n - img0 : p.tile_imgs;
-            int rows = nimg * per_img;
-            const real_t *dyt = dy + (size_t)img0 * per_img * cout;
-            const real_t *a = x + (size_t)img0 * per_img * cs->cin;
-            real_t *col = NULL;
-            if (!pointwise) {
-                col = opsi_col_buffer((size_t)rows * p.kk);
-                opsi_im2col(cs, h, w, p.oh, p.ow, x, img0, nimg, col);
-                a = col;
-            }
-            OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p.kk, rows, 1, dyt, cout, a,
-                     p.kk, t == t0 ? 0 : 1, dwq, p.kk);
-            if (!dx) continue;
-            if (pointwise) {
-                OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p.kk, cout, 1, dyt,
-                         cout, wmat, p.kk, 0, dx + (size_t)img0 * per_img * cs->cin, p.kk);
-            } else {
-                OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p.kk, cout, 1, dyt,
-                         cout, wmat, p.kk, 0, col, p.kk);
-                opsi_col2im(cs, h, w, p.oh, p.ow, col, img0, nimg, dx);
-            }
+        for (int t = t0; t < t1; t++)
+            opsi_conv_bwd_tile(cs, &p, n, h, w, x, wmat, dy, dx, t, t == t0,
+                               parts + (size_t)q * p.part_len,
+                               bparts ? bparts + (size_t)q * cout : NULL);
+    }
+    if (bparts) {
+        for (int o = 0; o < cout; o++) {
+            double s = 0.0;
+            for (int q = 0; q < p.nparts; q++) s += bparts[(size_t)q * cout + o];
+            dbias[o] = (real_t)s;
         }
+        free(bparts);
     }
     /* partials summed in part order; the permuted sum lands in wmat (free now) */
     real_t *dsum = pointwise ? dweight : wmat;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.part_len * p.nparts > ((size_t)1 << 18))
     for (size_t i = 0; i < p.part_len; i++) {
         real_t s = parts[i];
         for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
         dsum[i] = s;
     }
-    if (!pointwise) opsi_weight_from_hwc(cs, wmat, dweight);
+    if (direct) {
+        const int kk2 = cs->k * cs->k, cin = cs->cin;
+        for (int o = 0; o < cout; o++)
+            for (int ci = 0; ci < cin; ci++)
+                for (int t = 0; t < kk2; t++)
+                    dweight[((size_t)o * cin + ci) * kk2 + t] = wmat[((size_t)t * cin + ci) * cout + o];
+    } else if (!pointwise) {
+        opsi_weight_from_hwc(cs, wmat, dweight);
+    }
 }
 
 /* ------------------------------------------------------------- batchnorm */

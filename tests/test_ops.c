@@ -251,6 +251,14 @@ static void test_conv(void) {
     test_conv_one(3, 4, 5, 2, 2, 2, 9, 8, 1);
     /* several im2col chunks (see OPSI_COL_TARGET): dx spot-checked */
     test_conv_one(8, 6, 3, 1, 1, 25, 8, 8, 97);
+    /* the vector direct kernels (cout a multiple of the vector width; register-held
+     * dW taps for cin 3/8/16; padded rows in blocks of 8, 4, 2, 1 pixels) */
+    test_conv_one(16, 16, 3, 1, 1, 2, 6, 11, 7);
+    test_conv_one(3, 16, 3, 2, 1, 2, 9, 8, 1);
+    test_conv_one(8, 8, 3, 2, 1, 2, 8, 8, 3);
+    test_conv_one(8, 32, 3, 1, 1, 1, 5, 7, 3);
+    /* cout above the direct kernels' limit: im2col + GEMM */
+    test_conv_one(2, 70, 3, 1, 1, 1, 4, 4, 1);
 }
 
 /* ------------------------------------------------------------ batchnorm */
