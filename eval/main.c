@@ -185,6 +185,7 @@ static void print_json(const EvalOptions *o, const char *data, const EvalResult 
 int main(int argc, char **argv) {
     log_set_program("cifar-eval");
     omp_env_prefer_passive(argc, argv);
+    memory_limit_check((size_t)512 << 20);
     EvalOptions o;
     eval_options_parse(&o, argc, argv);
     log_set_quiet(o.quiet);

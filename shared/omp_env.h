@@ -1,16 +1,28 @@
-/* omp_env.h: OpenMP settings that must be in the environment before the
- * process starts (libgomp reads them once, at load time). */
+/* omp_env.h: the process environment the CPU ops need, settled at start-up.
+ *
+ * OpenMP (libgomp) and OpenBLAS read their settings once, when they are loaded,
+ * so they must be in the environment before the process starts. */
 #ifndef CIFAR_OMP_ENV_H
 #define CIFAR_OMP_ENV_H
 
-/* Unless the user chose OMP_WAIT_POLICY, set it to "passive" and re-execute this
- * program with the same arguments (stdin and signals are untouched: call it first
- * thing in main). Why: the CPU ops run many short parallel regions; with the
- * default spinning wait, a thread that the OS deschedules (any other load on
- * the machine, or more threads than free cores) stalls every barrier, and one
- * step was measured 5 to 50 times slower on this project's 2-core machines;
- * passive waiting cost nothing measurable when the machine was idle.
+#include <stddef.h>
+
+/* Unless the user chose them, set OMP_WAIT_POLICY=passive and
+ * OPENBLAS_NUM_THREADS=1, and re-execute this program with the same arguments
+ * (stdin and signals are untouched: call it first thing in main).
+ *  - passive: the CPU ops run many short parallel regions; with the default
+ *    spinning wait, a thread that the OS deschedules (any other load on the
+ *    machine) stalls every barrier: steps were measured 5 to 50 times slower on
+ *    2-core machines, while passive waiting cost nothing measurable when idle;
+ *  - one BLAS thread: the ops call BLAS from inside their own OpenMP threads
+ *    (ops_set_threads), so OpenBLAS's own pool would only spin and reserve memory.
  * Returns only when no re-execution was needed (or it failed). */
 void omp_env_prefer_passive(int argc, char **argv);
+
+/* Under an address-space limit (ulimit -v) below min_bytes, exit with a clear
+ * message instead of letting OpenBLAS retry a failed allocation forever (it does,
+ * inside cblas_sgemm, when its 128 MiB buffer cannot be mapped); under a larger
+ * limit, make OpenBLAS take its buffers first, before the data is loaded. */
+void memory_limit_check(size_t min_bytes);
 
 #endif

@@ -31,6 +31,7 @@ static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int ar
 int main(int argc, char **argv) {
     log_set_program("cifar-train");
     omp_env_prefer_passive(argc, argv);
+    memory_limit_check((size_t)512 << 20);
     DistEnv env;
     char err[256];
     if (dist_env_read(&env, err, sizeof err) != 0) die_usage("%s", err);
