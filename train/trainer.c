@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -172,23 +173,38 @@ static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     CHECK_STDIO(fclose(f) == 0, path);
 }
 
-/* Drop metric lines of epochs after `epochs` (they are redone after a resume). */
+/* Drop metric lines of epochs after `epochs` (they are redone after a resume).
+ * The file is rewritten (through a temporary) only when there is such a line. */
 static void metrics_truncate(const char *run_dir, int64_t epochs) {
     char path[4096], tmp[4160];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
     size_t len;
     char *text = fs_read_file(path, (size_t)1 << 30, &len);
     if (!text) return;
-    fs_temp_name(path, tmp, sizeof tmp);
-    FILE *f = fopen(tmp, "w");
-    CHECK_STDIO(f != NULL, tmp);
+    char *kept = xmalloc(len + 1);
+    size_t kept_len = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         long long e = -1;
-        if (sscanf(line, "{\"epoch\":%lld", &e) == 1 && e <= epochs) fprintf(f, "%s\n", line);
+        if (sscanf(line, "{\"epoch\":%lld", &e) != 1 || e > epochs) continue;
+        size_t n = strlen(line);
+        memcpy(kept + kept_len, line, n);
+        kept[kept_len + n] = '\n';
+        kept_len += n + 1;
     }
-    CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, tmp);
-    CHECK_STDIO(fclose(f) == 0, tmp);
-    CHECK_STDIO(fs_commit_rename(tmp, path) == 0, path);
+    if (kept_len != len) {
+        fs_temp_name(path, tmp, sizeof tmp);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int ok = fd >= 0 && fs_write_all(fd, kept, kept_len) == 0 && fsync(fd) == 0;
+        int saved = errno;
+        if (fd >= 0 && close(fd) != 0 && ok) ok = 0, saved = errno;
+        if (ok && fs_commit_rename(tmp, path) != 0) ok = 0, saved = errno;
+        if (!ok) {
+            unlink(tmp);
+            errno = saved;
+            CHECK_STDIO(0, path);
+        }
+    }
+    free(kept);
     free(text);
 }
 
@@ -242,10 +258,23 @@ static int64_t steps_per_epoch(const Worker *w) {
     return (per_rank + w->o->batch_size - 1) / w->o->batch_size;
 }
 
+/* A snapshot must never hold NaN or infinite weights: the previous one is kept. */
+static void refuse_non_finite(const Worker *w) {
+    const float *bufs[2] = {w->state.params, w->state.buffers};
+    size_t counts[2] = {w->model.num_params, w->model.num_buffers};
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < counts[b]; i++)
+            if (!isfinite(bufs[b][i]))
+                die("the weights became %s at step %" PRId64 ": no snapshot written ---> HINT: lower "
+                    "--lr; the last good snapshot is kept",
+                    isnan(bufs[b][i]) ? "NaN" : "infinite", w->progress.step);
+}
+
 static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
     w->engine->ops->broadcast_buffers(w->engine, 0);
     if (w->env->rank != 0) return;
     w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
+    refuse_non_finite(w);
     CheckpointInfo info;
     memset(&info, 0, sizeof info);
     /* Absolute, so cifar-eval finds the data from any folder. */
@@ -278,6 +307,11 @@ static int64_t choose_snapshot(Worker *w) {
         CheckpointInfo info;
         char err[512];
         Snapshot *s = checkpoint_open(paths[i], &cfg, &info, err, sizeof err);
+        /* A newer program's snapshot is good data we cannot read: retraining
+         * would write over it under the same name. */
+        if (!s && strstr(err, "newer version"))
+            die("%s: %s ---> HINT: resume with the newer cifar-train, or use another --run-dir",
+                paths[i], err);
         if (!s) {
             log_warn("%s: skipping this snapshot: %s", paths[i], err);
             continue;
