@@ -224,3 +224,16 @@ assert diag == r["correct"], (diag, r["correct"])
 assert len(r["per_class"]) == 10
 '
 }
+
+@test "a snapshot written by a newer cifar-train stops the run and is kept as it is" {
+    dir="$BATS_TEST_TMPDIR/run"
+    latest=$(train "$dir" --epochs 2 --save-every 1 | tail -1)
+    sed -i 's/"format_version":"1"/"format_version":"2"/' "$latest"
+    grep -aq '"format_version":"2"' "$latest"
+    before=$(sha256sum < "$latest")
+    run train "$dir" --epochs 3 --save-every 1
+    assert_failure 1
+    assert_output --partial "newer version"
+    [ "$(sha256sum < "$latest")" = "$before" ]
+    [ "$(ls "$dir"/snapshot-*.safetensors | wc -l)" -eq 2 ]
+}
