@@ -36,8 +36,14 @@ workers_of() { # launcher pid: its worker pids, sorted
 
 @test "20 SIGKILLs of random workers during a 2-worker run: all recovered, final weights exact" {
     # shellcheck disable=SC2046
+    start=$(date +%s%N)
     ref=$("$BIN/cifar-train" $(train_args) --run-dir "$T/ref" "$T/data/cifar10.lmdb" | tail -1)
     [ -f "$ref" ]
+    # Each group lives a random moment of at most ref/(2*KILLS) before its kill, so
+    # the kills together let through at most half of the uninterrupted run's work:
+    # the run cannot end before the last kill, whatever the machine's speed.
+    window_ms=$(( ($(date +%s%N) - start) / 1000000 / (2 * KILLS) ))
+    [ "$window_ms" -ge 20 ] || window_ms=20
     dir="$T/soak"
     # shellcheck disable=SC2046
     "$BIN/cifar-train" $(train_args) --run-dir "$dir" "$T/data/cifar10.lmdb" \
@@ -49,7 +55,7 @@ workers_of() { # launcher pid: its worker pids, sorted
         # A running group of two workers, then a random moment of its life.
         group=$(workers_of "$launcher")
         if [ "$(echo "$group" | wc -w)" -ne 2 ]; then sleep 0.02; continue; fi
-        sleep "0.$((RANDOM % 4))$((RANDOM % 10))"
+        sleep "$(awk -v ms=$((RANDOM % window_ms)) 'BEGIN { printf "%.3f", ms / 1000 }')"
         [ "$(workers_of "$launcher")" = "$group" ] || continue
         # shellcheck disable=SC2206
         pids=($group)
