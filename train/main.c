@@ -25,7 +25,9 @@ static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int ar
     char **args = xcalloc((size_t)argc + 2, sizeof *args);
     memcpy(args, argv, (size_t)argc * sizeof *args);
     args[argc] = (char *)o->data_path;
-    return launcher_run(lo, argc + 1, args);
+    int status = launcher_run(lo, argc + 1, args);
+    free(args);
+    return status;
 }
 
 int main(int argc, char **argv) {
