@@ -7,13 +7,15 @@
 
 #include <stddef.h>
 
-/* Unless the user chose them, set OMP_WAIT_POLICY=passive and
- * OPENBLAS_NUM_THREADS=1, and re-execute this program with the same arguments
- * (stdin and signals are untouched: call it first thing in main).
- *  - passive: the CPU ops run many short parallel regions; with the default
- *    spinning wait, a thread that the OS deschedules (any other load on the
- *    machine) stalls every barrier: steps were measured 5 to 50 times slower on
- *    2-core machines, while passive waiting cost nothing measurable when idle;
+/* Unless the user chose them, set OPENBLAS_NUM_THREADS=1 and, when other work
+ * already keeps half of the cores busy (/proc/stat, sampled at start), OMP_WAIT_POLICY=passive;
+ * then re-execute this program with the same arguments (stdin and signals are
+ * untouched: call it first thing in main).
+ *  - the wait policy: the CPU ops run many short parallel regions. On an idle
+ *    machine spinning waits are fastest (seed model, 2 threads: 3,720 img/s
+ *    against 2,206 passive); with other load, a spinning thread that the OS
+ *    deschedules stalls every barrier (970 against 2,161 with one busy process
+ *    beside it, and 5 to 50 times slower than passive at load 3 to 7);
  *  - one BLAS thread: the ops call BLAS from inside their own OpenMP threads
  *    (ops_set_threads), so OpenBLAS's own pool would only spin and reserve memory.
  * Returns only when no re-execution was needed (or it failed). */
