@@ -189,8 +189,8 @@ plot:
 	@test -n "$(RUN)" || { echo "make plot RUN=dir: give the run folder (cifar-train --run-dir)" >&2; exit 2; }
 	pipelines/plot.sh $(RUN)
 
-bench: all $(OBJ)/bench/bench_train
-	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+bench: all $(OBJ)/bench/bench_train $(OBJ)/tests/test_comm
+	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
 
 # GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
 bench-gpu: all

@@ -55,4 +55,7 @@ two=$(run_ips two --nproc-per-node 2 --threads 1)
 echo "1 worker x 2 threads: $one images/s"
 echo "2 workers x 1 thread: $two images/s"
 awk -v a="$two" -v b="$one" 'BEGIN { printf "ratio 2x1 / 1x2: %.2f\n", a / b }'
-if [ -x "${BENCH_COMM:-}" ]; then "$BENCH_COMM"; fi
+if [ -x "${BENCH_COMM:-}" ]; then
+  echo "all-reduce cost (shared memory, 2 processes; the seed model's gradient is 58,042 floats):"
+  "$BENCH_COMM" bench 2>&1 | grep allreduce
+fi
