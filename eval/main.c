@@ -13,6 +13,7 @@
 #include "checkpoint.h"
 #include "dataset.h"
 #include "engine.h"
+#include "fsutil.h"
 #include "model.h"
 #include "progress.h"
 
@@ -38,15 +39,10 @@ typedef struct {
 } EvalOptions;
 
 static const char *last_line_of_stdin(void) {
-    static char line[4096], last[4096];
-    last[0] = '\0';
-    while (fgets(line, sizeof line, stdin)) {
-        size_t n = strcspn(line, "\r\n");
-        line[n] = '\0';
-        if (n > 0) memcpy(last, line, n + 1);
-    }
-    if (!last[0]) die_usage("no SNAPSHOT given and none on stdin (see --help)");
-    return last;
+    static char path[4096];
+    if (fs_last_line(stdin, path, sizeof path) != 0)
+        die_usage("no SNAPSHOT given and none on stdin (see --help)");
+    return path;
 }
 
 static int parse_positive(const char *opt, const char *text) {

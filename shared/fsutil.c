@@ -149,3 +149,14 @@ char *fs_read_file(const char *path, size_t max_bytes, size_t *len_out) {
     if (len_out) *len_out = len;
     return buf;
 }
+
+int fs_last_line(FILE *f, char *out, size_t outlen) {
+    char line[4096];
+    out[0] = '\0';
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strcspn(line, "\r\n");
+        line[n] = '\0';
+        if (n > 0) snprintf(out, outlen, "%s", line);
+    }
+    return out[0] ? 0 : -1;
+}

@@ -9,6 +9,7 @@
 #define CIFAR_FSUTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,6 +34,11 @@ int fs_write_all(int fd, const void *buf, size_t len);
 /* Read a whole file (NUL-terminated) up to max_bytes. NULL with errno on failure
  * (EFBIG when larger than max_bytes). */
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len_out);
+
+/* The last non-empty line of a stream (how each stage reads the previous one's
+ * output path: it is printed last), without its line ending, into out.
+ * 0, or -1 when there is none. */
+int fs_last_line(FILE *f, char *out, size_t outlen);
 
 #ifdef __cplusplus
 }

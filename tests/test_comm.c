@@ -27,21 +27,10 @@
 #include "check.h"
 #include "comm.h"
 
-static int g_failures, g_checks;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        g_checks++;                                                        \
-        if (!(cond)) {                                                     \
-            g_failures++;                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
+#include "unit.h"
 
 /* In a worker: a failed expectation ends the process with status 3. */
-#define EXPECT(cond, ...)                                                          \
+#define WORKER_EXPECT(cond, ...)                                                          \
     do {                                                                           \
         if (!(cond)) {                                                             \
             fprintf(stderr, "worker check failed at line %d: %s: ", __LINE__, #cond); \
@@ -95,7 +84,7 @@ static void worker_allreduce(Comm *c, int rank, int w, size_t n, uint64_t *hash)
         float s = value_of(0, i);
         for (int r = 1; r < w; r++) s += value_of(r, i);
         s /= (float)w;
-        EXPECT(memcmp(&s, &buf[i], sizeof s) == 0, "n=%zu i=%zu got %.9g expected %.9g", n, i,
+        WORKER_EXPECT(memcmp(&s, &buf[i], sizeof s) == 0, "n=%zu i=%zu got %.9g expected %.9g", n, i,
                (double)buf[i], (double)s);
     }
     *hash ^= fnv1a(buf, n * sizeof(float)) + n;
@@ -112,7 +101,7 @@ static void worker_broadcast(Comm *c, int rank, int w, size_t bytes, int host) {
         else
             comm_broadcast(c, b, bytes, root);
         for (size_t i = 0; i < bytes; i++)
-            EXPECT(b[i] == (unsigned char)(i * 31u + (size_t)root * 7u), "root %d byte %zu",
+            WORKER_EXPECT(b[i] == (unsigned char)(i * 31u + (size_t)root * 7u), "root %d byte %zu",
                    root, i);
         free(b);
     }
@@ -124,7 +113,7 @@ static void worker_sum_f64(Comm *c, int rank, int w, size_t n) {
     comm_allreduce_sum_f64(c, d, n);
     for (size_t i = 0; i < n; i++) {
         double e = 1000.0 * (double)w * (double)(w - 1) / 2.0 + (double)w * ((double)i + 0.5);
-        EXPECT(d[i] == e, "sum_f64 i=%zu got %.17g expected %.17g", i, d[i], e);
+        WORKER_EXPECT(d[i] == e, "sum_f64 i=%zu got %.17g expected %.17g", i, d[i], e);
     }
     free(d);
 }
@@ -139,7 +128,7 @@ static void worker_barrier(Comm *c, int rank, int w) {
     double *t = xcalloc((size_t)w, sizeof(double));
     t[rank] = enter;
     comm_allreduce_sum_f64(c, t, (size_t)w);
-    for (int r = 0; r < w; r++) EXPECT(leave >= t[r], "left at %f before rank %d entered at %f",
+    for (int r = 0; r < w; r++) WORKER_EXPECT(leave >= t[r], "left at %f before rank %d entered at %f",
                                        leave, r, t[r]);
     free(t);
     for (int i = 0; i < 300; i++) comm_barrier(c);
@@ -165,7 +154,7 @@ static int worker_main(const char *scenario, const char *dir) {
     }
     int rank = env.rank, w = env.world_size;
     Comm *c = comm_create(COMM_SHM, &env);
-    EXPECT(comm_kind(c) == COMM_SHM && comm_rank(c) == rank && comm_world_size(c) == w,
+    WORKER_EXPECT(comm_kind(c) == COMM_SHM && comm_rank(c) == rank && comm_world_size(c) == w,
            "comm identity");
     if (strcmp(scenario, "collectives") == 0) {
         uint64_t hash = 0;
@@ -559,6 +548,5 @@ int main(int argc, char **argv) {
     test_world_mismatch();
     test_no_rank0();
     remove_temp_dir();
-    printf("test_comm: %d checks, %d failures\n", g_checks, g_failures);
-    return g_failures ? 1 : 0;
+    return unit_report("test_comm");
 }

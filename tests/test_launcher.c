@@ -18,19 +18,10 @@
 
 #include <sys/stat.h>
 
-static int g_failures, g_checks;
+#include "unit.h"
+
 static char g_dir[256];
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        g_checks++;                                                        \
-        if (!(cond)) {                                                     \
-            g_failures++;                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
 
 static double now_s(void) { return launcher_now(); }
 
@@ -457,6 +448,5 @@ int main(int argc, char **argv) {
     test_sigkill_launcher();
     clear_dir();
     rmdir(g_dir);
-    printf("test_launcher: %d checks, %d failures\n", g_checks, g_failures);
-    return g_failures ? 1 : 0;
+    return unit_report("test_launcher");
 }

@@ -8,17 +8,8 @@
 #include <string.h>
 
 #include "sampler.h"
+#include "unit.h"
 
-static int failures;
-#define EXPECT(cond, ...)                                                     \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            failures++;                                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);              \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fputc('\n', stderr);                                              \
-        }                                                                     \
-    } while (0)
 
 static void check_cover(int64_t n, int world, int64_t epoch) {
     int64_t per = sampler_per_rank(n, world);
@@ -75,6 +66,5 @@ int main(void) {
         for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
             for (int64_t e = 0; e < 3; e++) check_cover(sizes[i], worlds[w], e);
     check_epochs_differ();
-    printf("test_sampler: %s\n", failures ? "FAILED" : "all checks passed");
-    return failures ? 1 : 0;
+    return unit_report("test_sampler");
 }

@@ -22,19 +22,10 @@
 #include "fsutil.h"
 #include "snapshot.h"
 
-static int g_failures, g_checks;
+#include "unit.h"
+
 static char g_dir[256];
 
-#define EXPECT(cond, ...)                                                             \
-    do {                                                                              \
-        g_checks++;                                                                   \
-        if (!(cond)) {                                                                \
-            g_failures++;                                                             \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);           \
-            fprintf(stderr, __VA_ARGS__);                                             \
-            fputc('\n', stderr);                                                      \
-        }                                                                             \
-    } while (0)
 
 static void path_in(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "%s/%s", g_dir, name);
@@ -468,6 +459,5 @@ int main(void) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-    printf("test_snapshot: %d checks, %d failures\n", g_checks, g_failures);
-    return g_failures ? 1 : 0;
+    return unit_report("test_snapshot");
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fsutil.h"
 #include "train.h"
 
 static const char *usage_text =
@@ -131,15 +132,10 @@ static void train_options_default(TrainOptions *o) {
 /* The data path: the positional argument, else the last non-empty line on stdin
  * (the previous stage prints its output path last). */
 static const char *data_path_from_stdin(void) {
-    static char line[4096], last[4096];
-    last[0] = '\0';
-    while (fgets(line, sizeof line, stdin)) {
-        size_t n = strcspn(line, "\r\n");
-        line[n] = '\0';
-        if (n > 0) memcpy(last, line, n + 1);
-    }
-    if (!last[0]) die_usage("no DATA.lmdb given and none on stdin (see --help)");
-    return last;
+    static char path[4096];
+    if (fs_last_line(stdin, path, sizeof path) != 0)
+        die_usage("no DATA.lmdb given and none on stdin (see --help)");
+    return path;
 }
 
 void train_options_parse(TrainOptions *o, int argc, char **argv) {
