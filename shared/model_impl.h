@@ -180,6 +180,22 @@ static void bn_fwd(const BNLayer *l, const real_t *params, real_t *buffers, cons
                                            MODEL_BN_EPS, y);
 }
 
+/* BN then ReLU; fused in training mode, where the cost is. */
+static void bn_relu_fwd(const BNLayer *l, const real_t *params, real_t *buffers,
+                        const real_t *cbuffers, int train, int rows, const real_t *x, real_t *y,
+                        real_t *mean, real_t *invstd) {
+    if (train) {
+        MODEL_OP(batchnorm2d_relu_forward_train)(rows, l->c, x, params + l->gamma,
+                                                 params + l->beta, y, mean, invstd,
+                                                 buffers + l->running_mean,
+                                                 buffers + l->running_var, MODEL_BN_MOMENTUM,
+                                                 MODEL_BN_EPS);
+    } else {
+        bn_fwd(l, params, buffers, cbuffers, train, rows, x, y, mean, invstd);
+        MODEL_OP(relu_forward)((size_t)rows * l->c, y, y);
+    }
+}
+
 static void block_forward(struct MODEL_RUN *r, const Block *b, BlockActs *a, const real_t *params,
                           real_t *buffers, const real_t *cbuffers, int train, int n,
                           const real_t *x) {
@@ -193,9 +209,12 @@ static void block_forward(struct MODEL_RUN *r, const Block *b, BlockActs *a, con
                    conv_out_size(w, cl->spec.k, cl->spec.stride, cl->spec.pad);
         conv_fwd(r, cl, params, n, h, w, in, a->conv_out[j]);
         real_t *y = j < nc - 1 ? a->act[j] : r->tmp_main;
-        bn_fwd(block_bn(b, j), params, buffers, cbuffers, train, rows, a->conv_out[j], y,
-               a->mean[j], a->invstd[j]);
-        if (j < nc - 1) MODEL_OP(relu_forward)((size_t)rows * cl->spec.cout, y, y);
+        if (j < nc - 1)
+            bn_relu_fwd(block_bn(b, j), params, buffers, cbuffers, train, rows, a->conv_out[j],
+                        y, a->mean[j], a->invstd[j]);
+        else /* bn3: its output goes into the residual add */
+            bn_fwd(block_bn(b, j), params, buffers, cbuffers, train, rows, a->conv_out[j], y,
+                   a->mean[j], a->invstd[j]);
         in = y;
     }
     int rows_out = n * b->out_h * b->out_w;
@@ -281,11 +300,14 @@ static real_t *block_backward(struct MODEL_RUN *r, const Block *b, const BlockAc
         block_conv_input(b, j, &h, &w);
         int rows = n * conv_out_size(h, cl->spec.k, cl->spec.stride, cl->spec.pad) *
                    conv_out_size(w, cl->spec.k, cl->spec.stride, cl->spec.pad);
-        if (j < block_n_convs(b) - 1)
-            MODEL_OP(relu_backward)((size_t)rows * cl->spec.cout, a->act[j], cur, cur);
         real_t *dc = grad_pick(r, cur, dshort);
-        bn_bwd(block_bn(b, j), params, grads, rows, a->conv_out[j], a->mean[j], a->invstd[j], cur,
-               dc);
+        const BNLayer *bl = block_bn(b, j);
+        if (j < block_n_convs(b) - 1) /* bn -> relu: mask and BN backward fused */
+            MODEL_OP(batchnorm2d_relu_backward)(rows, bl->c, a->conv_out[j], a->act[j],
+                                                params + bl->gamma, a->mean[j], a->invstd[j], cur,
+                                                dc, grads + bl->gamma, grads + bl->beta);
+        else
+            bn_bwd(bl, params, grads, rows, a->conv_out[j], a->mean[j], a->invstd[j], cur, dc);
         real_t *din = grad_pick(r, dc, dshort);
         conv_bwd(r, cl, params, grads, n, h, w, j == 0 ? x : a->act[j - 1], dc, din);
         cur = din;

@@ -61,6 +61,20 @@ void batchnorm2d_backward(int rows, int c, const float *x, const float *gamma,
                           const float *save_mean, const float *save_invstd, const float *dy,
                           float *dx, float *dgamma, float *dbeta);
 
+/* Fused for the bn -> relu pairs of training: batchnorm2d_forward_train then
+ * relu_forward in one pass over y (bit-identical results; NaN passes). */
+void batchnorm2d_relu_forward_train(int rows, int c, const float *x, const float *gamma,
+                                    const float *beta, float *y, float *save_mean,
+                                    float *save_invstd, float *running_mean, float *running_var,
+                                    float momentum, float eps);
+/* relu_backward (y: the ReLU's output, dy: its output gradient) then
+ * batchnorm2d_backward (x: the BN's input), without materialising the masked
+ * gradient; bit-identical to the two ops. dx may equal dy; NULL dx skips it. */
+void batchnorm2d_relu_backward(int rows, int c, const float *x, const float *y,
+                               const float *gamma, const float *save_mean,
+                               const float *save_invstd, const float *dy, float *dx,
+                               float *dgamma, float *dbeta);
+
 /* y = max(x, 0); in place allowed (y == x). */
 void relu_forward(size_t n, const float *x, float *y);
 /* dx = dy where y > 0 else 0; in place allowed (dx == dy). */

@@ -692,13 +692,29 @@ static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real
     }
 }
 
-void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
-                                       const real_t *beta, real_t *y, real_t *save_mean,
-                                       real_t *save_invstd, real_t *running_mean,
-                                       real_t *running_var, real_t momentum, real_t eps) {
+/* y = max(x * scale[ch] + shift[ch], 0), the same arithmetic as opsi_channel_affine
+ * then relu_forward, in one pass (NaN passes, as in PyTorch). */
+static void opsi_channel_affine_relu(int64_t rows, int c, const real_t *x, const real_t *scale,
+                                     const real_t *shift, real_t *y) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real_t *xr = x + r * c;
+        real_t *yr = y + r * c;
+        for (int ch = 0; ch < c; ch++) {
+            real_t v = xr[ch] * scale[ch] + shift[ch];
+            yr[ch] = v <= 0 ? 0 : v;
+        }
+    }
+}
+
+/* Training-mode statistics: saves mean and invstd, updates the running ones, and
+ * writes the per-channel affine (aff[0..c) scale, aff[c..2c) shift) that maps x to y. */
+static void opsi_bn_train_affine(int rows, int c, const real_t *x, const real_t *gamma,
+                                 const real_t *beta, real_t *save_mean, real_t *save_invstd,
+                                 real_t *running_mean, real_t *running_var, real_t momentum,
+                                 real_t eps, real_t *aff) {
     double *st = xmalloc((size_t)c * 3 * sizeof(double));
     double *shift = st, *s1 = st + c, *s2 = st + 2 * (size_t)c;
-    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
     for (int ch = 0; ch < c; ch++) shift[ch] = x[ch];
     opsi_bn_moments(rows, c, x, shift, s1, s2);
     for (int ch = 0; ch < c; ch++) {
@@ -716,9 +732,29 @@ void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const r
         aff[ch] = (real_t)scale;
         aff[c + ch] = (real_t)((double)beta[ch] - mean * scale);
     }
+    free(st);
+}
+
+void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
+                                       const real_t *beta, real_t *y, real_t *save_mean,
+                                       real_t *save_invstd, real_t *running_mean,
+                                       real_t *running_var, real_t momentum, real_t eps) {
+    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
+    opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd, running_mean,
+                         running_var, momentum, eps, aff);
     opsi_channel_affine(rows, c, x, aff, aff + c, y);
     free(aff);
-    free(st);
+}
+
+void OPS_FN(batchnorm2d_relu_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
+                                            const real_t *beta, real_t *y, real_t *save_mean,
+                                            real_t *save_invstd, real_t *running_mean,
+                                            real_t *running_var, real_t momentum, real_t eps) {
+    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
+    opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd, running_mean,
+                         running_var, momentum, eps, aff);
+    opsi_channel_affine_relu(rows, c, x, aff, aff + c, y);
+    free(aff);
 }
 
 void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const real_t *gamma,
@@ -732,6 +768,31 @@ void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const re
     }
     opsi_channel_affine(rows, c, x, aff, aff + c, y);
     free(aff);
+}
+
+/* From the per-block partial sums part[b*2cs + 0..c) = sum dy, part[b*2cs + cs..cs+c) =
+ * sum dy * (x - mean): dgamma, dbeta (overwritten) and the coefficients of
+ * dx = k1*dy + k2*x + k3 (the usual formula, expanded) into kc[0..3c). */
+static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double *part,
+                               const real_t *gamma,
+                               const real_t *save_mean, const real_t *save_invstd,
+                               real_t *dgamma, real_t *dbeta, real_t *kc) {
+    for (int ch = 0; ch < c; ch++) {
+        double sdy = 0.0, sdyx = 0.0;
+        for (int b = 0; b < nb; b++) {
+            sdy += part[(size_t)b * 2 * cs + ch];
+            sdyx += part[(size_t)b * 2 * cs + cs + ch];
+        }
+        double inv = save_invstd[ch], g = gamma[ch];
+        dbeta[ch] = (real_t)sdy;
+        dgamma[ch] = (real_t)(sdyx * inv);
+        double k1 = g * inv;
+        double k2 = -g * inv * inv * inv * sdyx / rows;
+        double k3 = -g * inv * sdy / rows - k2 * save_mean[ch];
+        kc[ch] = (real_t)k1;
+        kc[c + ch] = (real_t)k2;
+        kc[2 * c + ch] = (real_t)k3;
+    }
 }
 
 void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t *gamma,
@@ -751,24 +812,8 @@ void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t
             }
         }
     }
-    /* dx = k1*dy + k2*x + k3 per channel (the usual formula, expanded) */
     real_t *kc = xmalloc((size_t)c * 3 * sizeof(real_t));
-    for (int ch = 0; ch < c; ch++) {
-        double sdy = 0.0, sdyx = 0.0;
-        for (int b = 0; b < nb; b++) {
-            sdy += part[(size_t)b * 2 * c + ch];
-            sdyx += part[(size_t)b * 2 * c + c + ch];
-        }
-        double inv = save_invstd[ch], g = gamma[ch];
-        dbeta[ch] = (real_t)sdy;
-        dgamma[ch] = (real_t)(sdyx * inv);
-        double k1 = g * inv;
-        double k2 = -g * inv * inv * inv * sdyx / rows;
-        double k3 = -g * inv * sdy / rows - k2 * save_mean[ch];
-        kc[ch] = (real_t)k1;
-        kc[c + ch] = (real_t)k2;
-        kc[2 * c + ch] = (real_t)k3;
-    }
+    opsi_bn_bwd_coeffs(rows, c, nb, c, part, gamma, save_mean, save_invstd, dgamma, dbeta, kc);
     free(part);
     if (dx) {
         const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
@@ -781,6 +826,57 @@ void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t
     }
     free(kc);
 }
+
+/* The mask feeding the double accumulators stays a branch (scalar code) unless GCC
+ * may assume FP operations do not trap; no effect on the results (no reassociation). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+/* relu_backward then batchnorm2d_backward with the masked gradient
+ * g = y > 0 ? dy : 0 formed on the fly in both passes: the same values in the same
+ * order, so the results are bit-identical to the two ops, with no g buffer. */
+void OPS_FN(batchnorm2d_relu_backward)(int rows, int c, const real_t *x, const real_t *y,
+                                       const real_t *gamma, const real_t *save_mean,
+                                       const real_t *save_invstd, const real_t *dy, real_t *dx,
+                                       real_t *dgamma, real_t *dbeta) {
+    int nb = opsi_block_count(rows);
+    /* a2 at least 16 doubles past a1: for narrow layers (8 channels) GCC's run-time
+     * overlap check fails otherwise and the loop runs scalar, on a branch */
+    int64_t cs = c < 16 ? 16 : c;
+    double *part = xcalloc((size_t)nb * 2 * (size_t)cs, sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        double *a1 = part + (size_t)b * 2 * cs, *a2 = a1 + cs;
+        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
+            const real_t *xr = x + r * c, *yr = y + r * c, *dyr = dy + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                real_t g = yr[ch] > 0 ? dyr[ch] : 0;
+                a1[ch] += g;
+                a2[ch] += (double)g * ((double)xr[ch] - save_mean[ch]);
+            }
+        }
+    }
+    real_t *kc = xmalloc((size_t)c * 3 * sizeof(real_t));
+    opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd, dgamma, dbeta, kc);
+    free(part);
+    if (dx) {
+        const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const real_t *xr = x + r * c, *yr = y + r * c, *dyr = dy + r * c;
+            real_t *dxr = dx + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                real_t g = yr[ch] > 0 ? dyr[ch] : 0;
+                dxr[ch] = k1[ch] * g + k2[ch] * xr[ch] + k3[ch];
+            }
+        }
+    }
+    free(kc);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 /* ---------------------------------------------------------- elementwise */
 

@@ -42,6 +42,17 @@
          (int rows, int c, const float *x, const float *gamma, const float *save_mean,         \
           const float *save_invstd, const float *dy, float *dx, float *dgamma, float *dbeta),  \
          (rows, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta))                   \
+    VOID(batchnorm2d_relu_forward_train,                                                       \
+         (int rows, int c, const float *x, const float *gamma, const float *beta, float *y,    \
+          float *save_mean, float *save_invstd, float *running_mean, float *running_var,       \
+          float momentum, float eps),                                                          \
+         (rows, c, x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var,       \
+          momentum, eps))                                                                      \
+    VOID(batchnorm2d_relu_backward,                                                            \
+         (int rows, int c, const float *x, const float *y, const float *gamma,                 \
+          const float *save_mean, const float *save_invstd, const float *dy, float *dx,        \
+          float *dgamma, float *dbeta),                                                        \
+         (rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta))                \
     VOID(relu_forward, (size_t n, const float *x, float *y), (n, x, y))                        \
     VOID(relu_backward, (size_t n, const float *y, const float *dy, float *dx),                \
          (n, y, dy, dx))                                                                       \

@@ -738,6 +738,125 @@ static void test_determinism(void) {
     free(dx); free(dwt); free(dy); free(x); free(wt); free(fdy);
 }
 
+/* ------------------------------------------------- fused batchnorm + relu */
+
+static double bn_relu_loss(void *ctx) {
+    BNCase *t = ctx;
+    ops_d_batchnorm2d_relu_forward_train(t->rows, t->c, t->x, t->g, t->b, t->y, t->mean,
+                                         t->invstd, t->rm, t->rv, 0.1, 1e-5);
+    return dot(t->y, t->r, (size_t)t->rows * t->c);
+}
+
+/* Nudges x so that no BN output sits within a finite-difference step of the ReLU's
+ * kink (there the loss has no derivative). Shifting x by a constant leaves y
+ * unchanged, so this moves single entries, then recomputes. */
+static void bn_relu_away_from_kink(BNCase *t) {
+    size_t n = (size_t)t->rows * t->c;
+    for (int pass = 0; pass < 4; pass++) {
+        bn_relu_loss(t);
+        int moved = 0;
+        for (size_t i = 0; i < n; i++) {
+            double pre = ((t->x[i] - t->mean[i % t->c]) * t->invstd[i % t->c]) * t->g[i % t->c] +
+                         t->b[i % t->c];
+            if (fabs(pre) < 1e-3) {
+                t->x[i] += 0.05;
+                moved = 1;
+            }
+        }
+        if (!moved) break;
+    }
+    bn_relu_loss(t);
+}
+
+static void test_bn_relu_grad(int rows, int c) {
+    BNCase t = {rows, c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t n = (size_t)rows * c;
+    t.x = drand_vec(n, -2, 3);
+    t.g = drand_vec((size_t)c, 0.5, 1.5);
+    t.b = drand_vec((size_t)c, -1, 1);
+    t.y = dvec(n);
+    t.r = drand_vec(n, -1, 1);
+    t.mean = dvec((size_t)c);
+    t.invstd = dvec((size_t)c);
+    t.rm = dvec((size_t)c);
+    t.rv = dvec((size_t)c);
+    bn_relu_away_from_kink(&t);
+    size_t zeros = 0;
+    for (size_t i = 0; i < n; i++) zeros += t.y[i] == 0;
+    EXPECT(zeros > n / 10 && zeros < n - n / 10, "bn_relu %dx%d: %zu of %zu outputs clipped", rows,
+           c, zeros, n);
+    double *dx = dvec(n), *dg = dvec((size_t)c), *db = dvec((size_t)c);
+    ops_d_batchnorm2d_relu_backward(rows, c, t.x, t.y, t.g, t.mean, t.invstd, t.r, dx, dg, db);
+    char what[64];
+    snprintf(what, sizeof(what), "bn_relu %dx%d dx", rows, c);
+    grad_check(what, bn_relu_loss, &t, t.x, dx, n, rows > 600 ? 13 : 1);
+    snprintf(what, sizeof(what), "bn_relu %dx%d dgamma", rows, c);
+    grad_check(what, bn_relu_loss, &t, t.g, dg, (size_t)c, 1);
+    snprintf(what, sizeof(what), "bn_relu %dx%d dbeta", rows, c);
+    grad_check(what, bn_relu_loss, &t, t.b, db, (size_t)c, 1);
+    free(dx); free(dg); free(db);
+    free(t.x); free(t.g); free(t.b); free(t.y); free(t.r); free(t.mean); free(t.invstd);
+    free(t.rm); free(t.rv);
+}
+
+static int same_bits(const float *a, const float *b, size_t n) {
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* The fused float ops against batchnorm2d_forward_train + relu_forward and
+ * relu_backward + batchnorm2d_backward, bit for bit, in every variant, with a NaN
+ * and a zero gradient where y is clipped; plus dx in place (dx == dy). */
+static void test_bn_relu_equal(int rows, int c) {
+    size_t n = (size_t)rows * c;
+    double *dx0 = drand_vec(n, -2, 3), *dg0 = drand_vec(c, 0.5, 1.5), *db0 = drand_vec(c, -1, 1);
+    double *dr0 = drand_vec(n, -1, 1);
+    float *x = to_float(dx0, n), *g = to_float(dg0, c), *b = to_float(db0, c);
+    float *dy = to_float(dr0, n);
+    float *y1 = fvec(n), *y2 = fvec(n), *m1 = fvec(c), *m2 = fvec(c), *i1 = fvec(c), *i2 = fvec(c);
+    float *rm1 = fvec(c), *rm2 = fvec(c), *rv1 = fvec(c), *rv2 = fvec(c);
+    float *dx1 = fvec(n), *dx2 = fvec(n), *dg1 = fvec(c), *dg2 = fvec(c), *db1 = fvec(c);
+    float *db2 = fvec(c), *mask = fvec(n);
+    for (int isa = 0; isa <= 2; isa++) {
+        if (ops_set_isa(isa) != isa) continue;
+        for (int ch = 0; ch < c; ch++) rm1[ch] = rm2[ch] = 0.5f, rv1[ch] = rv2[ch] = 2.0f;
+        batchnorm2d_forward_train(rows, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
+        relu_forward(n, y1, y1);
+        batchnorm2d_relu_forward_train(rows, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
+        EXPECT(same_bits(y1, y2, n), "bn_relu forward != bn + relu (isa %d)", isa);
+        EXPECT(same_bits(m1, m2, c) && same_bits(i1, i2, c) && same_bits(rm1, rm2, c) &&
+                   same_bits(rv1, rv2, c),
+               "bn_relu forward statistics differ (isa %d)", isa);
+        /* a NaN input: relu_forward lets it through, and so must the fused op */
+        float keep = x[n / 2];
+        x[n / 2] = NAN;
+        batchnorm2d_forward_train(rows, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
+        relu_forward(n, y1, y1);
+        batchnorm2d_relu_forward_train(rows, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
+        EXPECT(isnan(y1[n / 2]) && isnan(y2[n / 2]) && same_bits(y1, y2, n),
+               "bn_relu forward with a NaN != bn + relu (isa %d)", isa);
+        x[n / 2] = keep;
+        batchnorm2d_relu_forward_train(rows, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
+
+        relu_backward(n, y2, dy, mask);
+        batchnorm2d_backward(rows, c, x, g, m2, i2, mask, dx1, dg1, db1);
+        batchnorm2d_relu_backward(rows, c, x, y2, g, m2, i2, dy, dx2, dg2, db2);
+        EXPECT(same_bits(dx1, dx2, n), "bn_relu backward dx != relu + bn (isa %d)", isa);
+        EXPECT(same_bits(dg1, dg2, c) && same_bits(db1, db2, c),
+               "bn_relu backward dgamma/dbeta != relu + bn (isa %d)", isa);
+        memcpy(dx2, dy, n * sizeof(float));
+        batchnorm2d_relu_backward(rows, c, x, y2, g, m2, i2, dx2, dx2, dg2, db2);
+        EXPECT(same_bits(dx1, dx2, n), "bn_relu backward in place (isa %d)", isa);
+        batchnorm2d_relu_backward(rows, c, x, y2, g, m2, i2, dy, NULL, dg2, db2);
+        EXPECT(same_bits(dg1, dg2, c) && same_bits(db1, db2, c),
+               "bn_relu backward without dx (isa %d)", isa);
+    }
+    ops_set_isa(-1);
+    free(dx0); free(dg0); free(db0); free(dr0); free(x); free(g); free(b); free(dy);
+    free(y1); free(y2); free(m1); free(m2); free(i1); free(i2); free(rm1); free(rm2);
+    free(rv1); free(rv2); free(dx1); free(dx2); free(dg1); free(dg2); free(db1); free(db2);
+    free(mask);
+}
+
 int main(void) {
     log_set_program("test_ops");
     printf("test_ops: CPU op variant %d (0 baseline, 1 AVX2, 2 AVX-512), %d threads\n",
@@ -746,6 +865,10 @@ int main(void) {
     test_batchnorm_grad(37, 3);
     test_batchnorm_grad(1500, 5); /* several reduction blocks */
     test_batchnorm_stats();
+    test_bn_relu_grad(37, 3);
+    test_bn_relu_grad(1500, 5); /* several reduction blocks */
+    test_bn_relu_equal(37, 3);
+    test_bn_relu_equal(3000, 24);
     test_elementwise();
     test_meanpool();
     test_linear();
