@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "augment.h"
 #include "comm.h"
 #include "model.h"
 
@@ -72,6 +73,10 @@ struct Engine {
     EngineConfig cfg;
     void *impl;
 };
+
+/* The batch augmentation of an engine's data: training (crop + flip, keyed by
+ * epoch) or evaluation (normalise only). */
+AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train);
 
 Engine *engine_create_cpu(const EngineConfig *cfg);
 /* NULL with a reason in err when no usable GPU (or a CPU-only build). */

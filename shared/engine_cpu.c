@@ -20,27 +20,11 @@ typedef struct {
     uint8_t *decay_mask;
 } CpuEngine;
 
-static AugmentSpec cpu_augment_spec(const Engine *e, int64_t epoch, int train) {
-    const ModelConfig *mc = &e->cfg.model->cfg;
-    AugmentSpec s;
-    memset(&s, 0, sizeof s);
-    s.h = mc->img_height;
-    s.w = mc->img_width;
-    s.c = mc->img_channels;
-    s.pad = train ? e->cfg.pad : 0;
-    s.flip = train;
-    s.seed = e->cfg.seed;
-    s.epoch = epoch;
-    memcpy(s.mean, e->cfg.mean, sizeof s.mean);
-    memcpy(s.std, e->cfg.std, sizeof s.std);
-    return s;
-}
-
 static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                             float lr, int *correct) {
     CpuEngine *c = e->impl;
     const Model *m = e->cfg.model;
-    AugmentSpec spec = cpu_augment_spec(e, epoch, 1);
+    AugmentSpec spec = engine_augment_spec(e, epoch, 1);
     augment_batch(&spec, e->cfg.train.pixels, e->cfg.train.labels, idx, n, c->batch_x, c->batch_y);
     float loss = model_forward_backward(m, c->run, c->params, c->buffers, c->batch_x, c->batch_y, n,
                                         e->cfg.label_smoothing, c->grads, correct);
@@ -55,7 +39,7 @@ static void cpu_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_su
     CpuEngine *c = e->impl;
     const Model *m = e->cfg.model;
     const int k = m->fc_out;
-    AugmentSpec spec = cpu_augment_spec(e, 0, 0);
+    AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_batch(&spec, e->cfg.test.pixels, e->cfg.test.labels, idx, n, c->batch_x, c->batch_y);
     model_forward_eval(m, c->run, c->params, c->buffers, c->batch_x, n, c->logits);
     int hits = 0;

@@ -362,29 +362,13 @@ static void model_backward_gpu(GpuEngine *g, const Model *m, int n) {
 
 /* ---------------------------------------------------------------- steps */
 
-static AugmentSpec augment_spec(const Engine *e, int train) {
-    const ModelConfig *mc = &e->cfg.model->cfg;
-    AugmentSpec s;
-    memset(&s, 0, sizeof s);
-    s.h = mc->img_height;
-    s.w = mc->img_width;
-    s.c = mc->img_channels;
-    s.pad = train ? e->cfg.pad : 0;
-    s.flip = train;
-    s.seed = e->cfg.seed;
-    s.epoch = 0;
-    memcpy(s.mean, e->cfg.mean, sizeof s.mean);
-    memcpy(s.std, e->cfg.std, sizeof s.std);
-    return s;
-}
-
 static int comm_world(const Engine *e) { return e->cfg.comm ? comm_world_size(e->cfg.comm) : 1; }
 
 /* Everything of one training step that depends only on device memory: the batch
  * from g->idx, forward, loss, backward, and the SGD update when fused. */
 static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     const Model *m = e->cfg.model;
-    AugmentSpec spec = augment_spec(e, 1);
+    AugmentSpec spec = engine_augment_spec(e, 0, 1);
     augment_batch_cuda(g->ctx, &spec, g->train_px, g->train_lab, g->idx, n, g->batch_x, g->batch_y,
                        &g->args->epoch);
     model_forward_gpu(g, m, 1, n);
@@ -476,7 +460,7 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
             e->cfg.max_batch);
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
-    AugmentSpec spec = augment_spec(e, 0);
+    AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_batch_cuda(g->ctx, &spec, g->test_px, g->test_lab, g->idx, n, g->batch_x, g->batch_y, NULL);
     model_forward_gpu(g, m, 0, n);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, g->logits, g->batch_y, 0.0f, NULL, g->loss,
