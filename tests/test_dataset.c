@@ -16,18 +16,7 @@
 #include "dataset.h"
 #include "fsutil.h"
 
-static int failures, checks;
-
-#define EXPECT(cond, ...)                                        \
-    do {                                                         \
-        checks++;                                                \
-        if (!(cond)) {                                           \
-            failures++;                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-        }                                                        \
-    } while (0)
+#include "unit.h"
 
 static char g_dir[256];
 
@@ -343,6 +332,5 @@ int main(void) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-    printf("test_dataset: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    return unit_report("test_dataset");
 }

@@ -24,19 +24,7 @@
 #define OPS_GEMM cblas_dgemm
 #include "ops_cpu_impl.h"
 
-static int failures;
-static int checks;
-
-#define EXPECT(cond, ...)                                              \
-    do {                                                               \
-        checks++;                                                      \
-        if (!(cond)) {                                                 \
-            failures++;                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);       \
-            fprintf(stderr, __VA_ARGS__);                              \
-            fprintf(stderr, "\n");                                     \
-        }                                                              \
-    } while (0)
+#include "unit.h"
 
 /* ------------------------------------------------------------ utilities */
 
@@ -880,10 +868,10 @@ int main(void) {
     ops_set_isa(-1);
     test_block();
     test_determinism();
-    if (failures) {
-        fprintf(stderr, "test_ops: %d of %d checks failed\n", failures, checks);
+    if (g_failures) {
+        fprintf(stderr, "test_ops: %d of %d checks failed\n", g_failures, g_checks);
         return 1;
     }
-    printf("test_ops: all %d checks passed\n", checks);
+    printf("test_ops: all %d checks passed\n", g_checks);
     return 0;
 }
