@@ -48,9 +48,9 @@ CFLAGS += $(CFLAGS_BASE)
 LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lm -lpthread
 LDFLAGS += -fopenmp
 
-SHARED_C = $(filter-out %_cuda.c,$(wildcard shared/*.c))
-# CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/*.cu and
-# shared/*_cuda.c) goes into $(BIN)/libcifar-cuda.so, which shared/cuda_loader.c
+SHARED_C = $(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c)
+# CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/cuda/)
+# goes into $(BIN)/libcifar-cuda.so, which shared/nn/cuda_loader.c
 # dlopens on demand: the commands link none of those libraries, start as fast as
 # CPU builds and run where they are missing. The library calls back into the
 # command (check_fail, comm_*), hence -rdynamic and the whole libcifar.a.
@@ -61,7 +61,7 @@ CFLAGS += -DCIFAR_CUDA -I$(CUDA_HOME)/include
 NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp,-fPIC \
           --expt-relaxed-constexpr -Werror all-warnings
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lnccl -lcudart -lstdc++
-CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/*_cuda.c)) $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/*.cu))
+CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c)) $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
 CUDA_SO = $(BIN)/libcifar-cuda.so
 LDLIBS += -ldl
 endif

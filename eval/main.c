@@ -8,14 +8,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "omp_env.h"
-#include "checkpoint.h"
-#include "dataset.h"
-#include "engine.h"
-#include "fsutil.h"
-#include "model.h"
-#include "progress.h"
+#include "util/check.h"
+#include "util/omp_env.h"
+#include "io/checkpoint.h"
+#include "data/dataset.h"
+#include "nn/engine.h"
+#include "io/fsutil.h"
+#include "nn/model.h"
+#include "util/progress.h"
 
 static const char *usage_text =
     "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors]\n"

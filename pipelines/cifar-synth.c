@@ -22,9 +22,9 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "check.h"
-#include "fsutil.h"
-#include "rng.h"
+#include "util/check.h"
+#include "io/fsutil.h"
+#include "util/rng.h"
 
 typedef struct {
     char out[4000];

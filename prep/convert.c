@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "progress.h"
+#include "util/check.h"
+#include "util/progress.h"
 
 #define CONVERT_MAX_FILE (256ll << 20)   /* a PNG of 4096x4096x3 is well under this */
 #define CONVERT_WINDOW_BYTES (64ull << 20)

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "annotations.h"
-#include "dataset.h"
+#include "data/dataset.h"
 #include "decode.h"
 
 typedef struct {

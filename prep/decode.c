@@ -7,8 +7,8 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "check.h"
-#include "dataset.h"
+#include "util/check.h"
+#include "data/dataset.h"
 
 struct ImageDecoder {
     tjhandle tj;        /* created on first JPEG */

@@ -16,12 +16,12 @@
 #include <unistd.h>
 
 #include "annotations.h"
-#include "check.h"
+#include "util/check.h"
 #include "convert.h"
-#include "dataset.h"
+#include "data/dataset.h"
 #include "decode.h"
-#include "fsutil.h"
-#include "progress.h"
+#include "io/fsutil.h"
+#include "util/progress.h"
 
 #define PATH_CAP 4096
 #define CLASSES_MAX 1000000

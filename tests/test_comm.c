@@ -24,8 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "comm.h"
+#include "util/check.h"
+#include "dist/comm.h"
 
 #include "unit.h"
 

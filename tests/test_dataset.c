@@ -12,9 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "dataset.h"
-#include "fsutil.h"
+#include "util/check.h"
+#include "data/dataset.h"
+#include "io/fsutil.h"
 
 #include "unit.h"
 

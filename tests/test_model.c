@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "model.h"
-#include "ops.h"
-#include "rng.h"
+#include "util/check.h"
+#include "nn/model.h"
+#include "nn/ops.h"
+#include "util/rng.h"
 
 static int g_failures;
 

@@ -1,6 +1,6 @@
 /* test_ops.c: unit tests of the CPU ops (ops.h).
  *
- * The op bodies (shared/ops_cpu_impl.h) are compiled a second time here in double
+ * The op bodies (shared/nn/ops_cpu_impl.h) are compiled a second time here in double
  * precision (ops_d_*), and every backward is checked against central finite
  * differences of its forward in double, with a tight tolerance: per tensor,
  * max|analytic - numeric| / max(max|analytic|, 1e-2) < 1e-6. Also: the convolution
@@ -16,13 +16,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "check.h"
-#include "ops.h"
+#include "util/check.h"
+#include "nn/ops.h"
 
 #define OPS_REAL double
 #define OPS_FN(name) ops_d_##name
 #define OPS_GEMM cblas_dgemm
-#include "ops_cpu_impl.h"
+#include "nn/ops_cpu_impl.h"
 
 #include "unit.h"
 

@@ -20,14 +20,14 @@ int main(void) {
 #include <stdlib.h>
 #include <string.h>
 
-#include "augment.h"
-#include "check.h"
-#include "comm.h"
-#include "engine.h"
-#include "model.h"
-#include "ops.h"
-#include "ops_cuda.h"
-#include "rng.h"
+#include "data/augment.h"
+#include "util/check.h"
+#include "dist/comm.h"
+#include "nn/engine.h"
+#include "nn/model.h"
+#include "nn/ops.h"
+#include "cuda/ops_cuda.h"
+#include "util/rng.h"
 
 static int failures;
 static uint64_t rand_counter;

@@ -8,7 +8,7 @@
  *   - every parameter gradient and the BN running statistics after it;
  *   - every parameter and buffer after 3 SGD steps (sgd_update), and the
  *     eval-mode logits after them.
- * Two runs of the same model code (shared/model_impl.h):
+ * Two runs of the same model code (shared/nn/model_impl.h):
  *   double  - the model and ops instantiated for double in this file: every
  *             comparison, with tolerances a little above the float32 rounding
  *             of the stored reference;
@@ -29,21 +29,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "fsutil.h"
-#include "model.h"
-#include "ops.h"
+#include "util/check.h"
+#include "io/fsutil.h"
+#include "nn/model.h"
+#include "nn/ops.h"
 
 /* The ops and the model in double, under the prefixes ops_d_ and ref_d_. */
 #define OPS_REAL double
 #define OPS_FN(name) ops_d_##name
 #define OPS_GEMM cblas_dgemm
-#include "ops_cpu_impl.h"
+#include "nn/ops_cpu_impl.h"
 #define MODEL_REAL double
 #define MODEL_FN(name) ref_d_##name
 #define MODEL_OP(name) ops_d_##name
 #define MODEL_RUN ModelRunD
-#include "model_impl.h"
+#include "nn/model_impl.h"
 
 #define REF_MAGIC "CIFREF01"
 #define REF_VERSION 1

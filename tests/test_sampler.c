@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sampler.h"
+#include "data/sampler.h"
 #include "unit.h"
 
 

@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "util/check.h"
 
 extern char **environ;
 

@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 
-#include "comm.h"
+#include "dist/comm.h"
 
 #define LAUNCH_NPROC_GPU (-1) /* --nproc-per-node gpu|auto: one per visible GPU */
 

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "omp_env.h"
-#include "comm.h"
+#include "util/check.h"
+#include "util/omp_env.h"
+#include "dist/comm.h"
 #include "launcher.h"
 #include "train.h"
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "fsutil.h"
+#include "util/check.h"
+#include "io/fsutil.h"
 #include "train.h"
 
 static const char *usage_text =

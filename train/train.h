@@ -4,8 +4,8 @@
 
 #include <stdint.h>
 
-#include "comm.h"
-#include "engine.h"
+#include "dist/comm.h"
+#include "nn/engine.h"
 
 typedef enum { SCHEDULE_CONST, SCHEDULE_STEP, SCHEDULE_COSINE } Schedule;
 typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;

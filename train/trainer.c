@@ -9,14 +9,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "checkpoint.h"
-#include "dataset.h"
-#include "fsutil.h"
-#include "model.h"
-#include "progress.h"
-#include "sampler.h"
-#include "snapshot.h"
+#include "util/check.h"
+#include "io/checkpoint.h"
+#include "data/dataset.h"
+#include "io/fsutil.h"
+#include "nn/model.h"
+#include "util/progress.h"
+#include "data/sampler.h"
+#include "io/snapshot.h"
 #include "train.h"
 
 volatile int g_train_stop_signal;

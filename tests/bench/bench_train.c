@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "augment.h"
-#include "check.h"
-#include "model.h"
-#include "omp_env.h"
-#include "ops.h"
-#include "progress.h"
-#include "rng.h"
+#include "data/augment.h"
+#include "util/check.h"
+#include "nn/model.h"
+#include "util/omp_env.h"
+#include "nn/ops.h"
+#include "util/progress.h"
+#include "util/rng.h"
 
 typedef struct {
     const char *name;

@@ -1,7 +1,7 @@
 /* fuzz_dataset.c: libFuzzer target for the LMDB dataset reader (dataset.h).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Ishared tests/fuzz/fuzz_dataset.c \
- *         shared/dataset.c shared/check.c shared/fsutil.c -llmdb -lcjson -lm -o fuzz_dataset
+ *         shared/data/dataset.c shared/util/check.c shared/io/fsutil.c -llmdb -lcjson -lm -o fuzz_dataset
  *   ./fuzz_dataset tests/fuzz/corpus_dataset
  *
  * The first input byte picks what the rest is:
@@ -28,7 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dataset.h"
+#include "data/dataset.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

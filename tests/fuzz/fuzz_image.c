@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dataset.h"
+#include "data/dataset.h"
 #include "decode.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -17,11 +17,11 @@ LIBS="-lpng -lturbojpeg -llmdb -lcjson -lm -lpthread"
 
 sources_for() { # the library sources each target needs
     case "$1" in
-        fuzz_annotations) echo "prep/annotations.c shared/check.c shared/fsutil.c" ;;
-        fuzz_image) echo "prep/decode.c shared/check.c" ;;
-        fuzz_snapshot) echo "shared/snapshot.c shared/check.c shared/fsutil.c" ;;
-        fuzz_dataset) echo "shared/dataset.c shared/check.c shared/fsutil.c" ;;
-        *) ls shared/*.c | grep -v '_cuda\.c$' | tr '\n' ' ' ;;
+        fuzz_annotations) echo "prep/annotations.c shared/util/check.c shared/io/fsutil.c" ;;
+        fuzz_image) echo "prep/decode.c shared/util/check.c" ;;
+        fuzz_snapshot) echo "shared/io/snapshot.c shared/util/check.c shared/io/fsutil.c" ;;
+        fuzz_dataset) echo "shared/data/dataset.c shared/util/check.c shared/io/fsutil.c" ;;
+        *) ls shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c | tr '\n' ' ' ;;
     esac
 }
 

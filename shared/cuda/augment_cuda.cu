@@ -1,0 +1,59 @@
+/* augment_cuda.cu: augment.h's augment_batch on the device (declared in ops_cuda.h).
+ * The dataset split sits on the device as uint8; one thread builds one output
+ * pixel (all its channels) exactly as augment.c's augment_one does, with the same
+ * rng_augment draw, so CPU and GPU batches are bit-identical: the normalisation is
+ * written with explicit _rn operations so that nvcc cannot fuse it into an FMA
+ * (the CPU build does not). */
+#include "cuda/cuda_check.h"
+#include "cuda/ops_cuda.h"
+#include "util/rng.h"
+
+#define AUGMENT_BLOCK 256
+
+__global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32_t *labels,
+                               const int64_t *idx, int n, float *out, int32_t *out_labels,
+                               const int64_t *epoch_dev) {
+    const int h = s.h, w = s.w, c = s.c;
+    const int64_t epoch = epoch_dev ? *epoch_dev : s.epoch;
+    const int64_t rec_bytes = (int64_t)h * w * c;
+    const int64_t total = (int64_t)n * h * w;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(t / ((int64_t)h * w));
+        const int y = (int)((t / w) % h);
+        const int x = (int)(t % w);
+        const int64_t sample = idx[i];
+        AugmentDraw d;
+        d.dy = s.pad;
+        d.dx = s.pad;
+        d.flip = 0;
+        if (s.pad > 0 || s.flip) d = rng_augment(s.seed, (uint64_t)epoch, (uint64_t)sample, s.pad);
+        if (s.pad == 0) d.dy = d.dx = 0;
+        if (!s.flip) d.flip = 0;
+        const int sy = y + d.dy - s.pad;
+        const int xx = d.flip ? w - 1 - x : x; /* flip after cropping, as torchvision */
+        const int sx = xx + d.dx - s.pad;
+        float *o = out + (int64_t)i * rec_bytes + ((int64_t)y * w + x) * c;
+        const int inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+        const uint8_t *p = inside ? pixels + sample * rec_bytes + ((int64_t)sy * w + sx) * c : pixels;
+        for (int ch = 0; ch < c; ch++) {
+            const float scale = __fdiv_rn(1.0f, __fmul_rn(255.0f, s.std[ch]));
+            const float shift = __fdiv_rn(-s.mean[ch], s.std[ch]);
+            o[ch] = inside ? __fadd_rn(__fmul_rn((float)p[ch], scale), shift) : shift;
+        }
+        if (y == 0 && x == 0) out_labels[i] = labels[sample];
+    }
+}
+
+extern "C" void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const uint8_t *pixels,
+                                   const int32_t *labels, const int64_t *idx, int n, float *out,
+                                   int32_t *out_labels, const int64_t *epoch_dev) {
+    if (n <= 0) return;
+    if (spec->c < 1 || spec->c > 4) die("augment: %d channels (1 to 4 supported)", spec->c);
+    int64_t total = (int64_t)n * spec->h * spec->w;
+    int64_t blocks = (total + AUGMENT_BLOCK - 1) / AUGMENT_BLOCK;
+    if (blocks > (1 << 20)) blocks = 1 << 20;
+    augment_kernel<<<(unsigned)blocks, AUGMENT_BLOCK, 0, (cudaStream_t)cuda_ctx_stream(ctx)>>>(
+        *spec, pixels, labels, idx, n, out, out_labels, epoch_dev);
+    CHECK_CUDA_LAST();
+}

@@ -1,0 +1,114 @@
+/* cuda_check.h: CHECK_CUDA / CHECK_CUDNN / CHECK_CUBLAS / CHECK_NCCL, the CUDA half
+ * of check.h's family. Include only from CUDA code (the .cu files and the _cuda.c files in shared):
+ * CPU-only code never sees a CUDA header.
+ *
+ * Each macro prints the failing call as text, the library's own reason, file:line and
+ * a hint, then exits 1 through check_fail():
+ *     cifar-train: cudaMalloc(&p, bytes): out of memory (ops_cuda.cu:42)
+ *     ---> HINT: lower --batch-size or use a GPU with more free memory
+ * CHECK_CUDA_LAST() checks the launch of the kernel just started (cudaGetLastError). */
+#ifndef CIFAR_CUDA_CHECK_H
+#define CIFAR_CUDA_CHECK_H
+
+#include "util/check.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+static inline const char *cuda_check_hint(cudaError_t e) {
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return "the GPU is out of memory: lower --batch-size or free the GPU";
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return "no usable GPU: check nvidia-smi and the driver, or run with --device cpu";
+    case cudaErrorInvalidDevice:
+        return "the device index does not exist: check CUDA_VISIBLE_DEVICES and --nproc-per-node";
+    case cudaErrorDevicesUnavailable:
+        return "the GPU is busy or in exclusive mode: check what else runs on it (nvidia-smi)";
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorNoKernelImageForDevice:
+        return "the binary was not built for this GPU: rebuild with CUDA_ARCHS for its compute capability";
+    default:
+        return "a CUDA call failed: check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES";
+    }
+}
+
+static inline const char *cudnn_check_hint(cudnnStatus_t s) {
+    if (s == CUDNN_STATUS_ALLOC_FAILED) return "the GPU is out of memory: lower --batch-size";
+    if (s == CUDNN_STATUS_NOT_SUPPORTED) return "cuDNN does not support this configuration: try another cuDNN version";
+    return "a cuDNN call failed: check that cuDNN matches the CUDA version";
+}
+
+static inline const char *cublas_check_reason(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "cuBLAS not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "cuBLAS allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "mapping error";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "internal error";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
+    default: return "unknown cuBLAS error";
+    }
+}
+
+static inline const char *nccl_check_hint(ncclResult_t r) {
+    switch (r) {
+    case ncclSystemError:
+    case ncclRemoteError:
+        return "a peer or the network failed: check that every rank is alive and NCCL_SOCKET_IFNAME (NCCL_DEBUG=INFO tells more)";
+    case ncclInvalidUsage:
+    case ncclInvalidArgument:
+        return "NCCL was called inconsistently across ranks: check WORLD_SIZE and that every rank runs the same command";
+    default:
+        return "run with NCCL_DEBUG=INFO for details";
+    }
+}
+
+#define CHECK_CUDA(call)                                                                 \
+    do {                                                                                \
+        cudaError_t check_cuda_e_ = (call);                                             \
+        if (check_cuda_e_ != cudaSuccess)                                               \
+            check_fail(__FILE__, __LINE__, #call, cudaGetErrorString(check_cuda_e_),    \
+                       cuda_check_hint(check_cuda_e_));                                 \
+    } while (0)
+
+/* After a kernel launch <<<...>>>: launch errors surface only through this. */
+#define CHECK_CUDA_LAST() CHECK_CUDA(cudaGetLastError())
+
+#define CHECK_CUDNN(call)                                                                \
+    do {                                                                                \
+        cudnnStatus_t check_cudnn_s_ = (call);                                          \
+        if (check_cudnn_s_ != CUDNN_STATUS_SUCCESS)                                     \
+            check_fail(__FILE__, __LINE__, #call, cudnnGetErrorString(check_cudnn_s_),  \
+                       cudnn_check_hint(check_cudnn_s_));                               \
+    } while (0)
+
+#define CHECK_CUBLAS(call)                                                               \
+    do {                                                                                \
+        cublasStatus_t check_cublas_s_ = (call);                                        \
+        if (check_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                   \
+            check_fail(__FILE__, __LINE__, #call, cublas_check_reason(check_cublas_s_), \
+                       "a cuBLAS call failed: check GPU memory and the CUDA version");  \
+    } while (0)
+
+#define CHECK_NCCL(call)                                                                 \
+    do {                                                                                \
+        ncclResult_t check_nccl_r_ = (call);                                            \
+        if (check_nccl_r_ != ncclSuccess)                                               \
+            check_fail(__FILE__, __LINE__, #call, ncclGetErrorString(check_nccl_r_),    \
+                       nccl_check_hint(check_nccl_r_));                                 \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,791 @@
+/* ops_cuda.cu: see ops_cuda.h. The CPU reference is ops_cpu.c; tests/test_ops_cuda.c
+ * compares every op here with it.
+ *
+ * Determinism: no atomics anywhere; every reduction (bias gradients, the loss) runs
+ * in a fixed order, so results repeat exactly for a given GPU, batch size and set
+ * of cuDNN algorithms. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/ops_cuda.h"
+
+#define OPS_CUDA_BLOCK 256
+/* Column-sum partials: up to COLSUM_MAX_CHUNKS row chunks of one column each. */
+#define COLSUM_MAX_CHUNKS 256
+#define COLSUM_SCRATCH_FLOATS ((size_t)COLSUM_MAX_CHUNKS * 4096)
+/* cuBLAS needs a fixed workspace to be captured into a CUDA graph. */
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+struct CudaCtx {
+    int device, tf32, deterministic;
+    cudaStream_t stream;
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    void *cublas_ws;
+    cudnnTensorDescriptor_t bn_x, bn_p; /* reused by every batch-norm call */
+    float *colsum_scratch;              /* COLSUM_SCRATCH_FLOATS */
+    float *loss_dev;                    /* one float, for the synchronous loss */
+    int *correct_dev;                   /* one int */
+};
+
+/* ---------------------------------------------------------------- context */
+
+extern "C" int ops_cuda_device_count(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear the sticky "no driver" error */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
+    CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
+    ctx->device = device;
+    ctx->tf32 = tf32;
+    ctx->deterministic = deterministic;
+    CHECK_CUDA(cudaSetDevice(device));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    CHECK_CUDNN(cudnnCreate(&ctx->cudnn));
+    CHECK_CUDNN(cudnnSetStream(ctx->cudnn, ctx->stream));
+    CHECK_CUBLAS(cublasCreate(&ctx->cublas));
+    CHECK_CUBLAS(cublasSetStream(ctx->cublas, ctx->stream));
+    CHECK_CUBLAS(cublasSetMathMode(ctx->cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    ctx->cublas_ws = cuda_alloc(CUBLAS_WORKSPACE_BYTES);
+    CHECK_CUBLAS(cublasSetWorkspace(ctx->cublas, ctx->cublas_ws, CUBLAS_WORKSPACE_BYTES));
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&ctx->bn_x));
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&ctx->bn_p));
+    ctx->colsum_scratch = (float *)cuda_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float));
+    ctx->loss_dev = (float *)cuda_alloc(sizeof(float));
+    ctx->correct_dev = (int *)cuda_alloc(sizeof(int));
+    return ctx;
+}
+
+extern "C" void cuda_ctx_free(CudaCtx *ctx) {
+    if (!ctx) return;
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
+    cuda_free(ctx->colsum_scratch);
+    cuda_free(ctx->loss_dev);
+    cuda_free(ctx->correct_dev);
+    CHECK_CUDNN(cudnnDestroyTensorDescriptor(ctx->bn_x));
+    CHECK_CUDNN(cudnnDestroyTensorDescriptor(ctx->bn_p));
+    CHECK_CUBLAS(cublasDestroy(ctx->cublas));
+    cuda_free(ctx->cublas_ws);
+    CHECK_CUDNN(cudnnDestroy(ctx->cudnn));
+    CHECK_CUDA(cudaStreamDestroy(ctx->stream));
+    free(ctx);
+}
+
+extern "C" int cuda_ctx_device(const CudaCtx *ctx) { return ctx->device; }
+extern "C" int cuda_ctx_deterministic(const CudaCtx *ctx) { return ctx->deterministic; }
+extern "C" void *cuda_ctx_stream(const CudaCtx *ctx) { return (void *)ctx->stream; }
+extern "C" void cuda_ctx_sync(CudaCtx *ctx) { CHECK_CUDA(cudaStreamSynchronize(ctx->stream)); }
+
+extern "C" void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 1;
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    return p;
+}
+
+extern "C" void cuda_free(void *ptr) {
+    if (ptr) CHECK_CUDA(cudaFree(ptr));
+}
+
+extern "C" void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes) {
+    if (bytes == 0) return;
+    CHECK_CUDA(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
+}
+
+extern "C" void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes) {
+    if (bytes == 0) return;
+    CHECK_CUDA(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
+}
+
+extern "C" void cuda_memset_async(CudaCtx *ctx, void *dst_dev, int value, size_t bytes) {
+    if (bytes) CHECK_CUDA(cudaMemsetAsync(dst_dev, value, bytes, ctx->stream));
+}
+
+extern "C" void cuda_copy_d2d_async(CudaCtx *ctx, void *dst_dev, const void *src_dev, size_t bytes) {
+    if (bytes)
+        CHECK_CUDA(cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+}
+
+/* Blocks for a grid-stride loop over n items. */
+static unsigned grid_for(size_t n) {
+    size_t g = (n + OPS_CUDA_BLOCK - 1) / OPS_CUDA_BLOCK;
+    if (g > (size_t)1 << 20) g = (size_t)1 << 20;
+    return (unsigned)(g ? g : 1);
+}
+
+#define GRID_STRIDE(i, n)                                                                       \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ------------------------------------------------- deterministic column sums */
+
+/* partial[chunk][col] = sum of x[r][col] over the rows of that chunk, in a fixed
+ * order: each of the 8 row lanes strides through the chunk, then lanes add up. */
+__global__ void colsum_partial_kernel(const float *x, int64_t rows, int c, int64_t rows_per_chunk,
+                                      float *partial) {
+    __shared__ float sh[8][33];
+    int col = blockIdx.x * 32 + threadIdx.x;
+    int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
+    int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    float s = 0.0f;
+    if (col < c)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += x[r * c + col];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < c) {
+        float t = 0.0f;
+        for (int i = 0; i < 8; i++) t += sh[i][threadIdx.x];
+        partial[(size_t)blockIdx.y * c + col] = t;
+    }
+}
+
+__global__ void colsum_final_kernel(const float *partial, int chunks, int c, float *out) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= c) return;
+    float t = 0.0f;
+    for (int i = 0; i < chunks; i++) t += partial[(size_t)i * c + col];
+    out[col] = t;
+}
+
+/* out[c] = sum over rows of x[rows][c] (overwritten). */
+static void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out) {
+    if ((size_t)c > COLSUM_SCRATCH_FLOATS)
+        die("column sum over %d channels exceeds the %zu-float scratch", c, COLSUM_SCRATCH_FLOATS);
+    int64_t chunks = (rows + 255) / 256;
+    int64_t max_chunks = (int64_t)(COLSUM_SCRATCH_FLOATS / (size_t)c);
+    if (max_chunks > COLSUM_MAX_CHUNKS) max_chunks = COLSUM_MAX_CHUNKS;
+    if (chunks > max_chunks) chunks = max_chunks;
+    if (chunks < 1) chunks = 1;
+    int64_t per = (rows + chunks - 1) / chunks;
+    if (per < 1) per = 1;
+    dim3 block(32, 8), grid((unsigned)((c + 31) / 32), (unsigned)chunks);
+    colsum_partial_kernel<<<grid, block, 0, ctx->stream>>>(x, rows, c, per, ctx->colsum_scratch);
+    CHECK_CUDA_LAST();
+    colsum_final_kernel<<<(unsigned)((c + 127) / 128), 128, 0, ctx->stream>>>(
+        ctx->colsum_scratch, (int)chunks, c, out);
+    CHECK_CUDA_LAST();
+}
+
+/* ------------------------------------------------------------- element-wise */
+
+__global__ void relu_forward_kernel(size_t n, const float *x, float *y) {
+    GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void relu_backward_kernel(size_t n, const float *y, const float *dy, float *dx) {
+    GRID_STRIDE(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+__global__ void add_kernel(size_t n, const float *a, const float *b, float *y) {
+    GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+__global__ void add_relu_kernel(size_t n, const float *a, const float *b, float *y) {
+    GRID_STRIDE(i, n) {
+        float s = a[i] + b[i];
+        y[i] = s > 0.0f ? s : 0.0f;
+    }
+}
+
+/* y[r][j] += bias[j] (add) or y[r][j] = bias[j] (!add) over rows x c. */
+__global__ void bias_kernel(size_t total, int c, const float *bias, float *y, int add) {
+    GRID_STRIDE(i, total) {
+        float b = bias[i % (size_t)c];
+        y[i] = add ? y[i] + b : b;
+    }
+}
+
+extern "C" void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y) {
+    if (!n) return;
+    relu_forward_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, x, y);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy,
+                                   float *dx) {
+    if (!n) return;
+    relu_backward_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, y, dy, dx);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y) {
+    if (!n) return;
+    add_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, a, b, y);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b,
+                                      float *y) {
+    if (!n) return;
+    add_relu_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, a, b, y);
+    CHECK_CUDA_LAST();
+}
+
+static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, float *y, int add) {
+    size_t total = rows * (size_t)c;
+    if (!total) return;
+    bias_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, bias, y, add);
+    CHECK_CUDA_LAST();
+}
+
+/* ----------------------------------------------------------------- mean pool */
+
+__global__ void meanpool_forward_kernel(int n, int hw, int c, const float *x, float *y) {
+    GRID_STRIDE(i, (size_t)n * c) {
+        size_t b = i / (size_t)c, ch = i % (size_t)c;
+        const float *p = x + b * (size_t)hw * c + ch;
+        float s = 0.0f;
+        for (int k = 0; k < hw; k++) s += p[(size_t)k * c];
+        y[i] = s / (float)hw;
+    }
+}
+
+__global__ void meanpool_backward_kernel(int n, int hw, int c, const float *dy, float *dx) {
+    const float inv = 1.0f / (float)hw;
+    GRID_STRIDE(i, (size_t)n * hw * c) {
+        size_t b = i / ((size_t)hw * c), ch = i % (size_t)c;
+        dx[i] = dy[b * c + ch] * inv;
+    }
+}
+
+extern "C" void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y) {
+    size_t total = (size_t)n * c;
+    if (!total) return;
+    meanpool_forward_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, hw, c, x, y);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy,
+                                       float *dx) {
+    size_t total = (size_t)n * hw * c;
+    if (!total) return;
+    meanpool_backward_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, hw, c, dy, dx);
+    CHECK_CUDA_LAST();
+}
+
+/* -------------------------------------------------------------------- linear */
+
+/* Row-major y[n][out] = x[n][in] * W[out][in]^T is, in cuBLAS's column-major terms,
+ * y^T (out x n) = W^T' (out x in) * x^T (in x n) with W read transposed. */
+extern "C" void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                                    const float *weight, const float *bias, float *y) {
+    const float one = 1.0f;
+    if (n <= 0) return;
+    bias_apply(ctx, (size_t)n, out, bias, y, 0);
+    CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, weight, in, x,
+                             in, &one, y, out));
+}
+
+extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                                     const float *weight, const float *dy, float *dx,
+                                     float *dweight, float *dbias) {
+    const float one = 1.0f, zero = 0.0f;
+    if (n <= 0) {
+        cuda_memset_async(ctx, dweight, 0, (size_t)in * out * sizeof(float));
+        cuda_memset_async(ctx, dbias, 0, (size_t)out * sizeof(float));
+        return;
+    }
+    /* dx[n][in] = dy[n][out] * W[out][in]: column-major dx^T (in x n) = W^T (in x out) * dy^T. */
+    if (dx)
+        CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, weight, in,
+                                 dy, out, &zero, dx, in));
+    /* dW[out][in] = dy^T x: column-major dW^T (in x out) = x^T (in x n) * dy (n x out). */
+    CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x, in, dy, out,
+                             &zero, dweight, in));
+    colsum(ctx, n, out, dy, dbias);
+}
+
+/* ---------------------------------------------------------------------- loss */
+
+/* One block: each thread handles rows t, t+blockDim, ...; the per-thread sums are
+ * then added in a fixed tree order, so the loss is deterministic. Per row, in
+ * double as ops_cpu does, with target = off + (1-smoothing)*onehot:
+ *   loss = -sum_j target_j * log softmax_j,   dl[j] = (softmax_j - target_j) / n   */
+__global__ void softmax_xent_kernel(int n, int k, const float *logits, const int32_t *labels,
+                                    float smoothing, float *dlogits, float *loss_out,
+                                    int *correct_out, int32_t *pred) {
+    __shared__ double sh_loss[OPS_CUDA_BLOCK];
+    __shared__ int sh_hits[OPS_CUDA_BLOCK];
+    double loss = 0.0;
+    int hits = 0;
+    const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float *l = logits + (size_t)i * k;
+        int y = labels[i];
+        int arg = 0;
+        for (int j = 1; j < k; j++)
+            if (l[j] > l[arg]) arg = j;
+        hits += arg == y;
+        if (pred) pred[i] = arg;
+        double m = l[arg], s = 0.0, sum_l = 0.0;
+        for (int j = 0; j < k; j++) {
+            s += exp((double)l[j] - m);
+            sum_l += l[j];
+        }
+        double lse = m + log(s);
+        loss += -(on - off) * ((double)l[y] - lse) - off * (sum_l - k * lse);
+        if (dlogits) {
+            float *d = dlogits + (size_t)i * k;
+            for (int j = 0; j < k; j++) {
+                double p = exp((double)l[j] - lse);
+                d[j] = (float)((p - (j == y ? on : off)) / n);
+            }
+        }
+    }
+    sh_loss[threadIdx.x] = loss;
+    sh_hits[threadIdx.x] = hits;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) {
+            sh_loss[threadIdx.x] += sh_loss[threadIdx.x + half];
+            sh_hits[threadIdx.x] += sh_hits[threadIdx.x + half];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        *loss_out = n > 0 ? (float)(sh_loss[0] / n) : 0.0f;
+        *correct_out = sh_hits[0];
+    }
+}
+
+extern "C" void softmax_xent_cuda_async(CudaCtx *ctx, int n, int k, const float *logits,
+                                        const int32_t *labels, float smoothing, float *dlogits,
+                                        float *loss_dev, int *correct_dev, int32_t *pred_dev) {
+    softmax_xent_kernel<<<1, OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, k, logits, labels, smoothing,
+                                                               dlogits, loss_dev, correct_dev,
+                                                               pred_dev);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" float softmax_xent_forward_backward_cuda(CudaCtx *ctx, int n, int k, const float *logits,
+                                                    const int32_t *labels, float smoothing,
+                                                    float *dlogits, int *correct) {
+    float loss = 0.0f;
+    int hits = 0;
+    softmax_xent_cuda_async(ctx, n, k, logits, labels, smoothing, dlogits, ctx->loss_dev,
+                            ctx->correct_dev, NULL);
+    cuda_download(ctx, &loss, ctx->loss_dev, sizeof loss);
+    cuda_download(ctx, &hits, ctx->correct_dev, sizeof hits);
+    if (correct) *correct = hits;
+    return loss;
+}
+
+/* ----------------------------------------------------------------- optimizer */
+
+/* PyTorch's SGD rule (ops.h). The explicit _rn operations keep nvcc from fusing
+ * multiply-adds, so the arithmetic is the CPU's, operation for operation. */
+__global__ void sgd_kernel(size_t n, float *param, const float *grad, float *buf,
+                           const uint8_t *mask, float lr_val, const float *lr_dev, float momentum,
+                           float wd, int nesterov, int first_val, const int *first_dev) {
+    const float lr = lr_dev ? *lr_dev : lr_val;
+    const int first = first_dev ? *first_dev : first_val;
+    GRID_STRIDE(i, n) {
+        float p = param[i];
+        float g = grad[i];
+        if (!mask || mask[i]) g = __fadd_rn(g, __fmul_rn(wd, p));
+        float b = first ? g : __fadd_rn(__fmul_rn(momentum, buf[i]), g);
+        buf[i] = b;
+        float step = nesterov ? __fadd_rn(g, __fmul_rn(momentum, b)) : b;
+        param[i] = __fsub_rn(p, __fmul_rn(lr, step));
+    }
+}
+
+extern "C" void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad,
+                                float *momentum_buf, const uint8_t *decay_mask, float lr,
+                                float momentum, float weight_decay, int nesterov, int first_step) {
+    if (!n) return;
+    sgd_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        n, param, grad, momentum_buf, decay_mask, lr, NULL, momentum, weight_decay, nesterov,
+        first_step, NULL);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
+                                    float *momentum_buf, const uint8_t *decay_mask,
+                                    const float *lr_dev, float momentum, float weight_decay,
+                                    int nesterov, const int *first_step_dev) {
+    if (!n) return;
+    sgd_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        n, param, grad, momentum_buf, decay_mask, 0.0f, lr_dev, momentum, weight_decay, nesterov, 0,
+        first_step_dev);
+    CHECK_CUDA_LAST();
+}
+
+/* ---------------------------------------------------------------- batch norm */
+
+/* rows x c as an NHWC tensor of N=rows, H=W=1 (the memory is the same; PyTorch's
+ * BatchNorm1d path); cuDNN's spatial mode then reduces over the rows, as
+ * batchnorm2d_* does. cuDNN rejects N above 880801 there (PyTorch avoids it past
+ * that size), so larger row counts are described as N x H with H dividing rows:
+ * the same memory and the same reduction. */
+#define BN_MAX_N 880801
+
+static void bn_describe(CudaCtx *ctx, int rows, int c) {
+    int n = rows, h = 1;
+    if (rows > BN_MAX_N) {
+        for (h = (rows + BN_MAX_N - 1) / BN_MAX_N; h < rows; h++)
+            if (rows % h == 0) break;
+        n = rows / h;
+    }
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, c, h, 1));
+    CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->bn_p, ctx->bn_x, CUDNN_BATCHNORM_SPATIAL));
+}
+
+static double bn_eps(float eps) {
+    double e = (double)eps;
+    return e < CUDNN_BN_MIN_EPSILON ? CUDNN_BN_MIN_EPSILON : e;
+}
+
+/* cuDNN's running update is running = (1-f)*running + f*batch with the unbiased
+ * batch variance, f = exponentialAverageFactor: PyTorch's rule with f = momentum.
+ * resultSaveInvVariance is 1/sqrt(var+eps), i.e. save_invstd. */
+extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+                                               const float *gamma, const float *beta, float *y,
+                                               float *save_mean, float *save_invstd,
+                                               float *running_mean, float *running_var,
+                                               float momentum, float eps) {
+    const float one = 1.0f, zero = 0.0f;
+    bn_describe(ctx, rows, c);
+    CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
+        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
+        beta, (double)momentum, running_mean, running_var, bn_eps(eps), save_mean, save_invstd));
+}
+
+extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+                                              const float *gamma, const float *beta,
+                                              const float *running_mean, const float *running_var,
+                                              float eps, float *y) {
+    const float one = 1.0f, zero = 0.0f;
+    bn_describe(ctx, rows, c);
+    CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
+        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
+        beta, running_mean, running_var, bn_eps(eps)));
+}
+
+/* The epsilon is not used when the saved statistics are given; it must still be a
+ * valid value. */
+extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+                                          const float *gamma, const float *save_mean,
+                                          const float *save_invstd, const float *dy, float *dx,
+                                          float *dgamma, float *dbeta) {
+    const float one = 1.0f, zero = 0.0f;
+    bn_describe(ctx, rows, c);
+    CHECK_CUDNN(cudnnBatchNormalizationBackward(
+        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, ctx->bn_x, x, ctx->bn_x, dy,
+        ctx->bn_x, dx, ctx->bn_p, gamma, dgamma, dbeta, bn_eps(1e-5f), save_mean, save_invstd));
+}
+
+/* --------------------------------------------------------------- convolution */
+
+__global__ void weight_to_krsc_kernel(int cout, int cin, int k, const float *kcrs, float *krsc) {
+    size_t total = (size_t)cout * cin * k * k;
+    GRID_STRIDE(i, total) {
+        /* i indexes kcrs: ((o*cin + c)*k + r)*k + s */
+        size_t s = i % k, r = (i / k) % k, c = (i / ((size_t)k * k)) % cin, o = i / ((size_t)k * k * cin);
+        krsc[((o * k + r) * k + s) * cin + c] = kcrs[i];
+    }
+}
+
+__global__ void weight_from_krsc_kernel(int cout, int cin, int k, const float *krsc, float *kcrs) {
+    size_t total = (size_t)cout * cin * k * k;
+    GRID_STRIDE(i, total) {
+        size_t s = i % k, r = (i / k) % k, c = (i / ((size_t)k * k)) % cin, o = i / ((size_t)k * k * cin);
+        kcrs[i] = krsc[((o * k + r) * k + s) * cin + c];
+    }
+}
+
+extern "C" void conv_weight_to_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *kcrs,
+                                         float *krsc) {
+    size_t total = (size_t)cs->cout * cs->cin * cs->k * cs->k;
+    weight_to_krsc_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(cs->cout, cs->cin, cs->k,
+                                                                               kcrs, krsc);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *krsc,
+                                           float *kcrs) {
+    size_t total = (size_t)cs->cout * cs->cin * cs->k * cs->k;
+    weight_from_krsc_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(cs->cout, cs->cin,
+                                                                                 cs->k, krsc, kcrs);
+    CHECK_CUDA_LAST();
+}
+
+struct ConvCuda {
+    ConvSpec cs;
+    int max_n, h, w, oh, ow;
+    size_t ws_limit, ws_bytes;
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    /* Chosen at max_n, and in use for cur_n (fallbacks when they need more workspace). */
+    cudnnConvolutionFwdAlgo_t fwd, cur_fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data, cur_bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter, cur_bwd_filter;
+    cudnnMathType_t math_fwd, math_bwd_data, math_bwd_filter;
+    int cur_n;
+    char desc[192];
+};
+
+/* fp32: plain FMA math only (cuDNN's default would allow TF32 for float data);
+ * tf32: tensor-op math, never the fp16 down-conversion. */
+static int conv_math_ok(const CudaCtx *ctx, cudnnMathType_t m) {
+    if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return 0;
+    return ctx->tf32 || m != CUDNN_TENSOR_OP_MATH;
+}
+
+static cudnnMathType_t conv_base_math(const CudaCtx *ctx) {
+    return ctx->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+}
+
+static cudnnMathType_t conv_chosen_math(const CudaCtx *ctx, cudnnMathType_t m) {
+    return ctx->tf32 ? m : CUDNN_FMA_MATH;
+}
+
+static void conv_set_batch_desc(ConvCuda *cv, int n) {
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->xd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cin,
+                                           cv->h, cv->w));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->yd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cout,
+                                           cv->oh, cv->ow));
+}
+
+/* The first acceptable result of a Find (sorted by time) or Get (ranked by
+ * heuristics) list: succeeded, math allowed, fits, deterministic when asked. */
+#define CONV_PICK(perf, count, ctx, limit, out_algo, out_math, found)                              \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < (count) && !(found); i_++) {                                         \
+            if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                               \
+            if ((perf)[i_].memory > (limit)) continue;                                             \
+            if (!conv_math_ok((ctx), (perf)[i_].mathType)) continue;                               \
+            if ((ctx)->deterministic && (perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;   \
+            (out_algo) = (perf)[i_].algo;                                                          \
+            (out_math) = conv_chosen_math((ctx), (perf)[i_].mathType);                             \
+            (found) = 1;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static void conv_pick_algorithms(CudaCtx *ctx, ConvCuda *cv) {
+    cudnnConvolutionFwdAlgoPerf_t pf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t pw[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0, found;
+    /* Workspace-free defaults (deterministic ones), used when nothing else fits. */
+    cv->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    cv->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    cv->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    cv->math_fwd = cv->math_bwd_data = cv->math_bwd_filter = conv_base_math(ctx);
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, conv_base_math(ctx)));
+
+    found = 0;
+    if (ctx->deterministic)
+        CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
+                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, pf));
+    else
+        CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, pf));
+    CONV_PICK(pf, got, ctx, cv->ws_limit, cv->fwd, cv->math_fwd, found);
+
+    found = 0;
+    if (ctx->deterministic)
+        CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
+    else
+        CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(
+            ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
+    CONV_PICK(pd, got, ctx, cv->ws_limit, cv->bwd_data, cv->math_bwd_data, found);
+
+    found = 0;
+    if (ctx->deterministic)
+        CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pw));
+    else
+        CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(
+            ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pw));
+    CONV_PICK(pw, got, ctx, cv->ws_limit, cv->bwd_filter, cv->math_bwd_filter, found);
+}
+
+/* Workspace of each chosen algorithm for the batch size now in the descriptors;
+ * (size_t)-1 when cuDNN rejects the algorithm for this shape. */
+static size_t conv_ws_fwd(CudaCtx *ctx, ConvCuda *cv, cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m) {
+    size_t b = 0;
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, m));
+    if (cudnnGetConvolutionForwardWorkspaceSize(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd, a, &b) !=
+        CUDNN_STATUS_SUCCESS)
+        return (size_t)-1;
+    return b;
+}
+
+static size_t conv_ws_bwd_data(CudaCtx *ctx, ConvCuda *cv, cudnnConvolutionBwdDataAlgo_t a,
+                               cudnnMathType_t m) {
+    size_t b = 0;
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, m));
+    if (cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, a, &b) !=
+        CUDNN_STATUS_SUCCESS)
+        return (size_t)-1;
+    return b;
+}
+
+static size_t conv_ws_bwd_filter(CudaCtx *ctx, ConvCuda *cv, cudnnConvolutionBwdFilterAlgo_t a,
+                                 cudnnMathType_t m) {
+    size_t b = 0;
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, m));
+    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, a,
+                                                       &b) != CUDNN_STATUS_SUCCESS)
+        return (size_t)-1;
+    return b;
+}
+
+static size_t size_max3(size_t a, size_t b, size_t c) {
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
+                                      size_t ws_limit) {
+    ConvCuda *cv = (ConvCuda *)xcalloc(1, sizeof *cv);
+    cv->cs = *cs;
+    cv->max_n = max_n;
+    cv->h = h;
+    cv->w = w;
+    cv->oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
+    cv->ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
+    cv->ws_limit = ws_limit;
+    if (max_n < 1 || cv->oh < 1 || cv->ow < 1)
+        die("convolution %dx%d stride %d on %dx%d: empty output", cs->k, cs->k, cs->stride, h, w);
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&cv->xd));
+    CHECK_CUDNN(cudnnCreateTensorDescriptor(&cv->yd));
+    CHECK_CUDNN(cudnnCreateFilterDescriptor(&cv->wd));
+    CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&cv->cd));
+    CHECK_CUDNN(cudnnSetFilter4dDescriptor(cv->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, cs->cout, cs->cin,
+                                           cs->k, cs->k));
+    CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cv->cd, cs->pad, cs->pad, cs->stride, cs->stride, 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    conv_set_batch_desc(cv, max_n);
+    int on, oc, oh, ow;
+    CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cv->cd, cv->xd, cv->wd, &on, &oc, &oh, &ow));
+    if (on != max_n || oc != cs->cout || oh != cv->oh || ow != cv->ow)
+        die("cuDNN computes a %dx%dx%dx%d convolution output where %dx%dx%dx%d was expected", on, oh, ow,
+            oc, max_n, cv->oh, cv->ow, cs->cout);
+    conv_pick_algorithms(ctx, cv);
+    size_t a = conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd);
+    size_t b = conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data);
+    size_t c = conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter);
+    if (a == (size_t)-1 || b == (size_t)-1 || c == (size_t)-1)
+        check_fail(__FILE__, __LINE__, "cuDNN convolution", "no algorithm supports this shape",
+                   "try --precision fp32 or another cuDNN version");
+    cv->ws_bytes = size_max3(a, b, c);
+    cv->cur_n = max_n;
+    cv->cur_fwd = cv->fwd;
+    cv->cur_bwd_data = cv->bwd_data;
+    cv->cur_bwd_filter = cv->bwd_filter;
+    snprintf(cv->desc, sizeof cv->desc, "fwd=%d bwd_data=%d bwd_filter=%d math=%d/%d/%d ws=%zu",
+             (int)cv->fwd, (int)cv->bwd_data, (int)cv->bwd_filter, (int)cv->math_fwd,
+             (int)cv->math_bwd_data, (int)cv->math_bwd_filter, cv->ws_bytes);
+    return cv;
+}
+
+extern "C" void conv_cuda_free(ConvCuda *cv) {
+    if (!cv) return;
+    CHECK_CUDNN(cudnnDestroyTensorDescriptor(cv->xd));
+    CHECK_CUDNN(cudnnDestroyTensorDescriptor(cv->yd));
+    CHECK_CUDNN(cudnnDestroyFilterDescriptor(cv->wd));
+    CHECK_CUDNN(cudnnDestroyConvolutionDescriptor(cv->cd));
+    free(cv);
+}
+
+extern "C" size_t conv_cuda_workspace_bytes(const ConvCuda *cv) { return cv->ws_bytes; }
+extern "C" const char *conv_cuda_describe(const ConvCuda *cv) { return cv->desc; }
+
+/* Point the descriptors at batch n; keep the chosen algorithms when their
+ * workspace still fits, else use the workspace-free ones. */
+static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
+    if (n == cv->cur_n) return;
+    if (n < 1 || n > cv->max_n)
+        die("convolution called with batch %d (planned for at most %d)", n, cv->max_n);
+    conv_set_batch_desc(cv, n);
+    cv->cur_n = n;
+    cv->cur_fwd = cv->fwd;
+    cv->cur_bwd_data = cv->bwd_data;
+    cv->cur_bwd_filter = cv->bwd_filter;
+    if (conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd) > ws_bytes)
+        cv->cur_fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes)
+        cv->cur_bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    if (conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) > ws_bytes)
+        cv->cur_bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+}
+
+extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                  const float *weight_krsc, const float *bias, float *y, void *ws,
+                                  size_t ws_bytes) {
+    const float one = 1.0f, zero = 0.0f;
+    conv_use_batch(ctx, cv, n, ws_bytes);
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_fwd));
+    CHECK_CUDNN(cudnnConvolutionForward(ctx->cudnn, &one, cv->xd, x, cv->wd, weight_krsc, cv->cd,
+                                        cv->cur_fwd, ws, ws_bytes, &zero, cv->yd, y));
+    if (bias) bias_apply(ctx, (size_t)n * cv->oh * cv->ow, cv->cs.cout, bias, y, 1);
+}
+
+extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                   const float *weight_krsc, const float *dy, float *dx,
+                                   float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+    const float one = 1.0f, zero = 0.0f;
+    conv_use_batch(ctx, cv, n, ws_bytes);
+    if (dbias) colsum(ctx, (int64_t)n * cv->oh * cv->ow, cv->cs.cout, dy, dbias);
+    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_filter));
+    CHECK_CUDNN(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, cv->xd, x, cv->yd, dy, cv->cd,
+                                               cv->cur_bwd_filter, ws, ws_bytes, &zero, cv->wd,
+                                               dweight_krsc));
+    if (dx) {
+        CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_data));
+        CHECK_CUDNN(cudnnConvolutionBackwardData(ctx->cudnn, &one, cv->wd, weight_krsc, cv->yd, dy,
+                                                 cv->cd, cv->cur_bwd_data, ws, ws_bytes, &zero, cv->xd,
+                                                 dx));
+    }
+}
+
+/* Scratch for the contract versions: the KRSC weight copy, the KRSC gradient and
+ * the cuDNN workspace, allocated per call. */
+#define CONV_ONEOFF_WS_LIMIT ((size_t)256 << 20)
+
+extern "C" void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
+                                    const float *x, const float *weight, const float *bias, float *y) {
+    size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
+    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT);
+    float *wk = (float *)cuda_alloc(wn * sizeof(float));
+    void *ws = cuda_alloc(cv->ws_bytes);
+    conv_weight_to_krsc_cuda(ctx, cs, weight, wk);
+    conv_cuda_forward(ctx, cv, n, x, wk, bias, y, ws, cv->ws_bytes);
+    cuda_ctx_sync(ctx);
+    cuda_free(ws);
+    cuda_free(wk);
+    conv_cuda_free(cv);
+}
+
+extern "C" void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
+                                     const float *x, const float *weight, const float *dy, float *dx,
+                                     float *dweight, float *dbias) {
+    size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
+    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT);
+    float *wk = (float *)cuda_alloc(wn * sizeof(float));
+    float *dwk = (float *)cuda_alloc(wn * sizeof(float));
+    void *ws = cuda_alloc(cv->ws_bytes);
+    conv_weight_to_krsc_cuda(ctx, cs, weight, wk);
+    conv_cuda_backward(ctx, cv, n, x, wk, dy, dx, dwk, dbias, ws, cv->ws_bytes);
+    conv_weight_from_krsc_cuda(ctx, cs, dwk, dweight);
+    cuda_ctx_sync(ctx);
+    cuda_free(ws);
+    cuda_free(dwk);
+    cuda_free(wk);
+    conv_cuda_free(cv);
+}

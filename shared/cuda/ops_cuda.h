@@ -1,0 +1,164 @@
+/* ops_cuda.h: the CUDA twins of ops.h (same names with a _cuda suffix, same
+ * contracts, device pointers), plus the few GPU-only pieces the CUDA engine needs.
+ *
+ * Every op takes a CudaCtx first: the device, one stream, the cuDNN and cuBLAS
+ * handles (bound to that stream), the math mode (fp32 or tf32) and whether only
+ * deterministic algorithms may be used. All work is queued on ctx's stream and is
+ * asynchronous unless a function says it synchronises.
+ *
+ * Convolutions go through cuDNN with NHWC activations. cuDNN wants an NHWC filter
+ * (KRSC: [Cout][K][K][Cin]) with NHWC data, while ops.h keeps PyTorch's KCRS
+ * ([Cout][Cin][K][K]); so:
+ *   - conv2d_forward_cuda / conv2d_backward_cuda keep ops.h's contract (KCRS in,
+ *     KCRS dweight out) and convert in scratch memory they allocate per call:
+ *     for tests and one-off use;
+ *   - ConvCuda is the fast path: algorithms picked once at creation, weights and
+ *     weight gradients in KRSC, caller-owned workspace. The CUDA engine keeps its
+ *     conv weights in KRSC on the device and converts only at state transfers
+ *     (conv_weight_to_krsc_cuda / conv_weight_from_krsc_cuda).
+ *
+ * Header for C and C++: no CUDA header needed to include it. */
+#ifndef CIFAR_OPS_CUDA_H
+#define CIFAR_OPS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/augment.h"
+#include "nn/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CudaCtx CudaCtx;
+
+/* Usable CUDA devices; 0 when there is no driver or no GPU (never fails). */
+int ops_cuda_device_count(void);
+
+/* Select `device`, create its stream and handles. tf32: let cuDNN and cuBLAS use
+ * TF32 tensor cores for fp32 data (else plain FMA math). deterministic: only
+ * algorithms cuDNN reports as deterministic, picked by heuristics rather than by
+ * timing, so two runs choose the same ones. Dies with a clear message on failure. */
+CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic);
+void cuda_ctx_free(CudaCtx *ctx);
+int cuda_ctx_device(const CudaCtx *ctx);
+int cuda_ctx_deterministic(const CudaCtx *ctx);
+/* The cudaStream_t, as a pointer so that C code needs no CUDA header. */
+void *cuda_ctx_stream(const CudaCtx *ctx);
+/* Wait for everything queued on ctx's stream. */
+void cuda_ctx_sync(CudaCtx *ctx);
+
+/* Device memory (checked: dies on failure). cuda_free(NULL) is a no-op. */
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *ptr);
+/* Synchronous copies through ctx's stream. */
+void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes);
+void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes);
+/* Asynchronous device memset / copy on ctx's stream. */
+void cuda_memset_async(CudaCtx *ctx, void *dst_dev, int value, size_t bytes);
+void cuda_copy_d2d_async(CudaCtx *ctx, void *dst_dev, const void *src_dev, size_t bytes);
+
+/* ---- convolution ---- */
+
+/* PyTorch layout [Cout][Cin][K][K] <-> cuDNN NHWC filter layout [Cout][K][K][Cin]
+ * (out of place; 1x1 kernels are the same in both). */
+void conv_weight_to_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *kcrs, float *krsc);
+void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *krsc, float *kcrs);
+
+typedef struct ConvCuda ConvCuda;
+
+/* Descriptors for cs on inputs of max_n x h x w, and the forward, backward-data
+ * and backward-filter algorithms for batch max_n: measured by cudnnFind* (fastest
+ * whose workspace fits ws_limit bytes), or, when ctx is deterministic, the first
+ * deterministic one cuDNN's heuristics rank. Smaller batches reuse the algorithms
+ * (falling back to workspace-free ones if the workspace would not fit). */
+ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
+                           size_t ws_limit);
+void conv_cuda_free(ConvCuda *cv);
+/* Workspace bytes the chosen algorithms need at max_n (forward and backward). */
+size_t conv_cuda_workspace_bytes(const ConvCuda *cv);
+/* Names of the chosen algorithms ("fwd=IMPLICIT_PRECOMP_GEMM bwd_data=1 ..."). */
+const char *conv_cuda_describe(const ConvCuda *cv);
+/* As conv2d_forward / conv2d_backward, weight and dweight in KRSC, n <= max_n;
+ * ws is a device workspace of ws_bytes >= conv_cuda_workspace_bytes. */
+void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x, const float *weight_krsc,
+                       const float *bias, float *y, void *ws, size_t ws_bytes);
+void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                        const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
+                        float *dbias, void *ws, size_t ws_bytes);
+
+/* ops.h's contract exactly (KCRS weights); scratch allocated per call, synchronises. */
+void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
+                         const float *weight, const float *bias, float *y);
+void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
+                          const float *weight, const float *dy, float *dx, float *dweight,
+                          float *dbias);
+
+/* ---- batch norm (cuDNN, spatial mode; the same formulas as ops.h) ---- */
+void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+                                    const float *gamma, const float *beta, float *y,
+                                    float *save_mean, float *save_invstd, float *running_mean,
+                                    float *running_var, float momentum, float eps);
+void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+                                   const float *gamma, const float *beta,
+                                   const float *running_mean, const float *running_var,
+                                   float eps, float *y);
+/* dx must not alias dy. */
+void batchnorm2d_backward_cuda(CudaCtx *ctx, int rows, int c, const float *x, const float *gamma,
+                               const float *save_mean, const float *save_invstd, const float *dy,
+                               float *dx, float *dgamma, float *dbeta);
+
+/* ---- element-wise, pooling, linear ---- */
+void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y);
+void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy, float *dx);
+void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
+void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
+void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y);
+void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy, float *dx);
+/* cuBLAS sgemm; dx may be NULL. */
+void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x, const float *weight,
+                         const float *bias, float *y);
+void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                          const float *weight, const float *dy, float *dx, float *dweight,
+                          float *dbias);
+
+/* ---- loss ---- */
+
+/* Asynchronous form: the mean loss goes to *loss_dev (one float), the hit count to
+ * *correct_dev (one int), the arg-max of each row (first maximum) to pred_dev
+ * when non-NULL; dlogits as in ops.h (NULL: none). */
+void softmax_xent_cuda_async(CudaCtx *ctx, int n, int k, const float *logits,
+                             const int32_t *labels, float smoothing, float *dlogits,
+                             float *loss_dev, int *correct_dev, int32_t *pred_dev);
+/* ops.h's contract: returns the mean loss (synchronises). */
+float softmax_xent_forward_backward_cuda(CudaCtx *ctx, int n, int k, const float *logits,
+                                         const int32_t *labels, float smoothing, float *dlogits,
+                                         int *correct);
+
+/* ---- optimizer ---- */
+
+/* ops.h's sgd_update. decay_mask is a device array or NULL. */
+void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad, float *momentum_buf,
+                     const uint8_t *decay_mask, float lr, float momentum, float weight_decay,
+                     int nesterov, int first_step);
+/* The same with lr and first_step read from device memory when the kernel runs
+ * (so a captured CUDA graph can be replayed with a new learning rate). */
+void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
+                         float *momentum_buf, const uint8_t *decay_mask, const float *lr_dev,
+                         float momentum, float weight_decay, int nesterov,
+                         const int *first_step_dev);
+
+/* ---- augmentation (augment_cuda.cu) ---- */
+
+/* augment.h's augment_batch on the device: pixels/labels are the whole split on
+ * the device, idx (n int64) on the device. When epoch_dev is non-NULL the epoch is
+ * read from it when the kernel runs (CUDA graphs), else spec->epoch is used. */
+void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const uint8_t *pixels,
+                        const int32_t *labels, const int64_t *idx, int n, float *out,
+                        int32_t *out_labels, const int64_t *epoch_dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

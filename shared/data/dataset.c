@@ -1,0 +1,710 @@
+/* dataset.c: the LMDB dataset format, reader and writer (see dataset.h).
+ *
+ * Both sides open the environment with MDB_NOLOCK: readers never run while the
+ * file is written (the writer works on a private temporary name), so no lock
+ * file is needed, and none is left next to the dataset. */
+#include "data/dataset.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <lmdb.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "util/check.h"
+#include "io/fsutil.h"
+
+#define DATASET_KEY_DIGITS 8
+#define DATASET_MAX_RECORDS 100000000LL /* keys are 8 decimal digits */
+#define DATASET_MAX_CLASSES 1000000
+#define WRITER_INITIAL_MAP (16ull << 20)
+#define WRITER_BATCH_RECORDS 1024
+#define WRITER_BATCH_BYTES (32ull << 20)
+#define WRITER_MAX_RECORD_BYTES (1ull << 30)
+
+static void key_format(int64_t index, char out[DATASET_KEY_DIGITS + 1]) {
+    /* index is in [0, DATASET_MAX_RECORDS): exactly 8 digits, zero padded */
+    uint64_t v = (uint64_t)index;
+    for (int i = DATASET_KEY_DIGITS - 1; i >= 0; i--) {
+        out[i] = (char)('0' + v % 10);
+        v /= 10;
+    }
+    out[DATASET_KEY_DIGITS] = '\0';
+}
+
+static int split_name_valid(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n >= sizeof(((DatasetSplit *)0)->name)) return 0;
+    if (strcmp(name, "meta") == 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ metadata */
+
+/* An integer field in [lo, hi]; -1 with a reason otherwise. */
+static int json_get_int(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                        char *err, size_t errlen) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it) {
+        snprintf(err, errlen, "metadata lacks \"%s\"", key);
+        return -1;
+    }
+    double v = it->valuedouble;
+    if (!cJSON_IsNumber(it) || !isfinite(v) || v != floor(v) || v < (double)lo || v > (double)hi) {
+        snprintf(err, errlen, "metadata \"%s\" must be an integer in [%lld, %lld]", key,
+                 (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int json_get_floats(const cJSON *obj, const char *split, const char *key, int n,
+                           float *out, char *err, size_t errlen) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != n) {
+        snprintf(err, errlen, "metadata split \"%s\": \"%s\" must be an array of %d numbers", split,
+                 key, n);
+        return -1;
+    }
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < 0 ||
+            it->valuedouble > 1) {
+            snprintf(err, errlen, "metadata split \"%s\": \"%s\"[%d] must be a number in [0, 1]",
+                     split, key, i);
+            return -1;
+        }
+        out[i++] = (float)it->valuedouble;
+    }
+    return 0;
+}
+
+static int info_parse_split(const cJSON *node, const DatasetInfo *info, DatasetSplit *s, char *err,
+                            size_t errlen) {
+    const char *name = node->string;
+    if (!name || !split_name_valid(name)) {
+        /* The name comes from the file: keep the reason on one line. */
+        char shown[41];
+        snprintf(shown, sizeof shown, "%s", name ? name : "");
+        for (char *c = shown; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+        snprintf(err, errlen, "metadata has an invalid split name \"%s\"", shown);
+        return -1;
+    }
+    if (!cJSON_IsObject(node)) {
+        snprintf(err, errlen, "metadata split \"%s\" is not an object", name);
+        return -1;
+    }
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    int64_t count;
+    if (json_get_int(node, "count", 0, DATASET_MAX_RECORDS, &count, err, errlen)) return -1;
+    s->count = count;
+    if (json_get_floats(node, name, "mean", info->channels, s->mean, err, errlen)) return -1;
+    if (json_get_floats(node, name, "std", info->channels, s->std, err, errlen)) return -1;
+    return 0;
+}
+
+static int info_parse_root(const cJSON *root, DatasetInfo *info, char *err, size_t errlen) {
+    if (!cJSON_IsObject(root)) {
+        snprintf(err, errlen, "metadata is not a JSON object");
+        return -1;
+    }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, DATASET_FORMAT) != 0) {
+        snprintf(err, errlen, "not a %s dataset (metadata \"format\" is %s)", DATASET_FORMAT,
+                 cJSON_IsString(fmt) ? "another format" : "missing");
+        return -1;
+    }
+    int64_t version, h, w, c, k;
+    if (json_get_int(root, "version", 1, INT32_MAX, &version, err, errlen)) return -1;
+    if (version > DATASET_VERSION) {
+        snprintf(err, errlen,
+                 "written by a newer cifar-prep (format version %lld, this build reads up to %d)",
+                 (long long)version, DATASET_VERSION);
+        return -1;
+    }
+    if (json_get_int(root, "height", 1, DATASET_MAX_SIDE, &h, err, errlen) ||
+        json_get_int(root, "width", 1, DATASET_MAX_SIDE, &w, err, errlen) ||
+        json_get_int(root, "channels", 1, DATASET_MAX_CHANNELS, &c, err, errlen) ||
+        json_get_int(root, "num_classes", 1, DATASET_MAX_CLASSES, &k, err, errlen))
+        return -1;
+    info->height = (int)h;
+    info->width = (int)w;
+    info->channels = (int)c;
+    info->num_classes = (int)k;
+    const cJSON *splits = cJSON_GetObjectItemCaseSensitive(root, "splits");
+    if (!cJSON_IsObject(splits) || cJSON_GetArraySize(splits) < 1 ||
+        cJSON_GetArraySize(splits) > DATASET_MAX_SPLITS) {
+        snprintf(err, errlen, "metadata \"splits\" must be an object with 1 to %d splits",
+                 DATASET_MAX_SPLITS);
+        return -1;
+    }
+    const cJSON *node;
+    cJSON_ArrayForEach(node, splits) {
+        DatasetSplit *s = &info->splits[info->n_splits];
+        if (info_parse_split(node, info, s, err, errlen)) return -1;
+        for (int i = 0; i < info->n_splits; i++) {
+            if (strcmp(info->splits[i].name, s->name) == 0) {
+                snprintf(err, errlen, "metadata names split \"%s\" twice", s->name);
+                return -1;
+            }
+        }
+        info->n_splits++;
+    }
+    return 0;
+}
+
+int dataset_info_parse(const char *json, size_t len, DatasetInfo *info, char *err, size_t errlen) {
+    memset(info, 0, sizeof *info);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) {
+        snprintf(err, errlen, "metadata is not valid JSON");
+        return -1;
+    }
+    int rc = info_parse_root(root, info, err, errlen);
+    cJSON_Delete(root);
+    if (rc) memset(info, 0, sizeof *info);
+    return rc;
+}
+
+static cJSON *floats_to_json(const float *v, int n) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)v[i]));
+    return arr;
+}
+
+char *dataset_info_to_json(const DatasetInfo *info) {
+    cJSON *root = cJSON_CreateObject();
+    CHECK_ALLOC(root, sizeof(cJSON));
+    cJSON_AddStringToObject(root, "format", DATASET_FORMAT);
+    cJSON_AddNumberToObject(root, "version", DATASET_VERSION);
+    cJSON_AddNumberToObject(root, "height", info->height);
+    cJSON_AddNumberToObject(root, "width", info->width);
+    cJSON_AddNumberToObject(root, "channels", info->channels);
+    cJSON_AddNumberToObject(root, "num_classes", info->num_classes);
+    cJSON *splits = cJSON_AddObjectToObject(root, "splits");
+    int c = info->channels < 0 ? 0 : info->channels > DATASET_MAX_CHANNELS ? DATASET_MAX_CHANNELS
+                                                                          : info->channels;
+    for (int i = 0; i < info->n_splits && i < DATASET_MAX_SPLITS; i++) {
+        const DatasetSplit *s = &info->splits[i];
+        cJSON *js = cJSON_AddObjectToObject(splits, s->name);
+        cJSON_AddNumberToObject(js, "count", (double)s->count);
+        cJSON_AddItemToObject(js, "mean", floats_to_json(s->mean, c));
+        cJSON_AddItemToObject(js, "std", floats_to_json(s->std, c));
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    CHECK_ALLOC(text, 4096);
+    return text;
+}
+
+/* ------------------------------------------------------------------ reading */
+
+struct Dataset {
+    MDB_env *env;
+    DatasetInfo info;
+    MDB_dbi dbi[DATASET_MAX_SPLITS];
+};
+
+static const char *lmdb_reason(int rc) {
+    if (rc == MDB_INVALID) return "not an LMDB file (or a corrupt one)";
+    return mdb_strerror(rc);
+}
+
+/* Inside a read transaction: metadata, then each split's table and its size. */
+static int dataset_open_tables(Dataset *ds, MDB_txn *txn, char *err, size_t errlen) {
+    MDB_dbi meta;
+    int rc = mdb_dbi_open(txn, "meta", 0, &meta);
+    if (rc) {
+        snprintf(err, errlen, "no cifar-lmdb metadata (%s)", lmdb_reason(rc));
+        return -1;
+    }
+    MDB_val key = {7, (void *)"dataset"}, val;
+    rc = mdb_get(txn, meta, &key, &val);
+    if (rc) {
+        snprintf(err, errlen, "no cifar-lmdb metadata record (%s)", lmdb_reason(rc));
+        return -1;
+    }
+    if (dataset_info_parse(val.mv_data, val.mv_size, &ds->info, err, errlen)) return -1;
+    for (int i = 0; i < ds->info.n_splits; i++) {
+        const DatasetSplit *s = &ds->info.splits[i];
+        MDB_stat st;
+        rc = mdb_dbi_open(txn, s->name, 0, &ds->dbi[i]);
+        if (!rc) rc = mdb_stat(txn, ds->dbi[i], &st);
+        if (rc) {
+            snprintf(err, errlen, "split \"%s\" has no records table (%s)", s->name,
+                     lmdb_reason(rc));
+            return -1;
+        }
+        if ((int64_t)st.ms_entries != s->count) {
+            snprintf(err, errlen, "split \"%s\" holds %zu records, the metadata says %lld",
+                     s->name, st.ms_entries, (long long)s->count);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* LMDB maps the file and trusts its header: a page past the end of a truncated
+ * file would be a SIGBUS on first touch, so the size is checked before any read. */
+static int dataset_check_size(const Dataset *ds, const struct stat *st, char *err,
+                              size_t errlen) {
+    MDB_envinfo ei;
+    MDB_stat ms;
+    int rc = mdb_env_info(ds->env, &ei);
+    if (!rc) rc = mdb_env_stat(ds->env, &ms);
+    if (rc) {
+        snprintf(err, errlen, "%s", lmdb_reason(rc));
+        return -1;
+    }
+    uint64_t need = ((uint64_t)ei.me_last_pgno + 1) * (uint64_t)ms.ms_psize;
+    if (ei.me_last_pgno >= SIZE_MAX / ms.ms_psize || need > (uint64_t)st->st_size) {
+        snprintf(err, errlen,
+                 "truncated LMDB file: %lld bytes, its header says %llu pages of %u bytes "
+                 "---> HINT: rerun cifar-prep to rebuild it",
+                 (long long)st->st_size, (unsigned long long)ei.me_last_pgno + 1, ms.ms_psize);
+        return -1;
+    }
+    return 0;
+}
+
+Dataset *dataset_open(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errlen, "%s", strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "not a regular file (a dataset is one LMDB file)");
+        return NULL;
+    }
+    Dataset *ds = xcalloc(1, sizeof *ds);
+    int rc = mdb_env_create(&ds->env);
+    if (!rc) rc = mdb_env_set_maxdbs(ds->env, DATASET_MAX_SPLITS + 1);
+    if (!rc)
+        rc = mdb_env_open(ds->env, path, MDB_RDONLY | MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOTLS,
+                          0644);
+    if (rc) {
+        snprintf(err, errlen, "%s", lmdb_reason(rc));
+        dataset_close(ds);
+        return NULL;
+    }
+    if (dataset_check_size(ds, &st, err, errlen)) {
+        dataset_close(ds);
+        return NULL;
+    }
+    MDB_txn *txn;
+    rc = mdb_txn_begin(ds->env, NULL, MDB_RDONLY, &txn);
+    if (rc) {
+        snprintf(err, errlen, "%s", lmdb_reason(rc));
+        dataset_close(ds);
+        return NULL;
+    }
+    if (dataset_open_tables(ds, txn, err, errlen)) {
+        mdb_txn_abort(txn);
+        dataset_close(ds);
+        return NULL;
+    }
+    mdb_txn_commit(txn); /* keeps the table handles open for later transactions */
+    return ds;
+}
+
+void dataset_close(Dataset *ds) {
+    if (!ds) return;
+    if (ds->env) mdb_env_close(ds->env);
+    free(ds);
+}
+
+const DatasetInfo *dataset_info(const Dataset *ds) { return &ds->info; }
+
+static int dataset_split_index(const Dataset *ds, const char *name) {
+    for (int i = 0; i < ds->info.n_splits; i++)
+        if (strcmp(ds->info.splits[i].name, name) == 0) return i;
+    return -1;
+}
+
+const DatasetSplit *dataset_split(const Dataset *ds, const char *name) {
+    int i = dataset_split_index(ds, name);
+    return i < 0 ? NULL : &ds->info.splits[i];
+}
+
+/* Check one record (key, length, label) and copy it out. */
+static int record_take(const Dataset *ds, const char *split, int64_t index, const MDB_val *key,
+                       const MDB_val *val, uint8_t *pixels, int32_t *label, char *err,
+                       size_t errlen) {
+    char want[DATASET_KEY_DIGITS + 1];
+    key_format(index, want);
+    size_t rec = (size_t)ds->info.height * (size_t)ds->info.width * (size_t)ds->info.channels;
+    if (key->mv_size != DATASET_KEY_DIGITS || memcmp(key->mv_data, want, DATASET_KEY_DIGITS)) {
+        snprintf(err, errlen, "record %s/%s is missing", split, want);
+        return -1;
+    }
+    if (val->mv_size != 4 + rec) {
+        snprintf(err, errlen, "record %s/%s has %zu bytes, expected %zu (4 + %dx%dx%d)", split,
+                 want, val->mv_size, 4 + rec, ds->info.height, ds->info.width, ds->info.channels);
+        return -1;
+    }
+    const uint8_t *b = val->mv_data;
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    int32_t lab = (int32_t)u;
+    if (lab < 0 || lab >= ds->info.num_classes) {
+        snprintf(err, errlen, "record %s/%s has label %d, outside [0, %d)", split, want, lab,
+                 ds->info.num_classes);
+        return -1;
+    }
+    *label = lab;
+    memcpy(pixels, b + 4, rec);
+    return 0;
+}
+
+int dataset_read_range(Dataset *ds, const char *name, int64_t first, int64_t count,
+                       uint8_t *pixels, int32_t *labels, char *err, size_t errlen) {
+    int si = dataset_split_index(ds, name);
+    if (si < 0) {
+        snprintf(err, errlen, "no split \"%s\" in the dataset", name);
+        return -1;
+    }
+    const DatasetSplit *s = &ds->info.splits[si];
+    if (first < 0 || count < 0 || first > s->count || count > s->count - first) {
+        snprintf(err, errlen, "records [%lld, %lld) are outside split \"%s\" (%lld records)",
+                 (long long)first, (long long)(first + count), name, (long long)s->count);
+        return -1;
+    }
+    if (count == 0) return 0;
+    size_t rec = (size_t)ds->info.height * (size_t)ds->info.width * (size_t)ds->info.channels;
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    int rc = mdb_txn_begin(ds->env, NULL, MDB_RDONLY, &txn);
+    if (rc) {
+        snprintf(err, errlen, "%s", lmdb_reason(rc));
+        return -1;
+    }
+    rc = mdb_cursor_open(txn, ds->dbi[si], &cur);
+    if (rc) {
+        mdb_txn_abort(txn);
+        snprintf(err, errlen, "%s", lmdb_reason(rc));
+        return -1;
+    }
+    char kbuf[DATASET_KEY_DIGITS + 1];
+    key_format(first, kbuf);
+    MDB_val key = {DATASET_KEY_DIGITS, kbuf}, val;
+    int result = 0;
+    for (int64_t i = 0; i < count; i++) {
+        rc = mdb_cursor_get(cur, &key, &val, i == 0 ? MDB_SET_KEY : MDB_NEXT);
+        if (rc == MDB_NOTFOUND) {
+            key.mv_size = 0; /* reported as a missing record below */
+        } else if (rc) {
+            snprintf(err, errlen, "split \"%s\": %s", name, lmdb_reason(rc));
+            result = -1;
+            break;
+        }
+        if (record_take(ds, name, first + i, &key, &val, pixels + (size_t)i * rec, &labels[i],
+                        err, errlen)) {
+            result = -1;
+            break;
+        }
+    }
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    return result;
+}
+
+int dataset_load_split(Dataset *ds, const char *name, uint8_t *pixels, int32_t *labels, char *err,
+                       size_t errlen) {
+    const DatasetSplit *s = dataset_split(ds, name);
+    if (!s) {
+        snprintf(err, errlen, "no split \"%s\" in the dataset", name);
+        return -1;
+    }
+    return dataset_read_range(ds, name, 0, s->count, pixels, labels, err, errlen);
+}
+
+/* ------------------------------------------------------------------ writing */
+
+typedef struct {
+    char name[32];
+    int64_t written; /* records accepted so far (indices must arrive in order) */
+} WriterSplit;
+
+/* A batch entry: header, then `vlen` bytes of value (label + pixels). */
+typedef struct {
+    int32_t split;
+    uint32_t vlen;
+    int64_t index;
+} BatchEntry;
+
+struct DatasetWriter {
+    MDB_env *env;
+    char final_path[4096];
+    char temp_path[4200];
+    size_t map_size;
+    WriterSplit splits[DATASET_MAX_SPLITS];
+    int n_splits;
+    uint8_t *batch;
+    size_t batch_len, batch_cap;
+    int64_t batch_count;
+    int done; /* 1 once renamed or removed: abort is then a no-op */
+};
+
+static void writer_close_env(DatasetWriter *w) {
+    if (w->env) mdb_env_close(w->env);
+    w->env = NULL;
+}
+
+DatasetWriter *dataset_writer_create(const char *path, char *err, size_t errlen) {
+    DatasetWriter *w = xcalloc(1, sizeof *w);
+    if (strlen(path) >= sizeof w->final_path - 32) {
+        snprintf(err, errlen, "path too long");
+        free(w);
+        return NULL;
+    }
+    snprintf(w->final_path, sizeof w->final_path, "%s", path);
+    fs_temp_name(path, w->temp_path, sizeof w->temp_path);
+    unlink(w->temp_path); /* a leftover of a dead process with our pid */
+    w->map_size = WRITER_INITIAL_MAP;
+    int rc = mdb_env_create(&w->env);
+    if (!rc) rc = mdb_env_set_maxdbs(w->env, DATASET_MAX_SPLITS + 1);
+    if (!rc) rc = mdb_env_set_mapsize(w->env, w->map_size);
+    /* NOSYNC: nothing is durable before finish, which syncs once. */
+    if (!rc) rc = mdb_env_open(w->env, w->temp_path, MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOSYNC, 0644);
+    if (rc) {
+        snprintf(err, errlen, "cannot create the temporary file %s (%s)", w->temp_path,
+                 mdb_strerror(rc));
+        writer_close_env(w);
+        unlink(w->temp_path);
+        free(w);
+        return NULL;
+    }
+    w->batch_cap = 1 << 20;
+    w->batch = xmalloc(w->batch_cap);
+    return w;
+}
+
+const char *dataset_writer_temp_path(const DatasetWriter *w) { return w->temp_path; }
+
+/* "cannot <verb> <temp>: <reason>". LMDB turns a short write on a full disk into
+ * EIO, so an EIO with (almost) no space left is reported as the full disk it is. */
+static void writer_error(const DatasetWriter *w, const char *verb, int rc, char *err,
+                         size_t errlen) {
+    struct statvfs vfs;
+    char dir[4096];
+    fs_dirname(w->temp_path, dir, sizeof dir);
+    if (rc == EIO && statvfs(dir, &vfs) == 0 &&
+        (uint64_t)vfs.f_bavail * vfs.f_frsize < w->batch_len + (1u << 20))
+        rc = ENOSPC;
+    snprintf(err, errlen, "cannot %s %s (%s)", verb, w->temp_path, mdb_strerror(rc));
+}
+
+/* One attempt at committing the batch in a single transaction; an LMDB code. */
+static int writer_try_commit(DatasetWriter *w) {
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(w->env, NULL, 0, &txn);
+    if (rc) return rc;
+    MDB_dbi dbi[DATASET_MAX_SPLITS];
+    for (int i = 0; i < w->n_splits && !rc; i++)
+        rc = mdb_dbi_open(txn, w->splits[i].name, MDB_CREATE, &dbi[i]);
+    size_t off = 0;
+    for (int64_t n = 0; n < w->batch_count && !rc; n++) {
+        BatchEntry e;
+        memcpy(&e, w->batch + off, sizeof e);
+        off += sizeof e;
+        char kbuf[DATASET_KEY_DIGITS + 1];
+        key_format(e.index, kbuf);
+        MDB_val key = {DATASET_KEY_DIGITS, kbuf}, val = {e.vlen, w->batch + off};
+        rc = mdb_put(txn, dbi[e.split], &key, &val, MDB_APPEND);
+        off += e.vlen;
+    }
+    if (rc) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return mdb_txn_commit(txn);
+}
+
+/* Commit a batch, growing the map (and replaying the batch) whenever it is full. */
+static int writer_commit_batch(DatasetWriter *w, char *err, size_t errlen) {
+    for (;;) {
+        int rc = writer_try_commit(w);
+        if (rc == 0) break;
+        if (rc == MDB_MAP_FULL) {
+            w->map_size *= 2;
+            rc = mdb_env_set_mapsize(w->env, w->map_size);
+            if (rc == 0) continue;
+        }
+        writer_error(w, "write", rc, err, errlen);
+        return -1;
+    }
+    w->batch_len = 0;
+    w->batch_count = 0;
+    return 0;
+}
+
+static int writer_split_index(DatasetWriter *w, const char *name, char *err, size_t errlen) {
+    for (int i = 0; i < w->n_splits; i++)
+        if (strcmp(w->splits[i].name, name) == 0) return i;
+    if (!split_name_valid(name)) {
+        snprintf(err, errlen, "invalid split name \"%.40s\" (letters, digits, _-. only; not meta)",
+                 name);
+        return -1;
+    }
+    if (w->n_splits == DATASET_MAX_SPLITS) {
+        snprintf(err, errlen, "more than %d splits", DATASET_MAX_SPLITS);
+        return -1;
+    }
+    WriterSplit *s = &w->splits[w->n_splits];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->written = 0;
+    return w->n_splits++;
+}
+
+int dataset_writer_put(DatasetWriter *w, const char *split, int64_t index, int32_t label,
+                       const uint8_t *pixels, size_t nbytes, char *err, size_t errlen) {
+    if (w->done || !w->env) {
+        snprintf(err, errlen, "the writer is closed");
+        return -1;
+    }
+    int si = writer_split_index(w, split, err, errlen);
+    if (si < 0) return -1;
+    WriterSplit *s = &w->splits[si];
+    if (index != s->written || index >= DATASET_MAX_RECORDS) {
+        snprintf(err, errlen, "split \"%s\": record %lld out of order (expected %lld, at most %lld)",
+                 split, (long long)index, (long long)s->written, DATASET_MAX_RECORDS - 1);
+        return -1;
+    }
+    if (nbytes == 0 || nbytes > WRITER_MAX_RECORD_BYTES) {
+        snprintf(err, errlen, "record %s/%lld has %zu pixel bytes", split, (long long)index, nbytes);
+        return -1;
+    }
+    size_t need = sizeof(BatchEntry) + 4 + nbytes;
+    if (w->batch_len + need > w->batch_cap) {
+        while (w->batch_len + need > w->batch_cap) w->batch_cap *= 2;
+        w->batch = xrealloc(w->batch, w->batch_cap);
+    }
+    BatchEntry e = {si, (uint32_t)(4 + nbytes), index};
+    uint8_t *p = w->batch + w->batch_len;
+    memcpy(p, &e, sizeof e);
+    p += sizeof e;
+    uint32_t u = (uint32_t)label;
+    p[0] = (uint8_t)u;
+    p[1] = (uint8_t)(u >> 8);
+    p[2] = (uint8_t)(u >> 16);
+    p[3] = (uint8_t)(u >> 24);
+    memcpy(p + 4, pixels, nbytes);
+    w->batch_len += need;
+    w->batch_count++;
+    s->written++;
+    if (w->batch_count >= WRITER_BATCH_RECORDS || w->batch_len >= WRITER_BATCH_BYTES)
+        return writer_commit_batch(w, err, errlen);
+    return 0;
+}
+
+/* The metadata must describe exactly the records written. */
+static int writer_check_info(const DatasetWriter *w, const DatasetInfo *info, char *err,
+                             size_t errlen) {
+    if (info->n_splits != w->n_splits) {
+        snprintf(err, errlen, "metadata names %d splits, %d were written", info->n_splits,
+                 w->n_splits);
+        return -1;
+    }
+    for (int i = 0; i < w->n_splits; i++) {
+        const WriterSplit *s = &w->splits[i];
+        int found = 0;
+        for (int j = 0; j < info->n_splits; j++) {
+            if (strcmp(info->splits[j].name, s->name) != 0) continue;
+            found = 1;
+            if (info->splits[j].count != s->written) {
+                snprintf(err, errlen, "metadata says split \"%s\" has %lld records, %lld written",
+                         s->name, (long long)info->splits[j].count, (long long)s->written);
+                return -1;
+            }
+        }
+        if (!found) {
+            snprintf(err, errlen, "metadata lacks split \"%s\"", s->name);
+            return -1;
+        }
+    }
+    char *json = dataset_info_to_json(info);
+    DatasetInfo check;
+    int rc = dataset_info_parse(json, strlen(json), &check, err, errlen);
+    free(json);
+    return rc;
+}
+
+static int writer_put_meta(DatasetWriter *w, const DatasetInfo *info, char *err, size_t errlen) {
+    char *json = dataset_info_to_json(info);
+    int rc;
+    for (;;) {
+        MDB_txn *txn;
+        MDB_dbi meta;
+        rc = mdb_txn_begin(w->env, NULL, 0, &txn);
+        if (rc) break;
+        rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta);
+        MDB_val key = {7, (void *)"dataset"}, val = {strlen(json), json};
+        if (!rc) rc = mdb_put(txn, meta, &key, &val, 0);
+        if (rc)
+            mdb_txn_abort(txn);
+        else
+            rc = mdb_txn_commit(txn);
+        if (rc != MDB_MAP_FULL) break;
+        w->map_size *= 2;
+        rc = mdb_env_set_mapsize(w->env, w->map_size);
+        if (rc) break;
+    }
+    free(json);
+    if (rc) writer_error(w, "write", rc, err, errlen);
+    return rc ? -1 : 0;
+}
+
+int dataset_writer_finish(DatasetWriter *w, const DatasetInfo *info, char *err, size_t errlen) {
+    if (w->done || !w->env) {
+        snprintf(err, errlen, "the writer is closed");
+        return -1;
+    }
+    if (writer_commit_batch(w, err, errlen) || writer_check_info(w, info, err, errlen) ||
+        writer_put_meta(w, info, err, errlen)) {
+        dataset_writer_abort(w);
+        return -1;
+    }
+    int rc = mdb_env_sync(w->env, 1);
+    if (rc) {
+        writer_error(w, "sync", rc, err, errlen);
+        dataset_writer_abort(w);
+        return -1;
+    }
+    writer_close_env(w);
+    if (fs_commit_rename(w->temp_path, w->final_path) != 0) {
+        snprintf(err, errlen, "cannot rename %s into place (%s)", w->temp_path, strerror(errno));
+        dataset_writer_abort(w);
+        return -1;
+    }
+    w->done = 1;
+    return 0;
+}
+
+void dataset_writer_abort(DatasetWriter *w) {
+    if (!w || w->done) return;
+    writer_close_env(w);
+    unlink(w->temp_path);
+    w->done = 1;
+}
+
+void dataset_writer_free(DatasetWriter *w) {
+    if (!w) return;
+    dataset_writer_abort(w);
+    free(w->batch);
+    free(w);
+}
