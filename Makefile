@@ -28,12 +28,65 @@ DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libcl
 DEB_BENCH = python3-matplotlib
 DEB_ALL = $(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)
 
-# ---- CUDA detection: compile and link a probe against cuDNN, cuBLAS and NCCL ----
+# ---- CUDA detection ----
+# cuDNN, cuBLAS and NCCL are each taken from the first folder (with include/ and lib64/,
+# lib/ or lib/<multiarch>/) that has both the header and a versioned library: $(CUDNN_HOME),
+# $(CUBLAS_HOME), $(NCCL_HOME) when set; $(CUDA_HOME); the folders of NVIDIA's pip packages
+# on $(PYTHON_NV)'s sys.path, PYTHONPATH included (nvidia/cudnn of nvidia-cudnn-cu13,
+# nvidia/cu13 of nvidia-cublas 13, nvidia/cublas of 12.x, nvidia/nccl of nvidia-nccl-cu13);
+# /usr. They are linked by their versioned names (-l:libcudnn.so.9: pip ships no
+# libcudnn.so) with an rpath to each folder, and only their own headers are symlinked into
+# $(CUDA_INC): a pip include folder can also hold CUDA runtime headers of another version
+# than nvcc's, so it is never put on the include path whole. A probe program then compiles
+# and links against the three with $(LDFLAGS), the way libcifar-cuda.so is linked.
+PYTHON_NV ?= python3
+CUDA_INC = $(BUILD)/cuda-include
+comma := ,
+ifneq ($(CUDA),0)
+MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
+NV_SITES := $(shell $(PYTHON_NV) -c 'import os, sys; print(" ".join(p for p in sys.path if p and os.path.isdir(os.path.join(p, "nvidia"))))' 2>/dev/null)
+# $(call cuda_soname,DIR,NAME): the shortest versioned file name of libNAME in DIR (libcudnn.so.9)
+cuda_soname = $(firstword $(sort $(notdir $(wildcard $(1)/lib$(2).so.[0-9]*))))
+cuda_libdirs = $(1)/lib64 $(1)/lib $(if $(MULTIARCH),$(1)/lib/$(MULTIARCH))
+# $(call cuda_find,NAME,HEADER,PREFIXES): "libdir|includedir|soname" from the first prefix with both
+cuda_find = $(firstword $(foreach p,$(3),$(if $(wildcard $(p)/include/$(2)),$(foreach d,$(call cuda_libdirs,$(p)),$(if $(call cuda_soname,$(d),$(1)),$(d)|$(p)/include|$(call cuda_soname,$(d),$(1)))))))
+cuda_part = $(word $(2),$(subst |, ,$(1)))
+cuda_uniq = $(if $(1),$(firstword $(1)) $(call cuda_uniq,$(filter-out $(firstword $(1)),$(1))))
+CUDNN_FOUND := $(call cuda_find,cudnn,cudnn.h,$(CUDNN_HOME) $(CUDA_HOME) $(NV_SITES:%=%/nvidia/cudnn) /usr)
+CUBLAS_FOUND := $(call cuda_find,cublas,cublas_v2.h,$(CUBLAS_HOME) $(CUDA_HOME) $(NV_SITES:%=%/nvidia/cu13) $(NV_SITES:%=%/nvidia/cublas) /usr)
+NCCL_FOUND := $(call cuda_find,nccl,nccl.h,$(NCCL_HOME) $(CUDA_HOME) $(NV_SITES:%=%/nvidia/nccl) /usr)
+CUDART_FOUND := $(call cuda_find,cudart,cuda_runtime.h,$(CUDA_HOME))
+CUDA_MISSING := $(if $(wildcard $(NVCC)),,nvcc) $(if $(CUDART_FOUND),,cudart) $(if $(CUDNN_FOUND),,cuDNN) \
+                $(if $(CUBLAS_FOUND),,cuBLAS) $(if $(NCCL_FOUND),,NCCL)
+CUDA_HEADERS := $(sort $(wildcard $(call cuda_part,$(CUDNN_FOUND),2)/cudnn*.h \
+                $(call cuda_part,$(CUBLAS_FOUND),2)/cublas*.h $(call cuda_part,$(NCCL_FOUND),2)/nccl*))
+CUDA_LIB_DIRS := $(call cuda_uniq,$(foreach f,$(CUDART_FOUND) $(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),1)))
+CUDA_LIBS = $(CUDA_LIB_DIRS:%=-L%) \
+            $(addprefix -Wl$(comma)-rpath$(comma),$(filter-out /usr/lib /usr/lib64 /usr/lib/$(MULTIARCH),$(CUDA_LIB_DIRS))) \
+            $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND) $(CUDART_FOUND),-l:$(call cuda_part,$(f),3)) -lstdc++
+# The headers' links, redone only when the list changes (parallel makes may read them).
+ifeq ($(strip $(CUDA_MISSING)),)
+CUDA_INC_DONE := $(shell list='$(CUDA_HEADERS)'; [ "$$(cat $(CUDA_INC)/.sources 2>/dev/null)" = "$$list" ] || \
+  { rm -rf $(CUDA_INC) && mkdir -p $(CUDA_INC) && ln -s $$list $(CUDA_INC)/ && echo "$$list" > $(CUDA_INC)/.sources; })
+endif
+endif
+
 ifeq ($(CUDA),auto)
-CUDA_PROBE := $(shell printf '#include <cudnn.h>\n#include <cublas_v2.h>\n#include <nccl.h>\nint main(void){return (int)cudnnGetVersion()==0;}\n' > /tmp/cifar-cuda-probe-$$$$.cu && \
-  $(NVCC) -o /tmp/cifar-cuda-probe-$$$$ /tmp/cifar-cuda-probe-$$$$.cu -L$(CUDA_HOME)/lib64 -lcudnn -lcublas -lnccl >/dev/null 2>&1 && echo 1 || echo 0; \
-  rm -f /tmp/cifar-cuda-probe-$$$$ /tmp/cifar-cuda-probe-$$$$.cu)
+ifeq ($(strip $(CUDA_MISSING)),)
+CUDA_PROBE := $(shell d=$$(mktemp -d /tmp/cifar-cuda-probe.XXXXXX) && \
+  printf '\043include <cudnn.h>\n\043include <cublas_v2.h>\n\043include <nccl.h>\nint main(void){return (int)cudnnGetVersion()==0;}\n' > $$d/p.cu && \
+  $(NVCC) -I$(CUDA_INC) -c $$d/p.cu -o $$d/p.o >/dev/null 2>&1 && \
+  $(CC) $(LDFLAGS) -o $$d/p $$d/p.o $(CUDA_LIBS) >/dev/null 2>&1 && echo 1 || echo 0; rm -rf $$d)
+CUDA_WHY := $(if $(filter 1,$(CUDA_PROBE)),,the probe program did not compile or link: make CUDA=1 shows why)
+else
+CUDA_PROBE := 0
+CUDA_WHY := not found: $(strip $(CUDA_MISSING))
+endif
 override CUDA := $(CUDA_PROBE)
+else ifeq ($(CUDA),1)
+ifneq ($(strip $(CUDA_MISSING)),)
+$(error CUDA=1: not found: $(strip $(CUDA_MISSING)) (looked in CUDA_HOME=$(CUDA_HOME), CUDNN_HOME/CUBLAS_HOME/NCCL_HOME, the nvidia/ folders of $(PYTHON_NV)'s sys.path [$(NV_SITES)], /usr))
+endif
 endif
 
 ifeq ($(CUDA),1)
@@ -57,10 +110,9 @@ SHARED_C = $(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.
 CUDA_SO =
 CUDA_OBJS =
 ifeq ($(CUDA),1)
-CFLAGS += -DCIFAR_CUDA -I$(CUDA_HOME)/include
-NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp,-fPIC \
+CFLAGS += -DCIFAR_CUDA -I$(CUDA_INC) -I$(CUDA_HOME)/include
+NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -I$(CUDA_INC) -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp,-fPIC \
           --expt-relaxed-constexpr -Werror all-warnings
-CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublas -lnccl -lcudart -lstdc++
 CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c)) $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
 CUDA_SO = $(BIN)/libcifar-cuda.so
 LDLIBS += -ldl
@@ -85,7 +137,10 @@ FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
-	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)) -> $(BIN)/"
+	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY))) -> $(BIN)/"
+ifeq ($(CUDA),1)
+	@echo "build: $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),3) in $(call cuda_part,$(f),1);)"
+endif
 
 $(OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -102,7 +157,7 @@ $(OBJ)/%.cu.o: %.cu
 ifeq ($(CUDA),1)
 $(CUDA_SO): $(CUDA_OBJS)
 	@mkdir -p $(BIN)
-	$(CC) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDA_LIBS)
+	$(CC) $(LDFLAGS) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDA_LIBS)
 
 # The CUDA op tests link the GPU code directly.
 $(OBJ)/tests/test_ops_cuda: $(OBJ)/tests/test_ops_cuda.o $(CUDA_OBJS) $(LIB)
