@@ -593,8 +593,20 @@ int comm_world_size(const Comm *c) { return c->world_size; }
 
 void comm_allreduce_mean(Comm *c, float *buf, size_t n) {
     if (c->kind == COMM_SHM) shm_allreduce_mean(c, buf, n);
+    if (c->kind == COMM_NCCL) comm_allreduce_mean_on_stream(c, buf, n, NULL);
+}
+
+static void comm_check_device_memory(const Comm *c, const char *what) {
+    if (c->kind == COMM_SHM)
+        die("%s on a CUDA stream: the shared-memory communicator works on host memory only", what);
+}
+
+void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
+    comm_check_device_memory(c, "all-reduce");
 #ifdef CIFAR_CUDA
-    if (c->kind == COMM_NCCL) comm_nccl_allreduce_mean(c->nccl, buf, n);
+    if (c->kind == COMM_NCCL) comm_nccl_allreduce_mean(c->nccl, dev_buf, n, cuda_stream);
+#else
+    (void)dev_buf, (void)n, (void)cuda_stream;
 #endif
 }
 
@@ -613,8 +625,16 @@ static void comm_check_root(const Comm *c, int root) {
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     comm_check_root(c, root);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
+    if (c->kind == COMM_NCCL) comm_broadcast_on_stream(c, buf, bytes, root, NULL);
+}
+
+void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream) {
+    comm_check_root(c, root);
+    comm_check_device_memory(c, "broadcast");
 #ifdef CIFAR_CUDA
-    if (c->kind == COMM_NCCL) comm_nccl_broadcast(c->nccl, buf, bytes, root);
+    if (c->kind == COMM_NCCL) comm_nccl_broadcast(c->nccl, dev_buf, bytes, root, cuda_stream);
+#else
+    (void)dev_buf, (void)bytes, (void)cuda_stream;
 #endif
 }
 

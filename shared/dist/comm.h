@@ -3,7 +3,7 @@
  *   - COMM_SINGLE: world size 1, every call is a no-op;
  *   - COMM_SHM: CPU worker processes on one machine, a POSIX shared-memory
  *     segment named after the run id, sums in rank order (deterministic);
- *   - COMM_NCCL: GPU workers (comm_nccl.c, CUDA builds only); the unique id is
+ *   - COMM_NCCL: GPU workers (comm_nccl.h, CUDA builds only); the unique id is
  *     sent from rank 0 to the others over TCP (MASTER_ADDR:MASTER_PORT).
  * Every blocking call gives up after the timeout (a peer stopped or died) and
  * fails with a clear message, so the launcher can restart the group. */
@@ -50,8 +50,14 @@ int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 
 /* In place: buf = mean over ranks of buf (float32, host memory for SHM, device
- * memory for NCCL). */
+ * memory for NCCL: on the legacy default stream). */
 void comm_allreduce_mean(Comm *c, float *buf, size_t n);
+/* NCCL, device memory: comm_allreduce_mean and comm_broadcast enqueued on the CUDA
+ * stream `cuda_stream` (a cudaStream_t), after the work already in it; they return
+ * once done. The CUDA engine passes its own stream. A no-op on COMM_SINGLE; dies on
+ * COMM_SHM (host memory only). */
+void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream);
+void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream);
 /* In place sum of doubles in HOST memory on every transport (metrics, counts). */
 void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n);
 /* In place: every rank gets root's bytes (host memory for SHM, device for NCCL). */

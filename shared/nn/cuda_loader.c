@@ -116,10 +116,11 @@ int engine_cuda_device_count(void) {
 
 CUDA_FORWARD(CommNccl *, comm_nccl_create, (const DistEnv *env, double timeout_s), (env, timeout_s))
 CUDA_FORWARD(void, comm_nccl_destroy, (CommNccl *nc), (nc))
-CUDA_FORWARD(void, comm_nccl_allreduce_mean, (CommNccl *nc, float *buf, size_t n), (nc, buf, n))
+CUDA_FORWARD(void, comm_nccl_allreduce_mean, (CommNccl *nc, float *buf, size_t n, void *stream),
+             (nc, buf, n, stream))
 CUDA_FORWARD(void, comm_nccl_allreduce_sum_f64, (CommNccl *nc, double *buf, size_t n), (nc, buf, n))
-CUDA_FORWARD(void, comm_nccl_broadcast, (CommNccl *nc, void *buf, size_t bytes, int root),
-             (nc, buf, bytes, root))
+CUDA_FORWARD(void, comm_nccl_broadcast, (CommNccl *nc, void *buf, size_t bytes, int root, void *stream),
+             (nc, buf, bytes, root, stream))
 CUDA_FORWARD(void, comm_nccl_broadcast_host, (CommNccl *nc, void *buf, size_t bytes, int root),
              (nc, buf, bytes, root))
 CUDA_FORWARD(void, comm_nccl_barrier, (CommNccl *nc), (nc))
