@@ -1,6 +1,6 @@
 # cifar toolchain: cifar-prep | cifar-train | cifar-eval
 #
-#   make              build bin/ (with CUDA when $(CUDA_HOME) has nvcc, cuDNN, cuBLAS, NCCL)
+#   make              build bin/ (with CUDA when nvcc, cuDNN, cuBLAS and NCCL are found: see CUDA detection)
 #   make CUDA=0       CPU-only build
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites
