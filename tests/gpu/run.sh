@@ -127,12 +127,12 @@ else
     tail -30 "$out/build.log"
     exit 1
 fi
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+if ! timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     say "SKIP steps 2-5 (test_ops_cuda, training, resume, bench) not run: no GPU (nvidia-smi lists none); the build step $([ $failed = 0 ] && echo passed || echo FAILED)"
     [ $failed = 0 ] && exit 77
     exit 1
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$summary"
+timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$summary"
 
 # ---------------------------------------------------------------- 2. unit test
 say "== 2. test_ops_cuda [$(elapsed)]"
