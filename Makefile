@@ -113,11 +113,16 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Commands link the whole libcifar.a (the GPU library calls back into them);
+# cifar-prep never loads it, and links only what it uses: no OpenBLAS (whose
+# thread pool would start, and spin, in every prep) and no OpenMP runtime.
+LINK_WHOLE = -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS)
+cifar-prep_LINK = $(LIB) -Wl,--as-needed $(LDLIBS)
 define command_rule
 $(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) $(EXE_LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
-	    -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS)
+	    $(if $($(1)_LINK),$($(1)_LINK),$(LINK_WHOLE))
 endef
 $(eval $(call command_rule,cifar-prep,$(prep_SRC)))
 $(eval $(call command_rule,cifar-train,$(train_SRC)))

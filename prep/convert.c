@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@ typedef struct {
     int64_t chunk;    /* images per chunk */
     int64_t n_chunks;
     int64_t window;   /* chunks in flight */
+    int dirfd;        /* the split's image folder: names open relative to it */
     uint8_t *pixels;  /* window * chunk * rec */
     Slot *slots;
     pthread_mutex_t mu;
@@ -53,9 +55,9 @@ void convert_image_path(const char *dir, const char *name, char *buf, size_t buf
     if (n < 0 || (size_t)n >= buflen) die("%s/%s: path too long", dir, name);
 }
 
-int convert_read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, char *err,
-                      size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+int convert_read_file(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
+                      char *err, size_t errlen) {
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         snprintf(err, errlen, "cannot read the image (%s)", strerror(errno));
@@ -111,31 +113,30 @@ typedef struct {
     size_t file_cap;
 } WorkerState;
 
+/* Record i failed: "<dir>/<name>: <why>" into s->err; returns -1. */
+static int convert_fail(const Convert *cv, int64_t i, Slot *s, const char *why) {
+    char path[PATH_MAX], msg[2 * PATH_MAX + 256];
+    convert_image_path(cv->job->image_dir, cv->job->ann->files[i], path, sizeof path);
+    snprintf(msg, sizeof msg, "%s: %s", path, why);
+    s->err = xstrdup(msg);
+    return -1;
+}
+
 /* Decode record i into out and add it to the slot's sums; 0, or -1 with s->err. */
 static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t *out) {
     const ConvertJob *job = cv->job;
-    char path[4096], why[768], msg[4096 + 1024];
+    char why[PATH_MAX + 256]; /* the mismatch message names shape_from */
     size_t len;
     ImageShape got;
-    convert_image_path(job->image_dir, job->ann->files[i], path, sizeof path);
-    if (convert_read_file(path, &ws->file, &ws->file_cap, &len, why, sizeof why)) {
-        snprintf(msg, sizeof msg, "%s: %s", path, why);
-        s->err = xstrdup(msg);
-        return -1;
-    }
+    if (convert_read_file(cv->dirfd, job->ann->files[i], &ws->file, &ws->file_cap, &len, why,
+                          sizeof why))
+        return convert_fail(cv, i, s, why);
     int rc = image_decode(ws->dec, ws->file, len, &job->shape, out, cv->rec, &got, why, sizeof why);
-    if (rc == IMAGE_MISMATCH) {
-        snprintf(msg, sizeof msg, "%s: image is %dx%dx%d (HxWxC), the others are %dx%dx%d (as %s)",
-                 path, got.height, got.width, got.channels, job->shape.height, job->shape.width,
+    if (rc == IMAGE_MISMATCH)
+        snprintf(why, sizeof why, "image is %dx%dx%d (HxWxC), the others are %dx%dx%d (as %s)",
+                 got.height, got.width, got.channels, job->shape.height, job->shape.width,
                  job->shape.channels, job->shape_from);
-        s->err = xstrdup(msg);
-        return -1;
-    }
-    if (rc != IMAGE_OK) {
-        snprintf(msg, sizeof msg, "%s: %s", path, why);
-        s->err = xstrdup(msg);
-        return -1;
-    }
+    if (rc != IMAGE_OK) return convert_fail(cv, i, s, why);
     slot_stats(s, out, (size_t)got.width * (size_t)got.height, got.channels);
     return 0;
 }
@@ -213,6 +214,8 @@ static void convert_setup(Convert *cv, const ConvertJob *job) {
     cv->window = w;
     cv->pixels = xmalloc((size_t)w * (size_t)ch * cv->rec);
     cv->slots = xcalloc((size_t)w, sizeof *cv->slots);
+    cv->dirfd = open(job->image_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cv->dirfd < 0) die("%s: cannot open the image folder (%s)", job->image_dir, strerror(errno));
     pthread_mutex_init(&cv->mu, NULL);
     pthread_cond_init(&cv->cv_work, NULL);
     pthread_cond_init(&cv->cv_done, NULL);
@@ -273,6 +276,7 @@ void convert_split(const ConvertJob *job, DatasetSplit *result) {
     free(tids);
     free(cv.pixels);
     free(cv.slots);
+    close(cv.dirfd);
     pthread_mutex_destroy(&cv.mu);
     pthread_cond_destroy(&cv.cv_work);
     pthread_cond_destroy(&cv.cv_done);

@@ -7,6 +7,7 @@
  * "<OUT>.tmp-<pid>" and renamed only when complete; any failure (or SIGINT,
  * SIGTERM) removes the temporary file. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -235,7 +236,7 @@ static ImageShape shape_probe(const char *path) {
     size_t cap = 0, len;
     char why[768];
     ImageShape shape;
-    if (convert_read_file(path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
+    if (convert_read_file(AT_FDCWD, path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
     ImageDecoder *dec = image_decoder_create();
     if (image_probe(dec, buf, len, &shape, why, sizeof why) != IMAGE_OK) die("%s: %s", path, why);
     image_decoder_free(dec);
