@@ -205,8 +205,8 @@ plot:
 	@test -n "$(RUN)" || { echo "make plot RUN=dir: give the run folder (cifar-train --run-dir)" >&2; exit 2; }
 	pipelines/plot.sh $(RUN)
 
-bench: all $(OBJ)/bench/bench_train $(OBJ)/tests/test_comm
-	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+bench: all $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
+	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
 
 # GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
 bench-gpu: all
@@ -278,3 +278,7 @@ uninstall:
 $(OBJ)/bench/bench_train: tests/bench/bench_train.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+# cifar-prep's floor: read + inflate the IDAT of every PNG (zlib only)
+$(OBJ)/bench/prep_floor: tests/bench/prep_floor.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -Wall -Wextra -o $@ $< -lz -lpthread
