@@ -22,6 +22,8 @@ typedef struct {
     int threads;
     DatasetWriter *writer;
     const char *out_path;    /* for writer error messages */
+    int writeback_fd;        /* >= 0: the writer's file, opened read-only: the kernel is
+                                asked to start writing it out as records arrive */
 } ConvertJob;
 
 /* Convert a split; fills result's count, mean and std (name too). On any bad

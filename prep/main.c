@@ -272,6 +272,8 @@ int main(int argc, char **argv) {
     check_set_cleanup(cleanup_temp);
     DatasetWriter *w = dataset_writer_create(o.out, err, sizeof err);
     if (!w) die("%s: %s", o.out, err);
+    /* only to start its writeback early (convert.h); -1: the final sync does it all */
+    int writeback_fd = open(dataset_writer_temp_path(w), O_RDONLY | O_CLOEXEC);
 
     DatasetInfo info;
     memset(&info, 0, sizeof info);
@@ -284,10 +286,11 @@ int main(int argc, char **argv) {
     int64_t total = 0;
     for (int i = 0; i < o.n_splits; i++) {
         ConvertJob job = {o.splits[i].name, o.splits[i].dir, &anns[i], shape, first,
-                          o.threads, w, o.out};
+                          o.threads, w, o.out, writeback_fd};
         convert_split(&job, &info.splits[i]);
         total += anns[i].count;
     }
+    if (writeback_fd >= 0) close(writeback_fd);
     if (dataset_writer_finish(w, &info, err, sizeof err)) die("%s: %s", o.out, err);
     check_set_cleanup(NULL);
     g_temp_path[0] = '\0';
