@@ -146,8 +146,9 @@ static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t
     char why[PATH_MAX + 256]; /* the mismatch message names shape_from */
     size_t len;
     ImageShape got;
-    if (convert_read_file(cv->dirfd, job->ann->files[i], &ws->file, &ws->file_cap, &len, why,
-                          sizeof why))
+    const char *name = job->ann->files[i];
+    while (*name == '/') name++; /* "<dir>/<name>" names a file under dir even then */
+    if (convert_read_file(cv->dirfd, name, &ws->file, &ws->file_cap, &len, why, sizeof why))
         return convert_fail(cv, i, s, why);
     int rc = image_decode(ws->dec, ws->file, len, &job->shape, out, cv->rec, &got, why, sizeof why);
     if (rc == IMAGE_MISMATCH)
