@@ -21,8 +21,8 @@ PY=${PYTHON_TORCH:-/usr/bin/python3}
 N=${1:-10000}
 THREADS=${THREADS:-2}
 RUNS=${RUNS:-3}
-PREP_FLOOR=${PREP_FLOOR:-}
-[ -x "$PREP_FLOOR" ] || { echo "bench_prep: set PREP_FLOOR to the prep_floor program (make bench builds it)" >&2; exit 2; }
+PREP_FLOOR=${PREP_FLOOR:-$PWD/build/cpu/bench/prep_floor}
+[ -x "$PREP_FLOOR" ] || { echo "bench_prep: $PREP_FLOOR: not built (make bench builds it; or set PREP_FLOOR)" >&2; exit 2; }
 TEST_N=$((N / 6))
 TRAIN_N=$((N - TEST_N))
 
