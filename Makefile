@@ -157,7 +157,7 @@ deps-check:
 deps-pipeline:
 	@$(call apt_ensure,$(DEB_BUILD) $(DEB_PIPELINE))
 deps-install:
-	@$(call apt_ensure,$(DEB_INSTALL))
+	@$(call apt_ensure,$(DEB_BUILD) $(DEB_INSTALL))
 
 # ---- tests ----
 test: deps-check
