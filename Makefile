@@ -254,6 +254,10 @@ $(BUILD)/man/%.1: $(BIN)/%
 	help2man --no-info --version-string="$(VERSION)" --name="$($*_WHAT)" \
 	    --output=$@.tmp $(BUILD)/man/shim/$* && mv $@.tmp $@
 
+# make print-VAR: a variable's value (tests/install.bats asks for CUDA_SO)
+print-%:
+	@echo '$($*)'
+
 install: deps-install all
 	@$(MAKE) --no-print-directory man
 	install -d $(INSTALL_BIN) $(INSTALL_SHARE) $(INSTALL_MAN)

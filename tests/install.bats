@@ -25,7 +25,9 @@ setup_file() {
     MAKEFLAGS=$(printf '%s' "${MAKEFLAGS:-}" | sed 's/--jobserver-auth=[^ ]*//; s/--jobserver-fds=[^ ]*//')
     make -C "$REPO" --no-print-directory install DESTDIR="$STAGE" PREFIX="$PREFIX_DIR" \
         > "$BATS_FILE_TMPDIR/install.log" 2>&1 || { cat "$BATS_FILE_TMPDIR/install.log" >&3; return 1; }
-    export BUILT_BIN=${BIN:-$REPO/bin}
+    # the GPU library that install copies: empty in CPU builds
+    export CUDA_SO
+    CUDA_SO=$(make -C "$REPO" --no-print-directory -s print-CUDA_SO)
 }
 
 # Every file under a folder, relative to it, sorted.
@@ -43,7 +45,7 @@ files_under() { (cd "$1" && find . \( -type f -o -type l \) | sed 's|^\./||' | s
     assert_success
     expected=$( { for c in $COMMANDS; do echo "${PREFIX_DIR#/}/bin/$c"; echo "${PREFIX_DIR#/}/share/man/man1/$c.1"; done
                   for s in $SCRIPTS; do echo "${PREFIX_DIR#/}/share/cifar/$s"; done
-                  if [ -f "$BUILT_BIN/libcifar-cuda.so" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-cuda.so"; fi
+                  if [ -n "$CUDA_SO" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-cuda.so"; fi
                 } | sort)
     assert_output "$expected"
 }
@@ -103,7 +105,7 @@ files_under() { (cd "$1" && find . \( -type f -o -type l \) | sed 's|^\./||' | s
 }
 
 @test "the installed commands load the GPU library from PREFIX/lib/cifar (CUDA builds)" {
-    [ -f "$BUILT_BIN/libcifar-cuda.so" ] || skip "CPU-only build: no libcifar-cuda.so to install"
+    [ -n "$CUDA_SO" ] || skip "CPU-only build: no libcifar-cuda.so to install"
     [ -f "$ROOT/lib/cifar/libcifar-cuda.so" ]
     data=$BATS_TEST_TMPDIR/data
     "$ROOT/bin/cifar-synth" "$data" --train 64 --test 32 --size 8 >/dev/null
