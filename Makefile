@@ -22,11 +22,14 @@ CUDA_ARCHS ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=
 OPT ?= -O2
 PYTHON_TORCH ?= /usr/bin/python3
 
-# Debian packages: to build, to test, and for the side-by-side benchmark.
+# Debian packages, by the target that needs them (make pipeline: BUILD + PIPELINE;
+# make install: BUILD + INSTALL; make test: all but BENCH; make deps: all).
 DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev
-DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev gnuplot-nox
+DEB_PIPELINE = gnuplot-nox
+DEB_INSTALL = help2man man-db
+DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev
 DEB_BENCH = python3-matplotlib
-DEB_ALL = $(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)
+DEB_ALL = $(DEB_BUILD) $(DEB_PIPELINE) $(DEB_INSTALL) $(DEB_TEST) $(DEB_BENCH)
 
 # ---- CUDA detection ----
 # cuDNN, cuBLAS and NCCL are each taken from the first folder (with include/ and lib64/,
@@ -133,7 +136,7 @@ TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: all build-info deps deps-check test test-unit test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
+.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -168,11 +171,16 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Commands link the whole libcifar.a (the GPU library calls back into them);
+# cifar-prep never loads it, and links only what it uses: no OpenBLAS (whose
+# thread pool would start, and spin, in every prep) and no OpenMP runtime.
+LINK_WHOLE = -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS)
+cifar-prep_LINK = $(LIB) -Wl,--as-needed $(LDLIBS)
 define command_rule
 $(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) $(EXE_LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
-	    -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS)
+	    $(if $($(1)_LINK),$($(1)_LINK),$(LINK_WHOLE))
 endef
 $(eval $(call command_rule,cifar-prep,$(prep_SRC)))
 $(eval $(call command_rule,cifar-train,$(train_SRC)))
@@ -184,19 +192,27 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- dependencies ----
-deps:
-	@missing=""; for p in $(DEB_ALL); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then \
-	  echo "deps: installing$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
-	else \
-	  echo "deps: missing$$missing; run: sudo apt-get install -y$$missing"; exit 1; \
+# $(call apt_ensure,PACKAGES): install the missing ones (as root), or say how and fail.
+apt_ensure = missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "deps: installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "deps: missing$$missing; run: sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
 	fi
 
-# Called by test and pipeline: installs only when something is missing.
+deps:
+	@$(call apt_ensure,$(DEB_ALL)); echo "deps: all Debian packages present"
+
+# Called by test (and test-asan), pipeline and install: each installs only what it uses.
 deps-check:
-	@for p in $(DEB_BUILD) $(DEB_TEST); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps; exit $$?; }; done
+	@$(call apt_ensure,$(DEB_BUILD) $(DEB_PIPELINE) $(DEB_INSTALL) $(DEB_TEST))
+deps-pipeline:
+	@$(call apt_ensure,$(DEB_BUILD) $(DEB_PIPELINE))
+deps-install:
+	@$(call apt_ensure,$(DEB_BUILD) $(DEB_INSTALL))
 
 # ---- tests ----
 test: deps-check
@@ -236,7 +252,7 @@ test-valgrind: all
 	BIN=$(abspath $(BIN)) tests/valgrind.sh
 
 # ---- pipeline, bench, fuzz ----
-pipeline: deps-check
+pipeline: deps-pipeline
 	@$(MAKE) --no-print-directory all
 	BIN=$(abspath $(BIN)) pipelines/demo.sh
 
@@ -244,8 +260,8 @@ plot:
 	@test -n "$(RUN)" || { echo "make plot RUN=dir: give the run folder (cifar-train --run-dir)" >&2; exit 2; }
 	pipelines/plot.sh $(RUN)
 
-bench: all $(OBJ)/bench/bench_train $(OBJ)/tests/test_comm
-	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+bench: all $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
+	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
 
 # GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
 bench-gpu: all
@@ -258,9 +274,70 @@ fuzz:
 clean:
 	rm -rf $(BUILD) $(BIN)
 
+# ---- install, uninstall ----
+# make install [PREFIX=/usr/local] [DESTDIR=staging]:
+#   PREFIX/bin/             the commands
+#   PREFIX/lib/cifar/       libcifar-cuda.so (CUDA builds), found by the commands
+#                           relative to their own path (bin/../lib/cifar/)
+#   PREFIX/share/cifar/     the pipeline scripts (they find the commands in ../../bin or on PATH)
+#   PREFIX/share/man/man1/  one page per command, made by help2man from its --help
+# make uninstall removes exactly these files (and the two cifar/ folders).
+PREFIX ?= /usr/local
+VERSION ?= $(shell git describe --tags --always 2>/dev/null || echo unversioned)
+INSTALL_BIN = $(DESTDIR)$(PREFIX)/bin
+INSTALL_LIB = $(DESTDIR)$(PREFIX)/lib/cifar
+INSTALL_SHARE = $(DESTDIR)$(PREFIX)/share/cifar
+INSTALL_MAN = $(DESTDIR)$(PREFIX)/share/man/man1
+PIPELINE_SCRIPTS = demo.sh cifar10.sh multi-gpu.sh resume.sh plot.sh slurm.sbatch
+PIPELINE_DATA = cifar-bin.sh curves.gp
+MAN_PAGES = $(COMMANDS:%=$(BUILD)/man/%.1)
+cifar-prep_WHAT = convert a PNG/JPEG dataset into one LMDB file
+cifar-train_WHAT = train the seed's ResNet on a cifar-prep LMDB, on CPUs or GPUs
+cifar-eval_WHAT = evaluate a cifar-train snapshot on a test split
+cifar-synth_WHAT = make a synthetic dataset in the seed's layout
+cifar-unpack_WHAT = convert the CIFAR-10 binary distribution into the seed's layout
+
+man: $(MAN_PAGES)
+
+# help2man reads the page from --help (a SYNOPSIS from its first "usage:" line), so
+# a page never says other than the command. The shim capitalises "usage:" for it.
+$(BUILD)/man/%.1: $(BIN)/%
+	@mkdir -p $(BUILD)/man/shim
+	@printf '#!/bin/sh\nout=$$("%s" "$$@") || exit 1\nprintf "%%s\\n" "$$out" | sed "s/^usage:/Usage:/"\n' \
+	    "$(abspath $<)" > $(BUILD)/man/shim/$*
+	@chmod +x $(BUILD)/man/shim/$*
+	help2man --no-info --version-string="$(VERSION)" --name="$($*_WHAT)" \
+	    --output=$@.tmp $(BUILD)/man/shim/$* && mv $@.tmp $@
+
+# make print-VAR: a variable's value (tests/install.bats asks for CUDA_SO)
+print-%:
+	@echo '$($*)'
+
+install: deps-install all
+	@$(MAKE) --no-print-directory man
+	install -d $(INSTALL_BIN) $(INSTALL_SHARE) $(INSTALL_MAN)
+	install -m 755 $(COMMANDS:%=$(BIN)/%) $(INSTALL_BIN)/
+	install -m 644 $(MAN_PAGES) $(INSTALL_MAN)/
+	install -m 755 $(PIPELINE_SCRIPTS:%=pipelines/%) $(INSTALL_SHARE)/
+	install -m 644 $(PIPELINE_DATA:%=pipelines/%) $(INSTALL_SHARE)/
+	$(if $(CUDA_SO),install -d $(INSTALL_LIB) && install -m 755 $(CUDA_SO) $(INSTALL_LIB)/)
+	@echo "installed under $(DESTDIR)$(PREFIX) (man cifar-train; pipelines in $(PREFIX)/share/cifar/)"
+
+uninstall:
+	rm -f $(COMMANDS:%=$(INSTALL_BIN)/%) $(COMMANDS:%=$(INSTALL_MAN)/%.1) \
+	    $(PIPELINE_SCRIPTS:%=$(INSTALL_SHARE)/%) $(PIPELINE_DATA:%=$(INSTALL_SHARE)/%) \
+	    $(INSTALL_LIB)/libcifar-cuda.so
+	@for d in $(INSTALL_SHARE) $(INSTALL_LIB); do \
+	  if [ -d $$d ]; then rmdir --ignore-fail-on-non-empty $$d || exit 1; fi; \
+	done
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---- benchmark programs (not tests) ----
 $(OBJ)/bench/bench_train: tests/bench/bench_train.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+# cifar-prep's floor: read + inflate the IDAT of every PNG (zlib only)
+$(OBJ)/bench/prep_floor: tests/bench/prep_floor.c
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -Wall -Wextra -o $@ $< -lz -lpthread

@@ -13,14 +13,13 @@
 # training from RUN_DIR's latest snapshot (the same command, nothing else to do).
 #
 # Environment (all optional):
-#   BIN=bin  WORK=data/cifar10  LMDB=WORK/cifar10.lmdb  RUN_DIR=run/cifar10
+#   BIN=(../bin, PREFIX/bin or PATH)  WORK=data/cifar10  LMDB=WORK/cifar10.lmdb  RUN_DIR=run/cifar10
 #   EPOCHS=30  BATCH=256 (per process)  NPROC=1 (N | gpu | auto)  DEVICE=auto
 #   THREADS=  TRAIN_ARGS="--lr 0.1 --schedule cosine ..."   extra cifar-train options
 #   CIFAR10_URL=https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz
 #   CIFAR10_MD5=c32a1d4ab5d03f1284b67883e8d87530 (a mirror's own file: its own sum)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/.." && pwd)
 me=cifar10.sh
 
 usage() { sed -n '2,22s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
@@ -39,7 +38,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-BIN=${BIN:-$repo/bin}
+. "$here/cifar-bin.sh"
 WORK=${WORK:-data/cifar10}
 LMDB=${LMDB:-$WORK/cifar10.lmdb}
 RUN_DIR=${RUN_DIR:-run/cifar10}

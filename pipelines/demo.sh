@@ -11,7 +11,7 @@
 # wall time. Each run starts afresh (RESUME=1 continues the previous one instead).
 #
 # Environment (all optional):
-#   BIN=bin            where the commands are
+#   BIN=dir            the commands (default: ../bin, else PREFIX/bin, else PATH)
 #   DATA=dir           a dataset in the seed's layout (default: synthetic, in data/demo)
 #   EPOCHS=8           training epochs
 #   NPROC=1            worker processes (cifar-train --nproc-per-node: N, gpu or auto)
@@ -24,7 +24,6 @@
 #   TRAIN_ARGS=        extra cifar-train options, e.g. "--schedule step --lr 0.05"
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/.." && pwd)
 me=demo.sh
 
 case "${1:-}" in
@@ -33,7 +32,7 @@ case "${1:-}" in
   *) echo "$me: no arguments (settings come from the environment); see --help" >&2; exit 2 ;;
 esac
 
-BIN=${BIN:-$repo/bin}
+. "$here/cifar-bin.sh"
 EPOCHS=${EPOCHS:-8}
 NPROC=${NPROC:-1}
 DEVICE=${DEVICE:-auto}

@@ -10,11 +10,10 @@
 # the seed's 2 x 256. Then cifar-eval on one GPU. Without a GPU it still runs: one
 # CPU worker (NPROC=2 DEVICE=cpu for two CPU workers over shared memory).
 #
-# Environment (all optional): BIN=bin NPROC=gpu DEVICE=auto EPOCHS=30 BATCH=128
+# Environment (all optional): BIN=(../bin, PREFIX/bin or PATH) NPROC=gpu DEVICE=auto EPOCHS=30 BATCH=128
 #   LR=0.1 RUN_DIR=run/multi-gpu MAX_RESTARTS=3 TRAIN_ARGS="--precision bf16 ..."
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/.." && pwd)
 me=multi-gpu.sh
 
 case "${1:-}" in
@@ -22,7 +21,7 @@ case "${1:-}" in
 esac
 [ $# -le 1 ] || { echo "$me: give at most one LMDB; see --help" >&2; exit 2; }
 
-BIN=${BIN:-$repo/bin}
+. "$here/cifar-bin.sh"
 NPROC=${NPROC:-gpu}
 DEVICE=${DEVICE:-auto}
 EPOCHS=${EPOCHS:-30}

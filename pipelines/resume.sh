@@ -12,11 +12,10 @@
 #    metrics.
 # Both runs are then evaluated with cifar-eval.
 #
-# Environment (all optional): BIN=bin WORK=data/resume-demo RUN_DIR=run/resume-demo
+# Environment (all optional): BIN=(../bin, PREFIX/bin or PATH) WORK=data/resume-demo RUN_DIR=run/resume-demo
 #   EPOCHS=6 TRAIN_IMAGES=2000 TEST_IMAGES=200 SIZE=16 BATCH=64
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/.." && pwd)
 me=resume.sh
 
 case "${1:-}" in
@@ -25,7 +24,7 @@ case "${1:-}" in
   *) echo "$me: no arguments (settings come from the environment); see --help" >&2; exit 2 ;;
 esac
 
-BIN=${BIN:-$repo/bin}
+. "$here/cifar-bin.sh"
 WORK=${WORK:-data/resume-demo}
 RUN_DIR=${RUN_DIR:-run/resume-demo}
 EPOCHS=${EPOCHS:-6}

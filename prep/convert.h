@@ -22,6 +22,8 @@ typedef struct {
     int threads;
     DatasetWriter *writer;
     const char *out_path;    /* for writer error messages */
+    int writeback_fd;        /* >= 0: the writer's file, opened read-only: the kernel is
+                                asked to start writing it out as records arrive */
 } ConvertJob;
 
 /* Convert a split; fills result's count, mean and std (name too). On any bad
@@ -32,9 +34,10 @@ void convert_split(const ConvertJob *job, DatasetSplit *result);
 /* "<dir>/<name>" into buf; dies if it does not fit. */
 void convert_image_path(const char *dir, const char *name, char *buf, size_t buflen);
 
-/* Read a whole file into *buf (grown as needed, reused across calls).
- * 0, or -1 with a reason in err. */
-int convert_read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, char *err,
-                      size_t errlen);
+/* Read the whole file `name` (relative to the folder open as dirfd, or
+ * AT_FDCWD) into *buf (grown as needed, reused across calls): open, fstat,
+ * read, close. 0, or -1 with a reason in err. */
+int convert_read_file(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
+                      char *err, size_t errlen);
 
 #endif

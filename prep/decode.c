@@ -10,19 +10,79 @@
 #include "util/check.h"
 #include "data/dataset.h"
 
+/* libpng's memory (its structs, zlib's state and window, row buffers: ~50 KiB
+ * for a small image) comes from a per-decoder arena that is reset for every
+ * image, so decoding allocates nothing once the arena has grown to the largest
+ * image's needs. What does not fit is malloc'd (and freed by libpng as usual);
+ * the next image then gets an arena large enough. */
+typedef struct {
+    uint8_t *base;
+    size_t cap, top; /* top: the bytes this image has asked for (may pass cap) */
+} PngArena;
+
+#define ARENA_ALIGN 64
+#define ARENA_INITIAL (128u << 10)
+#define ARENA_MAX (8u << 20) /* beyond: malloc, not a lasting arena (a huge text chunk) */
+/* Under AddressSanitizer every block is malloc'd, so ASan checks libpng's accesses. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ARENA_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ARENA_SANITIZED 1
+#endif
+#endif
+#ifndef ARENA_SANITIZED
+#define ARENA_SANITIZED 0
+#endif
+
 struct ImageDecoder {
     tjhandle tj;        /* created on first JPEG */
     png_bytep *rows;    /* row pointers, reused */
     size_t rows_cap;
+    PngArena arena;
 };
 
-ImageDecoder *image_decoder_create(void) { return xcalloc(1, sizeof(ImageDecoder)); }
+ImageDecoder *image_decoder_create(void) {
+    ImageDecoder *d = xcalloc(1, sizeof(ImageDecoder));
+    d->arena.cap = ARENA_INITIAL;
+    d->arena.base = xmalloc(d->arena.cap);
+    return d;
+}
 
 void image_decoder_free(ImageDecoder *d) {
     if (!d) return;
     if (d->tj) tjDestroy(d->tj);
     free(d->rows);
+    free(d->arena.base);
     free(d);
+}
+
+static void arena_reset(PngArena *a) {
+    if (a->top > a->cap && a->cap < ARENA_MAX) {
+        free(a->base);
+        a->cap = a->top < ARENA_MAX ? a->top : ARENA_MAX;
+        a->base = xmalloc(a->cap);
+    }
+    a->top = 0;
+}
+
+static png_voidp arena_alloc(png_structp png, png_alloc_size_t n) {
+    PngArena *a = png_get_mem_ptr(png);
+    if (ARENA_SANITIZED) return malloc(n);
+    size_t start = (a->top + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    if (n <= a->cap && start <= a->cap - n) {
+        a->top = start + n;
+        return a->base + start;
+    }
+    if (n < ARENA_MAX) a->top = start + n;
+    return malloc(n); /* NULL is libpng's "out of memory" */
+}
+
+static void arena_free(png_structp png, png_voidp p) {
+    PngArena *a = png_get_mem_ptr(png);
+    uint8_t *b = p;
+    if (b >= a->base && b < a->base + a->cap) return; /* released by arena_reset */
+    free(p);
 }
 
 /* Common checks on a header's shape; IMAGE_OK to go on decoding. */
@@ -86,6 +146,14 @@ static void png_normalise(png_structp png, int depth, int ctype) {
     png_set_interlace_handling(png);
 }
 
+/* From here on (the header, PLTE and tRNS are read and their CRCs checked) the
+ * chunk CRCs are not computed: the image data is checked by zlib's adler32 over
+ * the whole inflated stream, which a flipped bit fails just the same, and the
+ * ancillary chunks after the data are never used. */
+static void png_skip_idat_crc(png_structp png) {
+    png_set_crc_action(png, PNG_CRC_QUIET_USE, PNG_CRC_QUIET_USE);
+}
+
 static int png_run(ImageDecoder *d, png_structp png, png_infop info, const ImageShape *expect,
                    uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
     if (setjmp(png_jmpbuf(png))) return IMAGE_ERROR;
@@ -111,6 +179,7 @@ static int png_run(ImageDecoder *d, png_structp png, png_infop info, const Image
         d->rows_cap = h;
     }
     for (png_uint_32 y = 0; y < h; y++) d->rows[y] = out + (size_t)y * row;
+    png_skip_idat_crc(png);
     png_read_image(png, d->rows);
     png_read_end(png, NULL); /* checks the rest of the file: CRCs, IEND */
     return IMAGE_OK;
@@ -119,8 +188,9 @@ static int png_run(ImageDecoder *d, png_structp png, png_infop info, const Image
 static int png_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
                       uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen) {
     PngSource src = {buf, len, 0, err, errlen};
-    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error,
-                                             png_on_warning);
+    arena_reset(&d->arena);
+    png_structp png = png_create_read_struct_2(PNG_LIBPNG_VER_STRING, &src, png_on_error,
+                                               png_on_warning, &d->arena, arena_alloc, arena_free);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         if (png) png_destroy_read_struct(&png, NULL, NULL);

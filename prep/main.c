@@ -7,6 +7,7 @@
  * "<OUT>.tmp-<pid>" and renamed only when complete; any failure (or SIGINT,
  * SIGTERM) removes the temporary file. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -235,7 +236,7 @@ static ImageShape shape_probe(const char *path) {
     size_t cap = 0, len;
     char why[768];
     ImageShape shape;
-    if (convert_read_file(path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
+    if (convert_read_file(AT_FDCWD, path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
     ImageDecoder *dec = image_decoder_create();
     if (image_probe(dec, buf, len, &shape, why, sizeof why) != IMAGE_OK) die("%s: %s", path, why);
     image_decoder_free(dec);
@@ -271,6 +272,8 @@ int main(int argc, char **argv) {
     check_set_cleanup(cleanup_temp);
     DatasetWriter *w = dataset_writer_create(o.out, err, sizeof err);
     if (!w) die("%s: %s", o.out, err);
+    /* only to start its writeback early (convert.h); -1: the final sync does it all */
+    int writeback_fd = open(dataset_writer_temp_path(w), O_RDONLY | O_CLOEXEC);
 
     DatasetInfo info;
     memset(&info, 0, sizeof info);
@@ -283,10 +286,11 @@ int main(int argc, char **argv) {
     int64_t total = 0;
     for (int i = 0; i < o.n_splits; i++) {
         ConvertJob job = {o.splits[i].name, o.splits[i].dir, &anns[i], shape, first,
-                          o.threads, w, o.out};
+                          o.threads, w, o.out, writeback_fd};
         convert_split(&job, &info.splits[i]);
         total += anns[i].count;
     }
+    if (writeback_fd >= 0) close(writeback_fd);
     if (dataset_writer_finish(w, &info, err, sizeof err)) die("%s: %s", o.out, err);
     check_set_cleanup(NULL);
     g_temp_path[0] = '\0';

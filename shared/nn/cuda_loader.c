@@ -44,7 +44,10 @@ static void *g_cuda_lib;
 static char g_cuda_error[512];
 static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
 
-/* $CIFAR_CUDA_LIB, else libcifar-cuda.so in the folder of this executable. */
+/* $CIFAR_CUDA_LIB, else libcifar-cuda.so in the folder of this executable (a
+ * build's bin/), else in ../lib/cifar/ from it (`make install`: PREFIX/bin and
+ * PREFIX/lib/cifar). Never a search of LD_LIBRARY_PATH: the library must be
+ * the one built with these commands. */
 static void cuda_library_path(char *buf, size_t len) {
     const char *env = getenv("CIFAR_CUDA_LIB");
     if (env && *env) {
@@ -61,6 +64,7 @@ static void cuda_library_path(char *buf, size_t len) {
     char dir[4096];
     fs_dirname(exe, dir, sizeof dir);
     snprintf(buf, len, "%s/%s", dir, CUDA_LIBRARY_NAME);
+    if (access(buf, F_OK) != 0) snprintf(buf, len, "%s/../lib/cifar/%s", dir, CUDA_LIBRARY_NAME);
 }
 
 static void cuda_library_open(void) {

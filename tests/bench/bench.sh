@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # make bench: speed figures side by side with PyTorch on this machine's CPU.
-#   1. cifar-prep images/s against the seed's loading path (bench_prep.sh)
+#   1. cifar-prep images/s against its floor (prep_floor) and the seed's loading path (bench_prep.sh)
 #   2. training images/s of the seed model, batch 256, 2 threads, against PyTorch
 #      (../shared/bench/torch_anchor.py with Debian's python3-torch), per-op breakdown
 #   3. data parallel: 2 workers x 1 thread against 1 worker x 2 threads, and the
 #      all-reduce cost per step
-# Environment: BIN (commands), BENCH_TRAIN (bench_train program), PYTHON_TORCH.
+# Environment: BIN (commands), BENCH_TRAIN (bench_train program), PREP_FLOOR (prep_floor program), PYTHON_TORCH.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
