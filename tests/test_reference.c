@@ -33,6 +33,7 @@
 #include "io/fsutil.h"
 #include "nn/model.h"
 #include "nn/ops.h"
+#include "unit.h"
 
 /* The ops, their op table and the network executor in double. */
 #include "cpu_double.h"
@@ -448,7 +449,8 @@ int main(int argc, char **argv) {
     printf("reference %s: %zu tensors, batch %d, model %zu params, %zu buffer floats, %.0f "
            "MACs/image\n",
            path, f.n, c.batch, m.num_params, m.num_buffers, model_forward_macs(&m));
-    int failures = check_table(&f, &m);
+    int table_failures = check_table(&f, &m);
+    EXPECT(table_failures == 0, "%d tensor-table mismatches", table_failures);
 
     /* NCHW -> NHWC */
     int C = cfg.img_channels, H = cfg.img_height, W = cfg.img_width, N = c.batch;
@@ -486,9 +488,10 @@ int main(int argc, char **argv) {
                      .grad_all = 3e-2,
                      .stats = 1e-4,
                      .steps = 0};
-    failures += run_double(&c, &td);
-    failures += run_float(&c, &tf);
-    printf("test_reference: %s\n", failures ? "FAILED" : "passed");
+    int double_failures = run_double(&c, &td);
+    EXPECT(double_failures == 0, "%d comparisons failed in double", double_failures);
+    int float_failures = run_float(&c, &tf);
+    EXPECT(float_failures == 0, "%d comparisons failed in float", float_failures);
 
     model_free(&m);
     free(labels);
@@ -498,5 +501,5 @@ int main(int argc, char **argv) {
     free(f.t);
     free(f.config_json);
     free(f.image);
-    return failures ? 1 : 0;
+    return unit_report("test_reference");
 }
