@@ -316,16 +316,6 @@ static void cuda_destroy(Engine *e) {
     free(e);
 }
 
-static const EngineOps cuda_engine_ops = {
-    "cuda",
-    cuda_train_step,
-    cuda_eval_batch,
-    cuda_state_to_host,
-    cuda_state_from_host,
-    cuda_broadcast_buffers,
-    cuda_destroy,
-};
-
 /* ---------------------------------------------------------------- creation */
 
 extern "C" int engine_cuda_device_count(void) { return ops_cuda_device_count(); }
@@ -365,6 +355,16 @@ static void *host_pinned(size_t bytes) {
     memset(p, 0, bytes);
     return p;
 }
+
+static const EngineOps cuda_engine_ops = {
+    "cuda",
+    cuda_train_step,
+    cuda_eval_batch,
+    cuda_state_to_host,
+    cuda_state_from_host,
+    cuda_broadcast_buffers,
+    cuda_destroy,
+};
 
 extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t errlen) {
     const Model *m = cfg->model;

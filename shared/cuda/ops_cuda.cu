@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
+#include "nn/xent_row.h"
 
 #define OPS_CUDA_BLOCK 256
 /* Column-sum partials: up to COLSUM_MAX_CHUNKS row chunks of one column each. */
@@ -311,6 +312,8 @@ extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const
 
 /* ---------------------------------------------------------------------- loss */
 
+XENT_ROW_DEFINE(xent_row_f, float, static __device__)
+
 /* One block: each thread handles rows t, t+blockDim, ...; the per-thread sums are
  * then added in a fixed tree order, so the loss is deterministic. Per row, in
  * double as ops_cpu does, with target = off + (1-smoothing)*onehot:
@@ -324,27 +327,11 @@ __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int
     int hits = 0;
     const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float *l = logits + (size_t)i * k;
-        int y = labels[i];
-        int arg = 0;
-        for (int j = 1; j < k; j++)
-            if (l[j] > l[arg]) arg = j;
+        int y = labels[i], arg;
+        loss += xent_row_f(logits + (size_t)i * k, k, y, on, off, n,
+                           dlogits ? dlogits + (size_t)i * k : NULL, &arg);
         hits += arg == y;
         if (pred) pred[i] = arg;
-        double m = l[arg], s = 0.0, sum_l = 0.0;
-        for (int j = 0; j < k; j++) {
-            s += exp((double)l[j] - m);
-            sum_l += l[j];
-        }
-        double lse = m + log(s);
-        loss += -(on - off) * ((double)l[y] - lse) - off * (sum_l - k * lse);
-        if (dlogits) {
-            float *d = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++) {
-                double p = exp((double)l[j] - lse);
-                d[j] = (float)((p - (j == y ? on : off)) / n);
-            }
-        }
     }
     sh_loss[threadIdx.x] = loss;
     sh_hits[threadIdx.x] = hits;
