@@ -26,6 +26,7 @@
 
 #include "data/augment.h"
 #include "nn/ops.h"
+#include "nn/ops_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -135,19 +136,18 @@ void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const fl
                                     const float *save_invstd, float *dy, float *dx, float *dgamma,
                                     float *dbeta);
 
-/* ---- element-wise, pooling, linear ---- */
-void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y);
-void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy, float *dx);
-void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
-void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
-void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y);
-void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy, float *dx);
-/* cuBLAS sgemm; dx may be NULL. */
-void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x, const float *weight,
-                         const float *bias, float *y);
-void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
-                          const float *weight, const float *dy, float *dx, float *dweight,
-                          float *dbias);
+/* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
+ * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers
+ * (sgd_update_cuda's decay_mask a device array or NULL): relu_forward_cuda,
+ * relu_backward_cuda, add_forward_cuda, add_relu_forward_cuda, meanpool_forward_cuda,
+ * meanpool_backward_cuda, linear_forward_cuda, linear_backward_cuda, sgd_update_cuda. */
+#define OPS_CUDA_WITH_CTX(...) (CudaCtx *ctx, __VA_ARGS__)
+#define OPS_CUDA_DECLARE_VOID(name, params, args) void name##_cuda OPS_CUDA_WITH_CTX params;
+#define OPS_CUDA_DECLARE_RET(type, name, params, args) type name##_cuda OPS_CUDA_WITH_CTX params;
+OPS_LIST_SHARED(OPS_CUDA_DECLARE_VOID, OPS_CUDA_DECLARE_RET, float)
+#undef OPS_CUDA_DECLARE_VOID
+#undef OPS_CUDA_DECLARE_RET
+#undef OPS_CUDA_WITH_CTX
 
 /* ---- loss ---- */
 
@@ -164,10 +164,6 @@ float softmax_xent_forward_backward_cuda(CudaCtx *ctx, int n, int k, const float
 
 /* ---- optimizer ---- */
 
-/* ops.h's sgd_update. decay_mask is a device array or NULL. */
-void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad, float *momentum_buf,
-                     const uint8_t *decay_mask, float lr, float momentum, float weight_decay,
-                     int nesterov, int first_step);
 /* The same with lr and first_step read from device memory when the kernel runs
  * (so a captured CUDA graph can be replayed with a new learning rate). */
 void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
