@@ -6,7 +6,8 @@
  * max|analytic - numeric| / max(max|analytic|, 1e-2) < 1e-6. Also: the convolution
  * against a direct 7-loop reference, the float ops against the double ones, the
  * SGD rule and the CE loss against values computed with PyTorch 1.13, the BN running
- * statistics, and bitwise determinism (two runs, and 1 vs 2 threads).
+ * statistics, and bitwise determinism (two runs, and 1 vs 2 threads); and the case
+ * table of op_cases.h on every CPU instruction-set variant against the baseline.
  *
  * OPS_BENCH=1 also prints per-op timings at the seed model's shapes. */
 #include <math.h>
@@ -25,6 +26,30 @@
 #include "nn/ops_cpu_impl.h"
 
 #include "unit.h"
+#include "nn/net.h"
+#include "op_cases.h"
+
+/* -------------------------------------------------- ISA variants (op_cases.h) */
+
+static void isa_select(const void *arg) { ops_set_isa(*(const int *)arg); }
+
+/* The case table on every instruction-set variant the CPU has against the
+ * baseline, through the CPU's op table. */
+static void test_isa_cases(void) {
+    static const int levels[3] = {0, 1, 2};
+    OpBackend base = {"cpu-baseline", &net_cpu_ops, NULL, opc_host_copy, opc_host_copy,
+                      isa_select, &levels[0]};
+    for (int isa = 1; isa <= 2; isa++) {
+        if (ops_set_isa(isa) != isa) {
+            printf("test_ops: SKIP ISA cases for variant %d: this CPU lacks it\n", isa);
+            continue;
+        }
+        OpBackend v = {isa == 1 ? "cpu-avx2" : "cpu-avx512", &net_cpu_ops, NULL, opc_host_copy,
+                       opc_host_copy, isa_select, &levels[isa]};
+        opc_check_all(&base, &v, 0);
+    }
+    ops_set_isa(-1);
+}
 
 /* ------------------------------------------------------------ utilities */
 
@@ -868,6 +893,7 @@ int main(void) {
     ops_set_isa(-1);
     test_block();
     test_determinism();
+    test_isa_cases();
     if (g_failures) {
         fprintf(stderr, "test_ops: %d of %d checks failed\n", g_failures, g_checks);
         return 1;
