@@ -10,8 +10,11 @@
  *     accumulated: every parameter is used once per step;
  *   - dx is overwritten; a NULL dx skips the input gradient (the stem conv);
  *   - results are deterministic for a given thread count (fixed reduction order).
- * The CUDA versions (ops_cuda.h, same names with a _cuda suffix) take device
- * pointers and follow the same contracts; tests/test_ops_cuda compares them. */
+ * The prototypes come from the one op list (ops_list.h). The CUDA versions
+ * (ops_cuda.h, same names with a _cuda suffix, a CudaCtx first) take device
+ * pointers and follow the same contracts; the network executor reaches both through
+ * its op tables (net_ops.h), and tests/op_cases.h's case table compares every
+ * backend with the CPU through them. */
 #ifndef CIFAR_OPS_H
 #define CIFAR_OPS_H
 
