@@ -124,6 +124,22 @@ static void capture_body(void *p) {
     train_body(a->e, a->g, a->n, a->fuse_sgd);
 }
 
+/* One line with the kernels of the captured step (make bench-gpu reads it). */
+static void graph_report(cudaGraph_t graph) {
+    size_t count = 0, kernels = 0;
+    CHECK_CUDA(cudaGraphGetNodes(graph, NULL, &count));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)xcalloc(count ? count : 1, sizeof *nodes);
+    CHECK_CUDA(cudaGraphGetNodes(graph, nodes, &count));
+    for (size_t i = 0; i < count; i++) {
+        cudaGraphNodeType type;
+        CHECK_CUDA(cudaGraphNodeGetType(nodes[i], &type));
+        kernels += type == cudaGraphNodeTypeKernel;
+    }
+    free(nodes);
+    log_info("cuda engine: CUDA graph of one step: %zu kernels per step (%zu graph nodes)", kernels,
+             count);
+}
+
 /* Capture the full-batch step into g->graph. On any failure (a CUDA, cuDNN or
  * cuBLAS call refused inside the capture, end or instantiation failing) the
  * capture is ended, one line says why, and the engine runs eagerly from then on.
@@ -143,6 +159,7 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
         rc = cudaStreamEndCapture(s, &graph); /* always: it ends a broken capture too */
         if (!failed && rc != cudaSuccess)
             snprintf(why, sizeof why, "cudaStreamEndCapture: %s", cudaGetErrorString(rc));
+        if (!why[0]) graph_report(graph);
         if (!why[0]) {
             rc = cudaGraphInstantiate(&g->graph, graph, 0);
             if (rc != cudaSuccess) {
