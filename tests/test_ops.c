@@ -288,7 +288,9 @@ static double bn_loss(void *ctx) {
     return dot(t->y, t->r, (size_t)t->rows * t->c);
 }
 
-static void test_batchnorm_grad(int rows, int c) {
+/* Random inputs of a rows x c batch norm (x, gamma, beta, the loss weights r) and
+ * zeroed outputs, drawn in a fixed order. */
+static BNCase bn_case_new(int rows, int c) {
     BNCase t = {rows, c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t n = (size_t)rows * c;
     t.x = drand_vec(n, -2, 3);
@@ -300,6 +302,12 @@ static void test_batchnorm_grad(int rows, int c) {
     t.invstd = dvec((size_t)c);
     t.rm = dvec((size_t)c);
     t.rv = dvec((size_t)c);
+    return t;
+}
+
+static void test_batchnorm_grad(int rows, int c) {
+    BNCase t = bn_case_new(rows, c);
+    size_t n = (size_t)rows * c;
     bn_loss(&t);
     double *dx = dvec(n), *dg = dvec((size_t)c), *db = dvec((size_t)c);
     ops_d_batchnorm2d_backward(rows, c, t.x, t.g, t.mean, t.invstd, t.r, dx, dg, db);
@@ -782,17 +790,8 @@ static void bn_relu_away_from_kink(BNCase *t) {
 }
 
 static void test_bn_relu_grad(int rows, int c) {
-    BNCase t = {rows, c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    BNCase t = bn_case_new(rows, c);
     size_t n = (size_t)rows * c;
-    t.x = drand_vec(n, -2, 3);
-    t.g = drand_vec((size_t)c, 0.5, 1.5);
-    t.b = drand_vec((size_t)c, -1, 1);
-    t.y = dvec(n);
-    t.r = drand_vec(n, -1, 1);
-    t.mean = dvec((size_t)c);
-    t.invstd = dvec((size_t)c);
-    t.rm = dvec((size_t)c);
-    t.rv = dvec((size_t)c);
     bn_relu_away_from_kink(&t);
     size_t zeros = 0;
     for (size_t i = 0; i < n; i++) zeros += t.y[i] == 0;
