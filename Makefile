@@ -106,21 +106,22 @@ LDFLAGS += -fopenmp
 
 SHARED_C = $(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c)
 # CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/cuda/)
-# goes into $(BIN)/libcifar-cuda.so, which shared/nn/cuda_loader.c
-# dlopens on demand: the commands link none of those libraries, start as fast as
-# CPU builds and run where they are missing. The library calls back into the
-# command (check_fail, comm_*), hence -rdynamic and the whole libcifar.a.
+# goes into $(BIN)/libcifar-cuda.so, with its own copy of the device-neutral network
+# executor (shared/nn/net.c); shared/nn/cuda_loader.c dlopens it on demand: the
+# commands link none of those libraries, start as fast as CPU builds and run where
+# they are missing. The library imports nothing from the command: the command hands
+# it a table of callbacks (shared/nn/cuda_host.h).
 CUDA_SO =
 CUDA_OBJS =
 ifeq ($(CUDA),1)
 CFLAGS += -DCIFAR_CUDA -I$(CUDA_INC) -I$(CUDA_HOME)/include
 NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -I$(CUDA_INC) -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp,-fPIC \
           --expt-relaxed-constexpr -Werror all-warnings
-CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c)) $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
+CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c) shared/nn/net.c) \
+            $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
 CUDA_SO = $(BIN)/libcifar-cuda.so
 LDLIBS += -ldl
 endif
-EXE_LDFLAGS = -rdynamic
 
 LIB = $(OBJ)/libcifar.a
 LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o)
@@ -136,7 +137,7 @@ TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
+.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -162,25 +163,24 @@ $(CUDA_SO): $(CUDA_OBJS)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDA_LIBS)
 
-# The CUDA op tests link the GPU code directly.
-$(OBJ)/tests/test_ops_cuda: $(OBJ)/tests/test_ops_cuda.o $(CUDA_OBJS) $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+# The CUDA op tests link the library itself (and hand it the callbacks).
+$(OBJ)/tests/test_ops_cuda: $(OBJ)/tests/test_ops_cuda.o $(LIB) $(CUDA_SO)
+	$(CC) $(LDFLAGS) -o $@ $(OBJ)/tests/test_ops_cuda.o $(LIB) $(LDLIBS) \
+	    -L$(BIN) -Wl,-rpath,$(abspath $(BIN)) -lcifar-cuda
 endif
 
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-# Commands link the whole libcifar.a (the GPU library calls back into them);
-# cifar-prep never loads it, and links only what it uses: no OpenBLAS (whose
-# thread pool would start, and spin, in every prep) and no OpenMP runtime.
-LINK_WHOLE = -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS)
+# cifar-prep links only what it uses: no OpenBLAS (whose thread pool would start,
+# and spin, in every prep) and no OpenMP runtime.
 cifar-prep_LINK = $(LIB) -Wl,--as-needed $(LDLIBS)
 define command_rule
 $(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO)
 	@mkdir -p $(BIN)
-	$(CC) $(LDFLAGS) $(EXE_LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
-	    $(if $($(1)_LINK),$($(1)_LINK),$(LINK_WHOLE))
+	$(CC) $(LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
+	    $(if $($(1)_LINK),$($(1)_LINK),$(LIB) $(LDLIBS))
 endef
 $(eval $(call command_rule,cifar-prep,$(prep_SRC)))
 $(eval $(call command_rule,cifar-train,$(train_SRC)))
@@ -221,8 +221,20 @@ test: deps-check
 
 test-bins: $(TEST_BINS)
 
-test-unit: $(TEST_BINS)
+test-unit: $(TEST_BINS) $(CUDA_SO)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+ifeq ($(CUDA),1)
+	@echo "== tests/check_cuda_so.sh"; tests/check_cuda_so.sh $(CUDA_SO)
+endif
+
+# The GPU op cases and the GPU engine against the CPU (tests/test_ops_cuda.c); exits
+# 77 with one line saying why when no GPU is usable (or in a CPU-only build).
+test-gpu: $(TEST_BINS) $(CUDA_SO)
+ifeq ($(CUDA),1)
+	@$(OBJ)/tests/test_ops_cuda --gpu-only
+else
+	@echo "test-gpu: SKIP: CPU-only build (CUDA=$(CUDA)): no GPU code to test"; exit 77
+endif
 
 BATS_FILES ?= tests/*.bats
 test-bats: all $(FAULTINJECT)

@@ -8,20 +8,11 @@
 
 #include "util/check.h"
 #include "nn/model.h"
+#include "nn/net.h"
 #include "nn/ops.h"
 #include "util/rng.h"
 
-static int g_failures;
-
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-            g_failures++;                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "unit.h"
 
 static void set_image(ModelConfig *cfg, int c, int h, int w, int k) {
     cfg->img_channels = c;
@@ -368,6 +359,42 @@ static void test_basic_blocks_train(void) {
     model_free(&m);
 }
 
+/* The executor (net.h) on the CPU table: an inference-only executor (no gradient
+ * buffers, no backward plans) gives bit-identical logits to a training one, and
+ * the CPU's parameter export / import is the identity. */
+static void test_net_inference_only(void) {
+    ModelConfig cfg;
+    model_config_seed(&cfg);
+    set_image(&cfg, 3, 12, 12, 5);
+    Model m;
+    char err[256] = "";
+    EXPECT(model_build(&m, &cfg, err, sizeof err) == 0, "%s", err);
+    const int n = 3;
+    float *params = xmalloc(m.num_params * sizeof(float)),
+          *buffers = xmalloc(m.num_buffers * sizeof(float)),
+          *copy = xmalloc(m.num_params * sizeof(float)),
+          *x = xmalloc((size_t)n * 12 * 12 * 3 * sizeof(float));
+    model_init(&m, params, buffers, 5);
+    for (size_t i = 0; i < (size_t)n * 12 * 12 * 3; i++) x[i] = rng_uniform(9, 1, i) - 0.5f;
+    Net *full = net_create(&m, &net_cpu_ops, NULL, 4, 1);
+    Net *infer = net_create(&m, &net_cpu_ops, NULL, 4, 0);
+    EXPECT(net_arena_bytes(infer) < net_arena_bytes(full), "inference arena %zu >= training %zu",
+           net_arena_bytes(infer), net_arena_bytes(full));
+    net_forward(full, params, buffers, 0, x, n);
+    net_forward(infer, params, buffers, 0, x, n);
+    EXPECT(memcmp(net_logits(full), net_logits(infer), (size_t)n * 5 * sizeof(float)) == 0,
+           "inference-only logits differ");
+    net_params_export(full, params, copy);
+    EXPECT(memcmp(params, copy, m.num_params * sizeof(float)) == 0, "CPU export is not the identity");
+    net_free(full);
+    net_free(infer);
+    free(params);
+    free(buffers);
+    free(copy);
+    free(x);
+    model_free(&m);
+}
+
 int main(void) {
     log_set_program("test_model");
     test_config_seed_json();
@@ -378,6 +405,6 @@ int main(void) {
     test_build_errors();
     test_init();
     test_basic_blocks_train();
-    printf("test_model: %s\n", g_failures ? "FAILED" : "passed");
-    return g_failures ? 1 : 0;
+    test_net_inference_only();
+    return unit_report("test_model");
 }

@@ -6,7 +6,8 @@
  * max|analytic - numeric| / max(max|analytic|, 1e-2) < 1e-6. Also: the convolution
  * against a direct 7-loop reference, the float ops against the double ones, the
  * SGD rule and the CE loss against values computed with PyTorch 1.13, the BN running
- * statistics, and bitwise determinism (two runs, and 1 vs 2 threads).
+ * statistics, and bitwise determinism (two runs, and 1 vs 2 threads); and the case
+ * table of op_cases.h on every CPU instruction-set variant against the baseline.
  *
  * OPS_BENCH=1 also prints per-op timings at the seed model's shapes. */
 #include <math.h>
@@ -25,6 +26,30 @@
 #include "nn/ops_cpu_impl.h"
 
 #include "unit.h"
+#include "nn/net.h"
+#include "op_cases.h"
+
+/* -------------------------------------------------- ISA variants (op_cases.h) */
+
+static void isa_select(const void *arg) { ops_set_isa(*(const int *)arg); }
+
+/* The case table on every instruction-set variant the CPU has against the
+ * baseline, through the CPU's op table. */
+static void test_isa_cases(void) {
+    static const int levels[3] = {0, 1, 2};
+    OpBackend base = {"cpu-baseline", &net_cpu_ops, NULL, opc_host_copy, opc_host_copy,
+                      isa_select, &levels[0]};
+    for (int isa = 1; isa <= 2; isa++) {
+        if (ops_set_isa(isa) != isa) {
+            printf("test_ops: SKIP ISA cases for variant %d: this CPU lacks it\n", isa);
+            continue;
+        }
+        OpBackend v = {isa == 1 ? "cpu-avx2" : "cpu-avx512", &net_cpu_ops, NULL, opc_host_copy,
+                       opc_host_copy, isa_select, &levels[isa]};
+        opc_check_all(&base, &v, 0);
+    }
+    ops_set_isa(-1);
+}
 
 /* ------------------------------------------------------------ utilities */
 
@@ -263,7 +288,9 @@ static double bn_loss(void *ctx) {
     return dot(t->y, t->r, (size_t)t->rows * t->c);
 }
 
-static void test_batchnorm_grad(int rows, int c) {
+/* Random inputs of a rows x c batch norm (x, gamma, beta, the loss weights r) and
+ * zeroed outputs, drawn in a fixed order. */
+static BNCase bn_case_new(int rows, int c) {
     BNCase t = {rows, c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t n = (size_t)rows * c;
     t.x = drand_vec(n, -2, 3);
@@ -275,6 +302,12 @@ static void test_batchnorm_grad(int rows, int c) {
     t.invstd = dvec((size_t)c);
     t.rm = dvec((size_t)c);
     t.rv = dvec((size_t)c);
+    return t;
+}
+
+static void test_batchnorm_grad(int rows, int c) {
+    BNCase t = bn_case_new(rows, c);
+    size_t n = (size_t)rows * c;
     bn_loss(&t);
     double *dx = dvec(n), *dg = dvec((size_t)c), *db = dvec((size_t)c);
     ops_d_batchnorm2d_backward(rows, c, t.x, t.g, t.mean, t.invstd, t.r, dx, dg, db);
@@ -757,17 +790,8 @@ static void bn_relu_away_from_kink(BNCase *t) {
 }
 
 static void test_bn_relu_grad(int rows, int c) {
-    BNCase t = {rows, c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    BNCase t = bn_case_new(rows, c);
     size_t n = (size_t)rows * c;
-    t.x = drand_vec(n, -2, 3);
-    t.g = drand_vec((size_t)c, 0.5, 1.5);
-    t.b = drand_vec((size_t)c, -1, 1);
-    t.y = dvec(n);
-    t.r = drand_vec(n, -1, 1);
-    t.mean = dvec((size_t)c);
-    t.invstd = dvec((size_t)c);
-    t.rm = dvec((size_t)c);
-    t.rv = dvec((size_t)c);
     bn_relu_away_from_kink(&t);
     size_t zeros = 0;
     for (size_t i = 0; i < n; i++) zeros += t.y[i] == 0;
@@ -868,6 +892,7 @@ int main(void) {
     ops_set_isa(-1);
     test_block();
     test_determinism();
+    test_isa_cases();
     if (g_failures) {
         fprintf(stderr, "test_ops: %d of %d checks failed\n", g_failures, g_checks);
         return 1;

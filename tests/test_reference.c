@@ -8,8 +8,8 @@
  *   - every parameter gradient and the BN running statistics after it;
  *   - every parameter and buffer after 3 SGD steps (sgd_update), and the
  *     eval-mode logits after them.
- * Two runs of the same model code (shared/nn/model_impl.h):
- *   double  - the model and ops instantiated for double in this file: every
+ * Two runs of the same network executor (shared/nn/net_impl.h):
+ *   double  - the executor and the CPU ops instantiated for double: every
  *             comparison, with tolerances a little above the float32 rounding
  *             of the stored reference;
  *   float   - the library (model.c, ops_cpu.c) as the commands use it: logits,
@@ -33,17 +33,10 @@
 #include "io/fsutil.h"
 #include "nn/model.h"
 #include "nn/ops.h"
+#include "unit.h"
 
-/* The ops and the model in double, under the prefixes ops_d_ and ref_d_. */
-#define OPS_REAL double
-#define OPS_FN(name) ops_d_##name
-#define OPS_GEMM cblas_dgemm
-#include "nn/ops_cpu_impl.h"
-#define MODEL_REAL double
-#define MODEL_FN(name) ref_d_##name
-#define MODEL_OP(name) ops_d_##name
-#define MODEL_RUN ModelRunD
-#include "nn/model_impl.h"
+/* The ops, their op table and the network executor in double. */
+#include "cpu_double.h"
 
 #define REF_MAGIC "CIFREF01"
 #define REF_VERSION 1
@@ -348,25 +341,28 @@ static int run_double(const Case *c, const Tolerances *tol) {
     size_t nx = (size_t)n * m->cfg.img_height * m->cfg.img_width * m->cfg.img_channels;
     double *x = xmalloc(nx * sizeof(double));
     for (size_t i = 0; i < nx; i++) x[i] = c->x_nhwc[i];
-    struct ModelRunD *run = ref_d_model_run_create(m, n);
+    struct NetD *run = net_createD(m, &net_cpu_opsD, NULL, n, 1);
 
     Group g[5] = {{.name = "forward"},
                   {.name = "grads"},
                   {.name = "bn stats"},
                   {.name = "after steps"},
                   {.name = "eval logits"}};
-    double loss = ref_d_model_forward_backward(m, run, params, buffers, x, c->labels, n,
-                                               c->smoothing, grads, NULL);
-    compare_d(&g[0], "logits", ref_d_model_run_logits(run),
+    double loss = 0.0;
+    net_forwardD(run, params, buffers, 1, x, n);
+    net_backwardD(run, params, c->labels, n, c->smoothing, grads, &loss, NULL);
+    compare_d(&g[0], "logits", net_logitsD(run),
               ref_get(c->f, "logits", (size_t)n * K)->data, (size_t)n * K, tol->logits, 0);
     compare_d(&g[0], "loss", &loss, ref_get(c->f, "loss", 1)->data, 1, tol->loss, 0);
     float *gf = to_float(grads, np), *pf = to_float(params, np), *bf = to_float(buffers, nb);
     compare_grads(&g[1], c, gf, tol);
     compare_buffers(&g[2], c, "stats1/", pf, bf, 0, tol->stats);
     for (int s = 0; s < c->steps; s++) {
-        if (s > 0)
-            ref_d_model_forward_backward(m, run, params, buffers, x, c->labels, n, c->smoothing,
-                                         grads, NULL);
+        if (s > 0) {
+            double step_loss;
+            net_forwardD(run, params, buffers, 1, x, n);
+            net_backwardD(run, params, c->labels, n, c->smoothing, grads, &step_loss, NULL);
+        }
         ops_d_sgd_update(np, params, grads, mom, NULL, c->lr, c->momentum, c->wd, 0, s == 0);
     }
     free(pf);
@@ -375,11 +371,12 @@ static int run_double(const Case *c, const Tolerances *tol) {
     bf = to_float(buffers, nb);
     compare_buffers(&g[3], c, "step3/", pf, bf, 1, tol->steps);
     double *logits = xmalloc((size_t)n * K * sizeof(double));
-    ref_d_model_forward_eval(m, run, params, buffers, x, n, logits);
+    net_forwardD(run, params, buffers, 0, x, n);
+    memcpy(logits, net_logitsD(run), (size_t)n * K * sizeof(double));
     compare_d(&g[4], "eval_logits", logits, ref_get(c->f, "eval_logits", (size_t)n * K)->data,
               (size_t)n * K, tol->steps, 0);
     int failures = report(tol->label, g, 5);
-    ref_d_model_run_free(run);
+    net_freeD(run);
     free(logits);
     free(gf);
     free(pf);
@@ -452,7 +449,8 @@ int main(int argc, char **argv) {
     printf("reference %s: %zu tensors, batch %d, model %zu params, %zu buffer floats, %.0f "
            "MACs/image\n",
            path, f.n, c.batch, m.num_params, m.num_buffers, model_forward_macs(&m));
-    int failures = check_table(&f, &m);
+    int table_failures = check_table(&f, &m);
+    EXPECT(table_failures == 0, "%d tensor-table mismatches", table_failures);
 
     /* NCHW -> NHWC */
     int C = cfg.img_channels, H = cfg.img_height, W = cfg.img_width, N = c.batch;
@@ -490,9 +488,10 @@ int main(int argc, char **argv) {
                      .grad_all = 3e-2,
                      .stats = 1e-4,
                      .steps = 0};
-    failures += run_double(&c, &td);
-    failures += run_float(&c, &tf);
-    printf("test_reference: %s\n", failures ? "FAILED" : "passed");
+    int double_failures = run_double(&c, &td);
+    EXPECT(double_failures == 0, "%d comparisons failed in double", double_failures);
+    int float_failures = run_float(&c, &tf);
+    EXPECT(float_failures == 0, "%d comparisons failed in float", float_failures);
 
     model_free(&m);
     free(labels);
@@ -502,5 +501,5 @@ int main(int argc, char **argv) {
     free(f.t);
     free(f.config_json);
     free(f.image);
-    return failures ? 1 : 0;
+    return unit_report("test_reference");
 }

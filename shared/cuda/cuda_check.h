@@ -40,10 +40,29 @@ static inline const char *cuda_check_hint(cudaError_t e) {
     }
 }
 
+/* cuDNN 9 reports sub-codes (3001-3014 "not supported: shape", 4004 "device
+ * allocation failed", ...): the hint is chosen by the thousands, the class. */
 static inline const char *cudnn_check_hint(cudnnStatus_t s) {
-    if (s == CUDNN_STATUS_ALLOC_FAILED) return "the GPU is out of memory: lower --batch-size";
-    if (s == CUDNN_STATUS_NOT_SUPPORTED) return "cuDNN does not support this configuration: try another cuDNN version";
-    return "a cuDNN call failed: check that cuDNN matches the CUDA version";
+    int code = (int)s;
+    if (code == 4003 || code == 4004) /* host / device allocation failed */
+        return "out of memory: lower --batch-size or free the GPU";
+    switch (code / 1000) {
+    case 1: return "cuDNN is not set up: check that its sub-libraries match the cuDNN version and CUDA";
+    case 2: return "a cuDNN call got a bad parameter (internal error): report it with the command line";
+    case 3: return "cuDNN does not support this configuration: try --precision fp32, without --deterministic, or another cuDNN version";
+    case 4: return "cuDNN failed internally: check the driver and that cuDNN matches the CUDA version";
+    case 5: return "a GPU kernel of cuDNN failed: check nvidia-smi and the driver";
+    default: return "a cuDNN call failed: check that cuDNN matches the CUDA version";
+    }
+}
+
+/* "<cuDNN's name> (status N): <cudnnGetLastErrorString>" then exit. */
+static inline void cudnn_check_fail(const char *file, int line, const char *what, cudnnStatus_t s) {
+    char last[256] = "", reason[512];
+    cudnnGetLastErrorString(last, sizeof last);
+    snprintf(reason, sizeof reason, "%s (status %d)%s%s", cudnnGetErrorString(s), (int)s,
+             last[0] ? ": " : "", last);
+    check_fail(file, line, what, reason, cudnn_check_hint(s));
 }
 
 static inline const char *cublas_check_reason(cublasStatus_t s) {
@@ -73,6 +92,11 @@ static inline const char *nccl_check_hint(ncclResult_t r) {
     }
 }
 
+/* Runs fn(arg); a failing check or die() inside it (on this thread) returns here
+ * instead of exiting: -1 with the message in why, else 0. For a CUDA graph
+ * capture, which must be ended whatever happens inside (host_api.c). */
+int cuda_guard_run(void (*fn)(void *), void *arg, char *why, size_t len);
+
 #define CHECK_CUDA(call)                                                                 \
     do {                                                                                \
         cudaError_t check_cuda_e_ = (call);                                             \
@@ -88,8 +112,7 @@ static inline const char *nccl_check_hint(ncclResult_t r) {
     do {                                                                                \
         cudnnStatus_t check_cudnn_s_ = (call);                                          \
         if (check_cudnn_s_ != CUDNN_STATUS_SUCCESS)                                     \
-            check_fail(__FILE__, __LINE__, #call, cudnnGetErrorString(check_cudnn_s_),  \
-                       cudnn_check_hint(check_cudnn_s_));                               \
+            cudnn_check_fail(__FILE__, __LINE__, #call, check_cudnn_s_);                \
     } while (0)
 
 #define CHECK_CUBLAS(call)                                                               \

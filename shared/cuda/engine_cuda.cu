@@ -1,23 +1,26 @@
 /* engine_cuda.cu: the CUDA engine (engine.h), one GPU per process.
  *
- * Mirrors engine_cpu.c + model.c step for step: the same augmentation (bit-identical,
- * augment_cuda.cu), the same walk through the network (stem conv, stem BN without
- * ReLU, blocks with conv/BN/ReLU and projection shortcuts, mean pool, linear,
- * softmax cross-entropy), the same backward order and the same SGD rule, on the ops
- * of ops_cuda.cu.
+ * What is GPU-specific and nothing else: device memory, the stream, data staging
+ * and the CUDA graph. The network itself is walked by the same executor as on the
+ * CPU (net.h) with the CUDA op table (net_cuda.cu); the augmentation is
+ * bit-identical to the CPU's (augment_cuda.cu); the SGD rule is ops.h's.
  *
  * Device state: params, grads, momentum and BN buffers in flat device buffers at the
  * Model's offsets, except that conv weights (and their gradients and momentum) are
- * held in cuDNN's NHWC filter layout (KRSC) so no step converts anything;
- * state_to_host / state_from_host convert to and from PyTorch's KCRS. The dataset
- * splits are copied to the device once, as uint8.
+ * held in the CUDA table's layout (cuDNN's KRSC) so no step converts anything;
+ * state_to_host / state_from_host convert through net_params_export / _import.
+ * The dataset splits are copied to the device once, as uint8. An engine with no
+ * training split (cifar-eval) plans inference only: no backward conv algorithm is
+ * searched.
  *
  * Per step: the sample indices, epoch, learning rate and first-step flag are copied
  * to device memory, then the step runs. From the second full-size batch on, the
  * whole step (augment, forward, backward, and the SGD update when there is a single
- * process) is one CUDA graph, captured once and replayed; with several processes
- * the gradient all-reduce runs between the graph and the SGD kernel (NCCL runs on
- * its own stream, see comm_nccl.h). Partial batches run eagerly. CIFAR_CUDA_GRAPH=0
+ * process) is one CUDA graph, captured once and replayed; every conv plan is
+ * settled for the full batch before the capture (net_prepare), so nothing inside it
+ * touches a descriptor. With several processes the gradient all-reduce runs between
+ * the graph and the SGD kernel. Partial batches run eagerly. If the capture fails,
+ * one line says why and the engine runs eagerly from then on; CIFAR_CUDA_GRAPH=0
  * disables the graph. */
 #include <stddef.h>
 #include <stdio.h>
@@ -25,31 +28,10 @@
 #include <string.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/ops_cuda.h"
 #include "nn/engine.h"
 #include "nn/model.h"
-#include "cuda/ops_cuda.h"
-
-/* Workspace one convolution algorithm may use (cudnnFind* skips hungrier ones). */
-#define CONV_WS_LIMIT ((size_t)256 << 20)
-
-/* One conv layer of the model with its input size and cuDNN plan. */
-typedef struct {
-    const ConvLayer *layer;
-    int h, w;
-    ConvCuda *plan;
-} GpuConv;
-
-#define GPU_BLOCK_MAX_CONVS 3
-
-/* model.c's BlockActs, on the device, plus the plan index of each conv. */
-typedef struct {
-    int conv[GPU_BLOCK_MAX_CONVS], proj;
-    float *conv_out[GPU_BLOCK_MAX_CONVS];
-    float *act[GPU_BLOCK_MAX_CONVS];
-    float *mean[GPU_BLOCK_MAX_CONVS], *invstd[GPU_BLOCK_MAX_CONVS];
-    float *proj_out, *proj_mean, *proj_invstd;
-    float *out;
-} GpuBlock;
+#include "nn/net.h"
 
 /* Per-step scalars read by the kernels at run time (so a graph can be replayed). */
 typedef struct {
@@ -61,6 +43,7 @@ typedef struct {
 typedef struct {
     CudaCtx *ctx;
     int tf32;
+    Net *net;
     /* model state */
     float *params, *grads, *momentum, *buffers;
     float *stage;        /* num_params floats: layout conversion at state transfers */
@@ -68,21 +51,8 @@ typedef struct {
     /* dataset */
     uint8_t *train_px, *test_px;
     int32_t *train_lab, *test_lab;
-    /* convolutions */
-    GpuConv *convs;
-    int n_convs, stem_conv;
-    void *ws;
-    size_t ws_bytes;
-    /* activations (model.c's ModelRun) */
-    char *arena;
-    size_t arena_bytes, cursor;
-    float *stem_out, *stem_bn_out, *stem_mean, *stem_invstd;
-    GpuBlock *blocks;
-    float *pooled, *dpooled, *logits, *dlogits;
-    float *tmp_main, *tmp_short;
-    float *grad[4];
-    size_t max_act;
-    /* batch */
+    /* batch staging, one device allocation */
+    char *staging;
     float *batch_x;
     int32_t *batch_y, *pred;
     int64_t *idx;
@@ -100,296 +70,113 @@ typedef struct {
     cudaGraphExec_t graph;
 } GpuEngine;
 
-/* ---------------------------------------------------------------- layout */
+/* ---------------------------------------------------------------- staging */
 
-/* Two passes over the same walk, as model.c: with no arena it only counts.
- * Every tensor starts on a 256-byte boundary. */
-static void *carve(GpuEngine *g, size_t bytes) {
-    size_t at = g->cursor;
-    g->cursor += (bytes + 255) & ~(size_t)255;
-    return g->arena ? g->arena + at : NULL;
+static size_t staging_carve(char *base, size_t *cursor, size_t bytes, void **out) {
+    *out = base ? base + *cursor : NULL;
+    *cursor += (bytes + 255) & ~(size_t)255;
+    return *cursor;
 }
 
-static float *carve_f(GpuEngine *g, size_t n) { return (float *)carve(g, n * sizeof(float)); }
-
-static void note_act(GpuEngine *g, size_t n) {
-    if (n > g->max_act) g->max_act = n;
-}
-
-static int block_n_convs(const Block *b) { return b->bottleneck ? 3 : 2; }
-
-static const ConvLayer *block_conv(const Block *b, int i) {
-    return i == 0 ? &b->conv1 : i == 1 ? &b->conv2 : &b->conv3;
-}
-
-static const BNLayer *block_bn(const Block *b, int i) {
-    return i == 0 ? &b->bn1 : i == 1 ? &b->bn2 : &b->bn3;
-}
-
-static void block_conv_input(const Block *b, int i, int *h, int *w) {
-    *h = b->in_h;
-    *w = b->in_w;
-    for (int j = 0; j < i; j++) {
-        const ConvSpec *s = &block_conv(b, j)->spec;
-        *h = conv_out_size(*h, s->k, s->stride, s->pad);
-        *w = conv_out_size(*w, s->k, s->stride, s->pad);
-    }
-}
-
-static size_t conv_out_rows(const ConvSpec *s, int n, int h, int w) {
-    return (size_t)n * conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
-}
-
-static void layout(GpuEngine *g, const Model *m, int max_batch) {
-    size_t nb = (size_t)max_batch;
-    const ModelConfig *mc = &m->cfg;
-    g->cursor = 0;
-    size_t stem = nb * m->stem_h * m->stem_w * m->stem_conv.spec.cout;
-    note_act(g, stem);
-    g->stem_out = carve_f(g, stem);
-    g->stem_bn_out = carve_f(g, stem);
-    g->stem_mean = carve_f(g, (size_t)m->stem_bn.c);
-    g->stem_invstd = carve_f(g, (size_t)m->stem_bn.c);
-    for (int i = 0; i < m->n_blocks; i++) {
-        const Block *b = &m->blocks[i];
-        GpuBlock *a = &g->blocks[i];
-        int nc = block_n_convs(b);
-        for (int j = 0; j < nc; j++) {
-            const ConvSpec *s = &block_conv(b, j)->spec;
-            int h, w;
-            block_conv_input(b, j, &h, &w);
-            size_t sz = conv_out_rows(s, max_batch, h, w) * s->cout;
-            note_act(g, sz);
-            a->conv_out[j] = carve_f(g, sz);
-            a->act[j] = j < nc - 1 ? carve_f(g, sz) : NULL;
-            a->mean[j] = carve_f(g, (size_t)s->cout);
-            a->invstd[j] = carve_f(g, (size_t)s->cout);
-        }
-        size_t out = nb * b->out_h * b->out_w * b->cout;
-        note_act(g, out);
-        note_act(g, nb * b->in_h * b->in_w * b->cin);
-        if (b->has_projection) {
-            a->proj_out = carve_f(g, out);
-            a->proj_mean = carve_f(g, (size_t)b->cout);
-            a->proj_invstd = carve_f(g, (size_t)b->cout);
-        }
-        a->out = carve_f(g, out);
-    }
-    g->pooled = carve_f(g, nb * m->fc_in);
-    g->dpooled = carve_f(g, nb * m->fc_in);
-    g->logits = carve_f(g, nb * m->fc_out);
-    g->dlogits = carve_f(g, nb * m->fc_out);
-    g->tmp_main = carve_f(g, g->max_act);
-    g->tmp_short = carve_f(g, g->max_act);
-    for (int i = 0; i < 4; i++) g->grad[i] = carve_f(g, g->max_act);
-    g->batch_x = carve_f(g, nb * mc->img_height * mc->img_width * mc->img_channels);
-    g->batch_y = (int32_t *)carve(g, nb * sizeof(int32_t));
-    g->pred = (int32_t *)carve(g, nb * sizeof(int32_t));
-    g->idx = (int64_t *)carve(g, nb * sizeof(int64_t));
-    g->args = (StepArgs *)carve(g, sizeof(StepArgs));
-    g->loss = (float *)carve(g, sizeof(float));
-    g->correct = (int *)carve(g, sizeof(int));
-}
-
-/* ------------------------------------------------------- convolution plans */
-
-static int conv_add(GpuEngine *g, const ConvLayer *l, int h, int w) {
-    GpuConv *c = &g->convs[g->n_convs];
-    c->layer = l;
-    c->h = h;
-    c->w = w;
-    c->plan = NULL;
-    return g->n_convs++;
-}
-
-static void convs_collect(GpuEngine *g, const Model *m) {
-    g->convs = (GpuConv *)xcalloc((size_t)1 + 4 * (size_t)m->n_blocks, sizeof(GpuConv));
-    g->stem_conv = conv_add(g, &m->stem_conv, m->cfg.img_height, m->cfg.img_width);
-    for (int i = 0; i < m->n_blocks; i++) {
-        const Block *b = &m->blocks[i];
-        GpuBlock *a = &g->blocks[i];
-        for (int j = 0; j < block_n_convs(b); j++) {
-            int h, w;
-            block_conv_input(b, j, &h, &w);
-            a->conv[j] = conv_add(g, block_conv(b, j), h, w);
-        }
-        a->proj = b->has_projection ? conv_add(g, &b->proj_conv, b->in_h, b->in_w) : -1;
-    }
-}
-
-static void convs_plan(GpuEngine *g, int max_batch) {
-    g->ws_bytes = 0;
-    for (int i = 0; i < g->n_convs; i++) {
-        GpuConv *c = &g->convs[i];
-        c->plan = conv_cuda_create(g->ctx, &c->layer->spec, max_batch, c->h, c->w, CONV_WS_LIMIT);
-        size_t b = conv_cuda_workspace_bytes(c->plan);
-        if (b > g->ws_bytes) g->ws_bytes = b;
-    }
-    g->ws = cuda_alloc(g->ws_bytes);
-}
-
-/* ---------------------------------------------------------------- forward */
-
-static void conv_fwd(GpuEngine *g, int id, int n, const float *x, float *y) {
-    const ConvLayer *l = g->convs[id].layer;
-    conv_cuda_forward(g->ctx, g->convs[id].plan, n, x, g->params + l->weight, g->params + l->bias, y,
-                      g->ws, g->ws_bytes);
-}
-
-static void bn_fwd(GpuEngine *g, const BNLayer *l, int train, int rows, const float *x, float *y,
-                   float *mean, float *invstd) {
-    if (train)
-        batchnorm2d_forward_train_cuda(g->ctx, rows, l->c, x, g->params + l->gamma, g->params + l->beta,
-                                       y, mean, invstd, g->buffers + l->running_mean,
-                                       g->buffers + l->running_var, MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    else
-        batchnorm2d_forward_eval_cuda(g->ctx, rows, l->c, x, g->params + l->gamma, g->params + l->beta,
-                                      g->buffers + l->running_mean, g->buffers + l->running_var,
-                                      MODEL_BN_EPS, y);
-}
-
-static void block_forward(GpuEngine *g, const Block *b, GpuBlock *a, int train, int n,
-                          const float *x) {
-    int nc = block_n_convs(b);
-    const float *in = x;
-    for (int j = 0; j < nc; j++) {
-        int h, w;
-        block_conv_input(b, j, &h, &w);
-        const ConvLayer *cl = block_conv(b, j);
-        int rows = (int)conv_out_rows(&cl->spec, n, h, w);
-        conv_fwd(g, a->conv[j], n, in, a->conv_out[j]);
-        float *y = j < nc - 1 ? a->act[j] : g->tmp_main;
-        bn_fwd(g, block_bn(b, j), train, rows, a->conv_out[j], y, a->mean[j], a->invstd[j]);
-        if (j < nc - 1) relu_forward_cuda(g->ctx, (size_t)rows * cl->spec.cout, y, y);
-        in = y;
-    }
-    int rows_out = n * b->out_h * b->out_w;
-    const float *shortcut = x;
-    if (b->has_projection) {
-        conv_fwd(g, a->proj, n, x, a->proj_out);
-        bn_fwd(g, &b->proj_bn, train, rows_out, a->proj_out, g->tmp_short, a->proj_mean,
-               a->proj_invstd);
-        shortcut = g->tmp_short;
-    }
-    add_relu_forward_cuda(g->ctx, (size_t)rows_out * b->cout, g->tmp_main, shortcut, a->out);
-}
-
-/* Stem, blocks, pool and head on g->batch_x; logits land in g->logits. */
-static void model_forward_gpu(GpuEngine *g, const Model *m, int train, int n) {
-    int rows = n * m->stem_h * m->stem_w;
-    conv_fwd(g, g->stem_conv, n, g->batch_x, g->stem_out);
-    bn_fwd(g, &m->stem_bn, train, rows, g->stem_out, g->stem_bn_out, g->stem_mean,
-           g->stem_invstd); /* the seed has no ReLU after the stem */
-    const float *in = g->stem_bn_out;
-    for (int i = 0; i < m->n_blocks; i++) {
-        block_forward(g, &m->blocks[i], &g->blocks[i], train, n, in);
-        in = g->blocks[i].out;
-    }
-    const Block *last = &m->blocks[m->n_blocks - 1];
-    meanpool_forward_cuda(g->ctx, n, last->out_h * last->out_w, m->fc_in, in, g->pooled);
-    linear_forward_cuda(g->ctx, n, m->fc_in, m->fc_out, g->pooled, g->params + m->fc_weight,
-                        g->params + m->fc_bias, g->logits);
-}
-
-/* ---------------------------------------------------------------- backward */
-
-static float *grad_pick(GpuEngine *g, const float *busy1, const float *busy2) {
-    for (int i = 0; i < 4; i++)
-        if (g->grad[i] != busy1 && g->grad[i] != busy2) return g->grad[i];
-    die("cuda engine: no free gradient buffer (internal error)");
-}
-
-static void conv_bwd(GpuEngine *g, int id, int n, const float *x, const float *dy, float *dx) {
-    const ConvLayer *l = g->convs[id].layer;
-    conv_cuda_backward(g->ctx, g->convs[id].plan, n, x, g->params + l->weight, dy, dx,
-                       g->grads + l->weight, g->grads + l->bias, g->ws, g->ws_bytes);
-}
-
-static void bn_bwd(GpuEngine *g, const BNLayer *l, int rows, const float *x, const float *mean,
-                   const float *invstd, const float *dy, float *dx) {
-    batchnorm2d_backward_cuda(g->ctx, rows, l->c, x, g->params + l->gamma, mean, invstd, dy, dx,
-                              g->grads + l->gamma, g->grads + l->beta);
-}
-
-/* model.c's block_backward: dout (one of g->grad, overwritten) in, the buffer
- * holding the gradient of the block's input x out. */
-static float *block_backward(GpuEngine *g, const Block *b, const GpuBlock *a, int n, const float *x,
-                             float *dout) {
-    int rows_out = n * b->out_h * b->out_w;
-    size_t nout = (size_t)rows_out * b->cout;
-    relu_backward_cuda(g->ctx, nout, a->out, dout, dout);
-    float *dshort = dout; /* identity shortcut: the gradient passes through */
-    if (b->has_projection) {
-        float *dp = grad_pick(g, dout, NULL);
-        bn_bwd(g, &b->proj_bn, rows_out, a->proj_out, a->proj_mean, a->proj_invstd, dout, dp);
-        dshort = grad_pick(g, dout, dp);
-        conv_bwd(g, a->proj, n, x, dp, dshort);
-    }
-    float *cur = dout;
-    for (int j = block_n_convs(b) - 1; j >= 0; j--) {
-        const ConvLayer *cl = block_conv(b, j);
-        int h, w;
-        block_conv_input(b, j, &h, &w);
-        int rows = (int)conv_out_rows(&cl->spec, n, h, w);
-        if (j < block_n_convs(b) - 1)
-            relu_backward_cuda(g->ctx, (size_t)rows * cl->spec.cout, a->act[j], cur, cur);
-        float *dc = grad_pick(g, cur, dshort);
-        bn_bwd(g, block_bn(b, j), rows, a->conv_out[j], a->mean[j], a->invstd[j], cur, dc);
-        float *din = grad_pick(g, dc, dshort);
-        conv_bwd(g, a->conv[j], n, j == 0 ? x : a->act[j - 1], dc, din);
-        cur = din;
-    }
-    add_forward_cuda(g->ctx, (size_t)n * b->in_h * b->in_w * b->cin, cur, dshort, cur);
-    return cur;
-}
-
-/* From g->dlogits: every parameter gradient into g->grads (overwritten). */
-static void model_backward_gpu(GpuEngine *g, const Model *m, int n) {
-    const Block *last = &m->blocks[m->n_blocks - 1];
-    linear_backward_cuda(g->ctx, n, m->fc_in, m->fc_out, g->pooled, g->params + m->fc_weight,
-                         g->dlogits, g->dpooled, g->grads + m->fc_weight, g->grads + m->fc_bias);
-    float *d = g->grad[0];
-    meanpool_backward_cuda(g->ctx, n, last->out_h * last->out_w, m->fc_in, g->dpooled, d);
-    for (int i = m->n_blocks - 1; i >= 0; i--) {
-        const float *in = i > 0 ? g->blocks[i - 1].out : g->stem_bn_out;
-        d = block_backward(g, &m->blocks[i], &g->blocks[i], n, in, d);
-    }
-    int rows = n * m->stem_h * m->stem_w;
-    float *dc = grad_pick(g, d, NULL);
-    bn_bwd(g, &m->stem_bn, rows, g->stem_out, g->stem_mean, g->stem_invstd, d, dc);
-    conv_bwd(g, g->stem_conv, n, g->batch_x, dc, NULL);
+/* Two passes: with no base it only counts. */
+static size_t staging_layout(GpuEngine *g, const ModelConfig *mc, int max_batch) {
+    size_t nb = (size_t)max_batch, at = 0;
+    char *base = g->staging;
+    staging_carve(base, &at, nb * mc->img_height * mc->img_width * mc->img_channels * sizeof(float),
+                  (void **)&g->batch_x);
+    staging_carve(base, &at, nb * sizeof(int32_t), (void **)&g->batch_y);
+    staging_carve(base, &at, nb * sizeof(int32_t), (void **)&g->pred);
+    staging_carve(base, &at, nb * sizeof(int64_t), (void **)&g->idx);
+    staging_carve(base, &at, sizeof(StepArgs), (void **)&g->args);
+    staging_carve(base, &at, sizeof(float), (void **)&g->loss);
+    return staging_carve(base, &at, sizeof(int), (void **)&g->correct);
 }
 
 /* ---------------------------------------------------------------- steps */
 
 static int comm_world(const Engine *e) { return e->cfg.comm ? comm_world_size(e->cfg.comm) : 1; }
 
+static void sgd_step(Engine *e, GpuEngine *g) {
+    net_sgd(g->net, g->params, g->grads, g->momentum, g->decay_mask, &g->args->lr, e->cfg.momentum,
+            e->cfg.weight_decay, e->cfg.nesterov, &g->args->first_step);
+}
+
 /* Everything of one training step that depends only on device memory: the batch
  * from g->idx, forward, loss, backward, and the SGD update when fused. */
 static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
-    const Model *m = e->cfg.model;
     AugmentSpec spec = engine_augment_spec(e, 0, 1);
     augment_batch_cuda(g->ctx, &spec, g->train_px, g->train_lab, g->idx, n, g->batch_x, g->batch_y,
                        &g->args->epoch);
-    model_forward_gpu(g, m, 1, n);
-    softmax_xent_cuda_async(g->ctx, n, m->fc_out, g->logits, g->batch_y, e->cfg.label_smoothing,
-                            g->dlogits, g->loss, g->correct, NULL);
-    model_backward_gpu(g, m, n);
-    if (fuse_sgd)
-        sgd_update_cuda_dev(g->ctx, m->num_params, g->params, g->grads, g->momentum, g->decay_mask,
-                            &g->args->lr, e->cfg.momentum, e->cfg.weight_decay, e->cfg.nesterov,
-                            &g->args->first_step);
+    net_forward(g->net, g->params, g->buffers, 1, g->batch_x, n);
+    net_backward(g->net, g->params, g->batch_y, n, e->cfg.label_smoothing, g->grads, g->loss,
+                 g->correct);
+    if (fuse_sgd) sgd_step(e, g);
 }
 
-static void graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
+typedef struct {
+    Engine *e;
+    GpuEngine *g;
+    int n, fuse_sgd;
+} CaptureArgs;
+
+static void capture_body(void *p) {
+    CaptureArgs *a = (CaptureArgs *)p;
+    train_body(a->e, a->g, a->n, a->fuse_sgd);
+}
+
+/* One line with the kernels of the captured step (make bench-gpu reads it). */
+static void graph_report(cudaGraph_t graph) {
+    size_t count = 0, kernels = 0;
+    CHECK_CUDA(cudaGraphGetNodes(graph, NULL, &count));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)xcalloc(count ? count : 1, sizeof *nodes);
+    CHECK_CUDA(cudaGraphGetNodes(graph, nodes, &count));
+    for (size_t i = 0; i < count; i++) {
+        cudaGraphNodeType type;
+        CHECK_CUDA(cudaGraphNodeGetType(nodes[i], &type));
+        kernels += type == cudaGraphNodeTypeKernel;
+    }
+    free(nodes);
+    log_info("cuda engine: CUDA graph of one step: %zu kernels per step (%zu graph nodes)", kernels,
+             count);
+}
+
+/* Capture the full-batch step into g->graph. On any failure (a CUDA, cuDNN or
+ * cuBLAS call refused inside the capture, end or instantiation failing) the
+ * capture is ended, one line says why, and the engine runs eagerly from then on.
+ * Returns 1 when a graph is ready. */
+static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     cudaStream_t s = (cudaStream_t)cuda_ctx_stream(g->ctx);
-    cudaGraph_t graph;
-    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    train_body(e, g, n, fuse_sgd);
-    CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&g->graph, graph, 0));
-    CHECK_CUDA(cudaGraphDestroy(graph));
+    cudaGraph_t graph = NULL;
+    char why[512] = "";
+    CaptureArgs args = {e, g, n, fuse_sgd};
+    net_prepare(g->net, n); /* no descriptor reset or workspace query inside the capture */
+    cuda_ctx_sync(g->ctx);
+    cudaError_t rc = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (rc != cudaSuccess) {
+        snprintf(why, sizeof why, "cudaStreamBeginCapture: %s", cudaGetErrorString(rc));
+    } else {
+        int failed = cuda_guard_run(capture_body, &args, why, sizeof why);
+        rc = cudaStreamEndCapture(s, &graph); /* always: it ends a broken capture too */
+        if (!failed && rc != cudaSuccess)
+            snprintf(why, sizeof why, "cudaStreamEndCapture: %s", cudaGetErrorString(rc));
+        if (!why[0]) graph_report(graph);
+        if (!why[0]) {
+            rc = cudaGraphInstantiate(&g->graph, graph, 0);
+            if (rc != cudaSuccess) {
+                g->graph = NULL;
+                snprintf(why, sizeof why, "cudaGraphInstantiate: %s", cudaGetErrorString(rc));
+            }
+        }
+        if (graph) (void)cudaGraphDestroy(graph);
+    }
+    if (why[0]) {
+        (void)cudaGetLastError(); /* capture errors are not sticky: clear them */
+        log_warn("cuda engine: CUDA graph capture failed (%s); running every step eagerly", why);
+        g->graph_enabled = 0;
+        return 0;
+    }
     g->graph_fused_sgd = fuse_sgd;
+    return 1;
 }
 
 /* Mean of the gradients over the processes: NCCL works on device memory (its own
@@ -410,11 +197,11 @@ static void grads_allreduce(Engine *e, GpuEngine *g) {
 static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                              float lr, int *correct) {
     GpuEngine *g = (GpuEngine *)e->impl;
-    const Model *m = e->cfg.model;
     cudaStream_t s = (cudaStream_t)cuda_ctx_stream(g->ctx);
     if (n < 1 || n > e->cfg.max_batch)
         die("cuda engine: batch of %d images, but the engine was created for at most %d", n,
             e->cfg.max_batch);
+    if (e->cfg.train.count == 0) die("cuda engine: a training step on an engine without a training split");
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     g->h_args->epoch = epoch;
     g->h_args->lr = lr;
@@ -428,20 +215,16 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
          * set-up happen outside the capture); the second is captured. */
         if (!g->graph && g->full_steps >= 1) graph_capture(e, g, n, fuse_sgd);
         g->full_steps++;
-        if (g->graph) {
-            CHECK_CUDA(cudaGraphLaunch(g->graph, s));
-            fuse_sgd = g->graph_fused_sgd;
-        } else {
-            train_body(e, g, n, fuse_sgd);
-        }
+    }
+    if (g->graph) {
+        CHECK_CUDA(cudaGraphLaunch(g->graph, s));
+        fuse_sgd = g->graph_fused_sgd;
     } else {
         train_body(e, g, n, fuse_sgd);
     }
     if (!fuse_sgd) {
         if (world > 1) grads_allreduce(e, g);
-        sgd_update_cuda_dev(g->ctx, m->num_params, g->params, g->grads, g->momentum, g->decay_mask,
-                            &g->args->lr, e->cfg.momentum, e->cfg.weight_decay, e->cfg.nesterov,
-                            &g->args->first_step);
+        sgd_step(e, g);
     }
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(g->h_correct, g->correct, sizeof(int), cudaMemcpyDeviceToHost, s));
@@ -462,8 +245,8 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_batch_cuda(g->ctx, &spec, g->test_px, g->test_lab, g->idx, n, g->batch_x, g->batch_y, NULL);
-    model_forward_gpu(g, m, 0, n);
-    softmax_xent_cuda_async(g->ctx, n, m->fc_out, g->logits, g->batch_y, 0.0f, NULL, g->loss,
+    net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
+    softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
                             g->correct, predictions ? g->pred : NULL);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(g->h_correct, g->correct, sizeof(int), cudaMemcpyDeviceToHost, s));
@@ -477,25 +260,15 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
 
 /* ---------------------------------------------------------------- state */
 
-/* Device flat buffer (conv weights KRSC) -> host flat buffer (PyTorch layout). */
+/* Device flat buffer (table layout) -> host flat buffer (PyTorch layout). */
 static void flat_to_host(Engine *e, GpuEngine *g, const float *dev, float *host) {
-    size_t np = e->cfg.model->num_params;
-    cuda_copy_d2d_async(g->ctx, g->stage, dev, np * sizeof(float));
-    for (int i = 0; i < g->n_convs; i++) {
-        const ConvLayer *l = g->convs[i].layer;
-        conv_weight_from_krsc_cuda(g->ctx, &l->spec, dev + l->weight, g->stage + l->weight);
-    }
-    cuda_download(g->ctx, host, g->stage, np * sizeof(float));
+    net_params_export(g->net, dev, g->stage);
+    cuda_download(g->ctx, host, g->stage, e->cfg.model->num_params * sizeof(float));
 }
 
 static void flat_from_host(Engine *e, GpuEngine *g, const float *host, float *dev) {
-    size_t np = e->cfg.model->num_params;
-    cuda_upload(g->ctx, g->stage, host, np * sizeof(float));
-    cuda_copy_d2d_async(g->ctx, dev, g->stage, np * sizeof(float));
-    for (int i = 0; i < g->n_convs; i++) {
-        const ConvLayer *l = g->convs[i].layer;
-        conv_weight_to_krsc_cuda(g->ctx, &l->spec, g->stage + l->weight, dev + l->weight);
-    }
+    cuda_upload(g->ctx, g->stage, host, e->cfg.model->num_params * sizeof(float));
+    net_params_import(g->net, g->stage, dev);
     cuda_ctx_sync(g->ctx);
 }
 
@@ -538,11 +311,8 @@ static void cuda_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     cuda_ctx_sync(g->ctx);
     if (g->graph) CHECK_CUDA(cudaGraphExecDestroy(g->graph));
-    for (int i = 0; i < g->n_convs; i++) conv_cuda_free(g->convs[i].plan);
-    free(g->convs);
-    free(g->blocks);
-    cuda_free(g->ws);
-    cuda_free(g->arena);
+    net_free(g->net);
+    cuda_free(g->staging);
     cuda_free(g->params);
     cuda_free(g->grads);
     cuda_free(g->momentum);
@@ -562,16 +332,6 @@ static void cuda_destroy(Engine *e) {
     free(g);
     free(e);
 }
-
-static const EngineOps cuda_engine_ops = {
-    "cuda",
-    cuda_train_step,
-    cuda_eval_batch,
-    cuda_state_to_host,
-    cuda_state_from_host,
-    cuda_broadcast_buffers,
-    cuda_destroy,
-};
 
 /* ---------------------------------------------------------------- creation */
 
@@ -612,6 +372,16 @@ static void *host_pinned(size_t bytes) {
     memset(p, 0, bytes);
     return p;
 }
+
+static const EngineOps cuda_engine_ops = {
+    "cuda",
+    cuda_train_step,
+    cuda_eval_batch,
+    cuda_state_to_host,
+    cuda_state_from_host,
+    cuda_broadcast_buffers,
+    cuda_destroy,
+};
 
 extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t errlen) {
     const Model *m = cfg->model;
@@ -661,13 +431,11 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     split_upload(g, &cfg->train, rec, &g->train_px, &g->train_lab);
     split_upload(g, &cfg->test, rec, &g->test_px, &g->test_lab);
 
-    g->blocks = (GpuBlock *)xcalloc((size_t)m->n_blocks, sizeof(GpuBlock));
-    layout(g, m, cfg->max_batch); /* count */
-    g->arena_bytes = g->cursor;
-    g->arena = (char *)cuda_alloc(g->arena_bytes);
-    layout(g, m, cfg->max_batch); /* place */
-    convs_collect(g, m);
-    convs_plan(g, cfg->max_batch);
+    g->staging = NULL;
+    g->staging = (char *)cuda_alloc(staging_layout(g, mc, cfg->max_batch)); /* count */
+    staging_layout(g, mc, cfg->max_batch);                                  /* place */
+    /* cifar-eval (no training split) plans inference only. */
+    g->net = net_create(m, net_cuda_ops(), g->ctx, cfg->max_batch, cfg->train.count > 0);
 
     g->h_idx = (int64_t *)host_pinned((size_t)cfg->max_batch * sizeof(int64_t));
     g->h_args = (StepArgs *)host_pinned(sizeof(StepArgs));
@@ -680,7 +448,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     CHECK_CUDA(cudaGetDeviceProperties(&prop, cfg->device));
     log_info("cuda engine: device %d (%s), %s%s, activations %.1f MiB, conv workspace %.1f MiB%s",
              cfg->device, prop.name, g->tf32 ? "tf32" : "fp32",
-             cfg->deterministic ? ", deterministic" : "", (double)g->arena_bytes / (1 << 20),
-             (double)g->ws_bytes / (1 << 20), g->graph_enabled ? ", CUDA graph" : "");
+             cfg->deterministic ? ", deterministic" : "", (double)net_arena_bytes(g->net) / (1 << 20),
+             (double)net_workspace_bytes(g->net) / (1 << 20), g->graph_enabled ? ", CUDA graph" : "");
     return e;
 }

@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
+#include "nn/xent_row.h"
 
 #define OPS_CUDA_BLOCK 256
 /* Column-sum partials: up to COLSUM_MAX_CHUNKS row chunks of one column each. */
@@ -179,8 +180,12 @@ static void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out
 
 /* ------------------------------------------------------------- element-wise */
 
+/* x <= 0 ? 0 : x, as the CPU ops: NaN passes through (PyTorch's rule; the trainer's
+ * NaN stop relies on it). */
+__device__ __forceinline__ float relu_nan(float x) { return x <= 0.0f ? 0.0f : x; }
+
 __global__ void relu_forward_kernel(size_t n, const float *x, float *y) {
-    GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    GRID_STRIDE(i, n) y[i] = relu_nan(x[i]);
 }
 
 __global__ void relu_backward_kernel(size_t n, const float *y, const float *dy, float *dx) {
@@ -193,8 +198,7 @@ __global__ void add_kernel(size_t n, const float *a, const float *b, float *y) {
 
 __global__ void add_relu_kernel(size_t n, const float *a, const float *b, float *y) {
     GRID_STRIDE(i, n) {
-        float s = a[i] + b[i];
-        y[i] = s > 0.0f ? s : 0.0f;
+        y[i] = relu_nan(__fadd_rn(a[i], b[i]));
     }
 }
 
@@ -308,6 +312,8 @@ extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const
 
 /* ---------------------------------------------------------------------- loss */
 
+XENT_ROW_DEFINE(xent_row_f, float, static __device__)
+
 /* One block: each thread handles rows t, t+blockDim, ...; the per-thread sums are
  * then added in a fixed tree order, so the loss is deterministic. Per row, in
  * double as ops_cpu does, with target = off + (1-smoothing)*onehot:
@@ -321,27 +327,11 @@ __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int
     int hits = 0;
     const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float *l = logits + (size_t)i * k;
-        int y = labels[i];
-        int arg = 0;
-        for (int j = 1; j < k; j++)
-            if (l[j] > l[arg]) arg = j;
+        int y = labels[i], arg;
+        loss += xent_row_f(logits + (size_t)i * k, k, y, on, off, n,
+                           dlogits ? dlogits + (size_t)i * k : NULL, &arg);
         hits += arg == y;
         if (pred) pred[i] = arg;
-        double m = l[arg], s = 0.0, sum_l = 0.0;
-        for (int j = 0; j < k; j++) {
-            s += exp((double)l[j] - m);
-            sum_l += l[j];
-        }
-        double lse = m + log(s);
-        loss += -(on - off) * ((double)l[y] - lse) - off * (sum_l - k * lse);
-        if (dlogits) {
-            float *d = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++) {
-                double p = exp((double)l[j] - lse);
-                d[j] = (float)((p - (j == y ? on : off)) / n);
-            }
-        }
     }
     sh_loss[threadIdx.x] = loss;
     sh_hits[threadIdx.x] = hits;
@@ -355,7 +345,7 @@ __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int
     }
     if (threadIdx.x == 0) {
         *loss_out = n > 0 ? (float)(sh_loss[0] / n) : 0.0f;
-        *correct_out = sh_hits[0];
+        if (correct_out) *correct_out = sh_hits[0];
     }
 }
 
@@ -424,21 +414,23 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* rows x c as an NHWC tensor of N=rows, H=W=1 (the memory is the same; PyTorch's
- * BatchNorm1d path); cuDNN's spatial mode then reduces over the rows, as
- * batchnorm2d_* does. cuDNN rejects N above 880801 there (PyTorch avoids it past
- * that size), so larger row counts are described as N x H with H dividing rows:
- * the same memory and the same reduction. */
-#define BN_MAX_N 880801
+/* The real shape: n images of hw pixels, c channels, NHWC, described to cuDNN as
+ * (N=n, C=c, H=hw, W=1): the same memory and, in spatial mode, the same reduction
+ * over n*hw values per channel. cuDNN's inference batch norm refuses N above 65535
+ * (PyTorch guards the same limit), so a larger n is folded into H: N = n/f, H = hw*f
+ * for the smallest factor f of n that brings N under the limit (the memory and the
+ * reduction stay the same). Used for training, inference and backward alike. */
+#define BN_MAX_N 65535
 
-static void bn_describe(CudaCtx *ctx, int rows, int c) {
-    int n = rows, h = 1;
-    if (rows > BN_MAX_N) {
-        for (h = (rows + BN_MAX_N - 1) / BN_MAX_N; h < rows; h++)
-            if (rows % h == 0) break;
-        n = rows / h;
+static void bn_describe(CudaCtx *ctx, int n, int hw, int c) {
+    int f = 1;
+    if (n > BN_MAX_N) {
+        for (f = (n + BN_MAX_N - 1) / BN_MAX_N; f < n; f++)
+            if (n % f == 0) break;
     }
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, c, h, 1));
+    if ((int64_t)hw * f > INT32_MAX) die("batch norm over %d x %d rows: too large for cuDNN", n, hw);
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n / f, c,
+                                           hw * f, 1));
     CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->bn_p, ctx->bn_x, CUDNN_BATCHNORM_SPATIAL));
 }
 
@@ -450,24 +442,24 @@ static double bn_eps(float eps) {
 /* cuDNN's running update is running = (1-f)*running + f*batch with the unbiased
  * batch variance, f = exponentialAverageFactor: PyTorch's rule with f = momentum.
  * resultSaveInvVariance is 1/sqrt(var+eps), i.e. save_invstd. */
-extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                                const float *gamma, const float *beta, float *y,
                                                float *save_mean, float *save_invstd,
                                                float *running_mean, float *running_var,
                                                float momentum, float eps) {
     const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, rows, c);
+    bn_describe(ctx, n, hw, c);
     CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
         ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
         beta, (double)momentum, running_mean, running_var, bn_eps(eps), save_mean, save_invstd));
 }
 
-extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                               const float *gamma, const float *beta,
                                               const float *running_mean, const float *running_var,
                                               float eps, float *y) {
     const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, rows, c);
+    bn_describe(ctx, n, hw, c);
     CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
         ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
         beta, running_mean, running_var, bn_eps(eps)));
@@ -475,15 +467,48 @@ extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int rows, int c, con
 
 /* The epsilon is not used when the saved statistics are given; it must still be a
  * valid value. */
-extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                           const float *gamma, const float *save_mean,
                                           const float *save_invstd, const float *dy, float *dx,
                                           float *dgamma, float *dbeta) {
     const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, rows, c);
+    bn_describe(ctx, n, hw, c);
     CHECK_CUDNN(cudnnBatchNormalizationBackward(
         ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, ctx->bn_x, x, ctx->bn_x, dy,
         ctx->bn_x, dx, ctx->bn_p, gamma, dgamma, dbeta, bn_eps(1e-5f), save_mean, save_invstd));
+}
+
+/* BN then ReLU (NaN passes), and relu(BN(x) + z) through tmp. */
+extern "C" void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                    const float *x, const float *gamma,
+                                                    const float *beta, float *y, float *save_mean,
+                                                    float *save_invstd, float *running_mean,
+                                                    float *running_var, float momentum, float eps) {
+    batchnorm2d_forward_train_cuda(ctx, n, hw, c, x, gamma, beta, y, save_mean, save_invstd,
+                                   running_mean, running_var, momentum, eps);
+    relu_forward_cuda(ctx, (size_t)n * hw * c, y, y);
+}
+
+extern "C" void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                        const float *x, const float *gamma,
+                                                        const float *beta, const float *z,
+                                                        float *tmp, float *y, float *save_mean,
+                                                        float *save_invstd, float *running_mean,
+                                                        float *running_var, float momentum,
+                                                        float eps) {
+    batchnorm2d_forward_train_cuda(ctx, n, hw, c, x, gamma, beta, tmp, save_mean, save_invstd,
+                                   running_mean, running_var, momentum, eps);
+    add_relu_forward_cuda(ctx, (size_t)n * hw * c, tmp, z, y);
+}
+
+/* The ReLU mask is applied to dy in place (the executor's contract allows it),
+ * then cuDNN's BN backward reads it; dx must not alias dy. */
+extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                               const float *y, const float *gamma,
+                                               const float *save_mean, const float *save_invstd,
+                                               float *dy, float *dx, float *dgamma, float *dbeta) {
+    relu_backward_cuda(ctx, (size_t)n * hw * c, y, dy, dy);
+    batchnorm2d_backward_cuda(ctx, n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
 }
 
 /* --------------------------------------------------------------- convolution */
@@ -534,6 +559,7 @@ struct ConvCuda {
     cudnnConvolutionBwdFilterAlgo_t bwd_filter, cur_bwd_filter;
     cudnnMathType_t math_fwd, math_bwd_data, math_bwd_filter;
     int cur_n;
+    int backward; /* 0: inference only (forward algorithm only) */
     char desc[192];
 };
 
@@ -574,44 +600,78 @@ static void conv_set_batch_desc(ConvCuda *cv, int n) {
         }                                                                                          \
     } while (0)
 
+/* No candidate fits: the table cuDNN gave (so the user sees why), its last error
+ * message, then exit. */
+#define CONV_NONE_FITS(perf, count, ctx, cv, pass)                                                 \
+    do {                                                                                           \
+        char last_[256] = "";                                                                      \
+        cudnnGetLastErrorString(last_, sizeof last_);                                              \
+        log_error("cuDNN %s of conv %dx%d stride %d, %d -> %d channels on %dx%dx%d: no candidate " \
+                  "fits (%s, workspace limit %zu bytes, math %s):",                                \
+                  (pass), (cv)->cs.k, (cv)->cs.k, (cv)->cs.stride, (cv)->cs.cin, (cv)->cs.cout,    \
+                  (cv)->max_n, (cv)->h, (cv)->w,                                                   \
+                  (ctx)->deterministic ? "deterministic only" : "any determinism", (cv)->ws_limit, \
+                  (ctx)->tf32 ? "tf32" : "fp32");                                                  \
+        log_error("  algo  status                          deterministic  math  memory");        \
+        for (int i_ = 0; i_ < (count); i_++)                                                       \
+            log_error("  %4d  %-30s  %-13s  %4d  %zu", (int)(perf)[i_].algo,                      \
+                      cudnnGetErrorString((perf)[i_].status),                                      \
+                      (perf)[i_].determinism == CUDNN_DETERMINISTIC ? "yes" : "no",                \
+                      (int)(perf)[i_].mathType, (perf)[i_].memory);                                \
+        check_fail(__FILE__, __LINE__, "cuDNN convolution algorithm", last_[0] ? last_ : (pass),   \
+                   (ctx)->deterministic ? "run without --deterministic, or try --precision fp32 "  \
+                                          "or another cuDNN version"                               \
+                                        : "try --precision fp32 or another cuDNN version");       \
+    } while (0)
+
+/* The candidates of one pass (forward, backward data, backward filter): measured
+ * by cudnnFind*, or ranked by heuristics (cudnnGet*_v7) when deterministic. A pass
+ * with no acceptable candidate keeps its workspace-free default unless
+ * determinism is asked, where it prints the table and exits (the default is not
+ * known to be deterministic for this shape). */
+#define CONV_PASS(perf_t, count_max, get_call, find_call, ctx, cv, algo, math, pass)             \
+    do {                                                                                         \
+        perf_t perf_[count_max];                                                                 \
+        int got_ = 0, found_ = 0;                                                                \
+        if ((ctx)->deterministic)                                                                \
+            CHECK_CUDNN(get_call);                                                               \
+        else                                                                                     \
+            CHECK_CUDNN(find_call);                                                              \
+        CONV_PICK(perf_, got_, ctx, (cv)->ws_limit, algo, math, found_);                         \
+        if (!found_ && (ctx)->deterministic) CONV_NONE_FITS(perf_, got_, ctx, cv, pass);         \
+    } while (0)
+
 static void conv_pick_algorithms(CudaCtx *ctx, ConvCuda *cv) {
-    cudnnConvolutionFwdAlgoPerf_t pf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    cudnnConvolutionBwdFilterAlgoPerf_t pw[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int got = 0, found;
-    /* Workspace-free defaults (deterministic ones), used when nothing else fits. */
+    /* Workspace-free defaults, used when nothing else fits. */
     cv->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
     cv->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     cv->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     cv->math_fwd = cv->math_bwd_data = cv->math_bwd_filter = conv_base_math(ctx);
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, conv_base_math(ctx)));
-
-    found = 0;
-    if (ctx->deterministic)
-        CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
-                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, pf));
-    else
-        CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
-                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, pf));
-    CONV_PICK(pf, got, ctx, cv->ws_limit, cv->fwd, cv->math_fwd, found);
-
-    found = 0;
-    if (ctx->deterministic)
-        CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
-    else
-        CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(
-            ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
-    CONV_PICK(pd, got, ctx, cv->ws_limit, cv->bwd_data, cv->math_bwd_data, found);
-
-    found = 0;
-    if (ctx->deterministic)
-        CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pw));
-    else
-        CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(
-            ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pw));
-    CONV_PICK(pw, got, ctx, cv->ws_limit, cv->bwd_filter, cv->math_bwd_filter, found);
+    CONV_PASS(cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+              cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
+                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
+              cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
+              ctx, cv, cv->fwd, cv->math_fwd, "forward");
+    if (!cv->backward) return; /* inference only: no backward search (seconds per run) */
+    CONV_PASS(cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+              cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
+                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                          &got_, perf_),
+              cudnnFindConvolutionBackwardDataAlgorithm(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got_,
+                                                        perf_),
+              ctx, cv, cv->bwd_data, cv->math_bwd_data, "backward data");
+    CONV_PASS(cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+              cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx->cudnn, cv->xd, cv->yd, cv->cd,
+                                                            cv->wd,
+                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                            &got_, perf_),
+              cudnnFindConvolutionBackwardFilterAlgorithm(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                          &got_, perf_),
+              ctx, cv, cv->bwd_filter, cv->math_bwd_filter, "backward filter");
 }
 
 /* Workspace of each chosen algorithm for the batch size now in the descriptors;
@@ -651,9 +711,10 @@ static size_t size_max3(size_t a, size_t b, size_t c) {
 }
 
 extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
-                                      size_t ws_limit) {
+                                      size_t ws_limit, int backward) {
     ConvCuda *cv = (ConvCuda *)xcalloc(1, sizeof *cv);
     cv->cs = *cs;
+    cv->backward = backward;
     cv->max_n = max_n;
     cv->h = h;
     cv->w = w;
@@ -678,11 +739,17 @@ extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_
             oc, max_n, cv->oh, cv->ow, cs->cout);
     conv_pick_algorithms(ctx, cv);
     size_t a = conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd);
-    size_t b = conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data);
-    size_t c = conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter);
-    if (a == (size_t)-1 || b == (size_t)-1 || c == (size_t)-1)
-        check_fail(__FILE__, __LINE__, "cuDNN convolution", "no algorithm supports this shape",
+    size_t b = backward ? conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) : 0;
+    size_t c = backward ? conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) : 0;
+    if (a == (size_t)-1 || b == (size_t)-1 || c == (size_t)-1) {
+        char last[256] = "";
+        cudnnGetLastErrorString(last, sizeof last);
+        char reason[512];
+        snprintf(reason, sizeof reason, "no algorithm supports conv %dx%d stride %d on %dx%dx%dx%d%s%s",
+                 cs->k, cs->k, cs->stride, max_n, h, w, cs->cin, last[0] ? ": " : "", last);
+        check_fail(__FILE__, __LINE__, "cuDNN convolution", reason,
                    "try --precision fp32 or another cuDNN version");
+    }
     cv->ws_bytes = size_max3(a, b, c);
     cv->cur_n = max_n;
     cv->cur_fwd = cv->fwd;
@@ -719,11 +786,18 @@ static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
     cv->cur_bwd_filter = cv->bwd_filter;
     if (conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd) > ws_bytes)
         cv->cur_fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    if (!cv->backward) return;
     if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes)
         cv->cur_bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     if (conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) > ws_bytes)
         cv->cur_bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
 }
+
+extern "C" void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
+    conv_use_batch(ctx, cv, n, ws_bytes);
+}
+
+extern "C" const ConvSpec *conv_cuda_spec(const ConvCuda *cv) { return &cv->cs; }
 
 extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
                                   const float *weight_krsc, const float *bias, float *y, void *ws,
@@ -740,6 +814,7 @@ extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const floa
                                    const float *weight_krsc, const float *dy, float *dx,
                                    float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
     const float one = 1.0f, zero = 0.0f;
+    if (!cv->backward) die("convolution backward on an inference-only plan (internal error)");
     conv_use_batch(ctx, cv, n, ws_bytes);
     if (dbias) colsum(ctx, (int64_t)n * cv->oh * cv->ow, cv->cs.cout, dy, dbias);
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_filter));
@@ -761,7 +836,7 @@ extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const floa
 extern "C" void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                                     const float *x, const float *weight, const float *bias, float *y) {
     size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
-    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT);
+    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 0);
     float *wk = (float *)cuda_alloc(wn * sizeof(float));
     void *ws = cuda_alloc(cv->ws_bytes);
     conv_weight_to_krsc_cuda(ctx, cs, weight, wk);
@@ -776,7 +851,7 @@ extern "C" void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, in
                                      const float *x, const float *weight, const float *dy, float *dx,
                                      float *dweight, float *dbias) {
     size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
-    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT);
+    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 1);
     float *wk = (float *)cuda_alloc(wn * sizeof(float));
     float *dwk = (float *)cuda_alloc(wn * sizeof(float));
     void *ws = cuda_alloc(cv->ws_bytes);

@@ -26,6 +26,7 @@
 
 #include "data/augment.h"
 #include "nn/ops.h"
+#include "nn/ops_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,13 +69,19 @@ void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *k
 
 typedef struct ConvCuda ConvCuda;
 
-/* Descriptors for cs on inputs of max_n x h x w, and the forward, backward-data
- * and backward-filter algorithms for batch max_n: measured by cudnnFind* (fastest
- * whose workspace fits ws_limit bytes), or, when ctx is deterministic, the first
- * deterministic one cuDNN's heuristics rank. Smaller batches reuse the algorithms
- * (falling back to workspace-free ones if the workspace would not fit). */
+/* Descriptors for cs on inputs of max_n x h x w, and the forward (and, when
+ * backward != 0, backward-data and backward-filter) algorithms for batch max_n:
+ * measured by cudnnFind* (fastest whose workspace fits ws_limit bytes), or, when
+ * ctx is deterministic, the first deterministic one cuDNN's heuristics rank (none:
+ * the candidate table is printed and the process exits). Smaller batches reuse the
+ * algorithms (falling back to workspace-free ones if the workspace would not fit). */
 ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
-                           size_t ws_limit);
+                           size_t ws_limit, int backward);
+/* Point the descriptors at batch n and settle its algorithms now (host calls only):
+ * done before a CUDA graph capture, so that nothing inside it resets a
+ * descriptor or queries a workspace size. */
+void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes);
+const ConvSpec *conv_cuda_spec(const ConvCuda *cv);
 void conv_cuda_free(ConvCuda *cv);
 /* Workspace bytes the chosen algorithms need at max_n (forward and backward). */
 size_t conv_cuda_workspace_bytes(const ConvCuda *cv);
@@ -95,33 +102,52 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                           const float *weight, const float *dy, float *dx, float *dweight,
                           float *dbias);
 
-/* ---- batch norm (cuDNN, spatial mode; the same formulas as ops.h) ---- */
-void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+/* ---- batch norm (cuDNN, spatial mode; the same formulas as ops.h) ----
+ * The real shape: n images of hw pixels and c channels (rows = n*hw), NHWC; any n
+ * (cuDNN's N limit is handled inside). dx must not alias dy. */
+void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                     const float *gamma, const float *beta, float *y,
                                     float *save_mean, float *save_invstd, float *running_mean,
                                     float *running_var, float momentum, float eps);
-void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int rows, int c, const float *x,
+void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                    const float *gamma, const float *beta,
                                    const float *running_mean, const float *running_var,
                                    float eps, float *y);
-/* dx must not alias dy. */
-void batchnorm2d_backward_cuda(CudaCtx *ctx, int rows, int c, const float *x, const float *gamma,
-                               const float *save_mean, const float *save_invstd, const float *dy,
-                               float *dx, float *dgamma, float *dbeta);
+void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                               const float *gamma, const float *save_mean,
+                               const float *save_invstd, const float *dy, float *dx,
+                               float *dgamma, float *dbeta);
+/* Training BN then ReLU; relu(BN(x) + z) with the BN output in tmp. */
+void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *gamma, const float *beta, float *y,
+                                         float *save_mean, float *save_invstd,
+                                         float *running_mean, float *running_var, float momentum,
+                                         float eps);
+void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                             const float *gamma, const float *beta,
+                                             const float *z, float *tmp, float *y,
+                                             float *save_mean, float *save_invstd,
+                                             float *running_mean, float *running_var,
+                                             float momentum, float eps);
+/* ReLU backward (y: the ReLU output) then BN backward; dy is overwritten with the
+ * masked gradient, dx must not alias dy. */
+void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                    const float *y, const float *gamma, const float *save_mean,
+                                    const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                    float *dbeta);
 
-/* ---- element-wise, pooling, linear ---- */
-void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y);
-void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy, float *dx);
-void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
-void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
-void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y);
-void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy, float *dx);
-/* cuBLAS sgemm; dx may be NULL. */
-void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x, const float *weight,
-                         const float *bias, float *y);
-void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
-                          const float *weight, const float *dy, float *dx, float *dweight,
-                          float *dbias);
+/* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
+ * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers
+ * (sgd_update_cuda's decay_mask a device array or NULL): relu_forward_cuda,
+ * relu_backward_cuda, add_forward_cuda, add_relu_forward_cuda, meanpool_forward_cuda,
+ * meanpool_backward_cuda, linear_forward_cuda, linear_backward_cuda, sgd_update_cuda. */
+#define OPS_CUDA_WITH_CTX(...) (CudaCtx *ctx, __VA_ARGS__)
+#define OPS_CUDA_DECLARE_VOID(name, params, args) void name##_cuda OPS_CUDA_WITH_CTX params;
+#define OPS_CUDA_DECLARE_RET(type, name, params, args) type name##_cuda OPS_CUDA_WITH_CTX params;
+OPS_LIST_SHARED(OPS_CUDA_DECLARE_VOID, OPS_CUDA_DECLARE_RET, float)
+#undef OPS_CUDA_DECLARE_VOID
+#undef OPS_CUDA_DECLARE_RET
+#undef OPS_CUDA_WITH_CTX
 
 /* ---- loss ---- */
 
@@ -138,16 +164,18 @@ float softmax_xent_forward_backward_cuda(CudaCtx *ctx, int n, int k, const float
 
 /* ---- optimizer ---- */
 
-/* ops.h's sgd_update. decay_mask is a device array or NULL. */
-void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad, float *momentum_buf,
-                     const uint8_t *decay_mask, float lr, float momentum, float weight_decay,
-                     int nesterov, int first_step);
 /* The same with lr and first_step read from device memory when the kernel runs
  * (so a captured CUDA graph can be replayed with a new learning rate). */
 void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
                          float *momentum_buf, const uint8_t *decay_mask, const float *lr_dev,
                          float momentum, float weight_decay, int nesterov,
                          const int *first_step_dev);
+
+/* ---- the executor's op table (net_cuda.cu) ---- */
+
+/* net.h's NetOps for CUDA: ctx is a CudaCtx, memory is device memory. */
+struct NetOps;
+const struct NetOps *net_cuda_ops(void);
 
 /* ---- augmentation (augment_cuda.cu) ---- */
 

@@ -9,6 +9,10 @@
  * GPU and not even the CUDA libraries, and `--device auto` falls back to the
  * CPU with the reason the library could not be used.
  *
+ * The library imports nothing from the executable: right after dlopen it gets
+ * this program's callbacks (errors, logging, allocation, the communicator, the
+ * augmentation spec) through cifar_cuda_init (cuda_host.h).
+ *
  * In CPU-only builds the same functions report that CUDA is absent. */
 #include <stdio.h>
 #include <string.h>
@@ -37,6 +41,7 @@ const char *cuda_library_error(void) { return "built without CUDA"; }
 
 #include "util/check.h"
 #include "io/fsutil.h"
+#include "nn/cuda_host.h"
 
 #define CUDA_LIBRARY_NAME "libcifar-cuda.so"
 
@@ -67,11 +72,54 @@ static void cuda_library_path(char *buf, size_t len) {
     if (access(buf, F_OK) != 0) snprintf(buf, len, "%s/../lib/cifar/%s", dir, CUDA_LIBRARY_NAME);
 }
 
+/* ---- the callback table handed to the library (cuda_host.h) ---- */
+
+static void host_die_message(int status, const char *message) { die_status(status, "%s", message); }
+
+static void host_log_line(CudaHostLogLevel level, const char *message) {
+    switch (level) {
+    case CUDA_HOST_LOG_ERROR: log_error("%s", message); break;
+    case CUDA_HOST_LOG_WARN: log_warn("%s", message); break;
+    default: log_info("%s", message); break;
+    }
+}
+
+static const CudaHostApi g_host_api = {
+    .version = CUDA_HOST_API_VERSION,
+    .check_fail = check_fail,
+    .die_message = host_die_message,
+    .hint_for_errno = check_hint_for_errno,
+    .log_line = host_log_line,
+    .xmalloc = xmalloc,
+    .xcalloc = xcalloc,
+    .comm_kind = comm_kind,
+    .comm_world_size = comm_world_size,
+    .comm_allreduce_mean = comm_allreduce_mean,
+    .comm_broadcast = comm_broadcast,
+    .engine_augment_spec = engine_augment_spec,
+};
+
+const CudaHostApi *cuda_host_api(void) { return &g_host_api; }
+
+/* dlopen, then hand the library this executable's callbacks. */
 static void cuda_library_open(void) {
     char path[8192];
     cuda_library_path(path, sizeof path);
     g_cuda_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!g_cuda_lib) snprintf(g_cuda_error, sizeof g_cuda_error, "cannot load the GPU code: %s", dlerror());
+    if (!g_cuda_lib) {
+        snprintf(g_cuda_error, sizeof g_cuda_error, "cannot load the GPU code: %s", dlerror());
+        return;
+    }
+    CudaInitFn init = (CudaInitFn)dlsym(g_cuda_lib, "cifar_cuda_init");
+    int version = init ? init(&g_host_api) : -1;
+    if (version != CUDA_HOST_API_VERSION) {
+        snprintf(g_cuda_error, sizeof g_cuda_error,
+                 "cannot use the GPU code: %.300s is from another build (interface %d, this program "
+                 "needs %d): rebuild with make",
+                 path, version, CUDA_HOST_API_VERSION);
+        dlclose(g_cuda_lib);
+        g_cuda_lib = NULL;
+    }
 }
 
 static void *cuda_library(void) {

@@ -5,8 +5,8 @@
  * offsets in `params`, running statistics in `buffers`. So the flat buffers are
  * the state_dict, minus the num_batches_tracked counters.
  *
- * Activations, forward and backward are in model_impl.h, instantiated here for
- * float (and in tests/test_reference.c for double). */
+ * Activations, forward and backward are the network executor's (net.h); the
+ * ModelRun functions below run it with the CPU's op table. */
 #include "nn/model.h"
 
 #include <cjson/cJSON.h>
@@ -17,6 +17,7 @@
 
 #include "util/check.h"
 #include "util/rng.h"
+#include "nn/net.h"
 
 /* ---------------------------------------------------------------- config */
 
@@ -455,13 +456,46 @@ void model_init(const Model *m, float *params, float *buffers, uint64_t seed) {
     init_uniform(m, params, m->fc_bias, (size_t)m->fc_out, m->fc_in, seed);
 }
 
-/* ---------------------------------------------------------------- run (float) */
+/* ---------------------------------------------------------------- run (CPU) */
 
-#define MODEL_REAL float
-#define MODEL_FN(name) name
-#define MODEL_OP(name) name
-#define MODEL_RUN ModelRun
-#include "nn/model_impl.h"
+/* model.h's CPU run: the network executor (net.h) with the CPU's op table. */
+struct ModelRun {
+    Net *net;
+};
+
+ModelRun *model_run_create(const Model *m, int max_batch) {
+    ModelRun *run = xcalloc(1, sizeof *run);
+    run->net = net_create(m, &net_cpu_ops, NULL, max_batch, 1);
+    return run;
+}
+
+void model_run_free(ModelRun *run) {
+    if (!run) return;
+    net_free(run->net);
+    free(run);
+}
+
+const float *model_run_logits(const ModelRun *run) { return net_logits(run->net); }
+
+float model_forward_backward(const Model *m, ModelRun *run, const float *params, float *buffers,
+                             const float *x, const int32_t *labels, int n, float label_smoothing,
+                             float *grads, int *correct) {
+    for (int i = 0; i < n; i++)
+        if (labels[i] < 0 || labels[i] >= m->fc_out)
+            die("model: label %d of image %d is outside [0, %d)", (int)labels[i], i, m->fc_out);
+    net_forward(run->net, params, buffers, 1, x, n);
+    float loss = 0.0f;
+    if (correct) *correct = 0;
+    net_backward(run->net, params, labels, n, label_smoothing, grads, &loss, correct);
+    return loss;
+}
+
+void model_forward_eval(const Model *m, ModelRun *run, const float *params, const float *buffers,
+                        const float *x, int n, float *logits) {
+    /* Inference reads the running statistics only. */
+    net_forward(run->net, params, (float *)buffers, 0, x, n);
+    memcpy(logits, net_logits(run->net), (size_t)n * m->fc_out * sizeof(float));
+}
 
 /* ---------------------------------------------------------------- cost */
 
@@ -476,10 +510,10 @@ double model_forward_macs(const Model *m) {
     double macs = conv_macs(&m->stem_conv.spec, m->cfg.img_height, m->cfg.img_width);
     for (int i = 0; i < m->n_blocks; i++) {
         const Block *b = &m->blocks[i];
-        for (int j = 0; j < block_n_convs(b); j++) {
+        for (int j = 0; j < model_block_n_convs(b); j++) {
             int h, w;
-            block_conv_input(b, j, &h, &w);
-            macs += conv_macs(&block_conv(b, j)->spec, h, w);
+            model_block_conv_input(b, j, &h, &w);
+            macs += conv_macs(&model_block_conv(b, j)->spec, h, w);
         }
         if (b->has_projection) macs += conv_macs(&b->proj_conv.spec, b->in_h, b->in_w);
     }

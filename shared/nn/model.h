@@ -106,6 +106,25 @@ typedef struct {
     int n_tensors;
 } Model;
 
+/* The main path of a block: conv i (0-based; 2 or 3 of them), its BN, and the
+ * spatial size entering conv i. */
+static inline int model_block_n_convs(const Block *b) { return b->bottleneck ? 3 : 2; }
+static inline const ConvLayer *model_block_conv(const Block *b, int i) {
+    return i == 0 ? &b->conv1 : i == 1 ? &b->conv2 : &b->conv3;
+}
+static inline const BNLayer *model_block_bn(const Block *b, int i) {
+    return i == 0 ? &b->bn1 : i == 1 ? &b->bn2 : &b->bn3;
+}
+static inline void model_block_conv_input(const Block *b, int i, int *h, int *w) {
+    *h = b->in_h;
+    *w = b->in_w;
+    for (int j = 0; j < i; j++) {
+        const ConvSpec *s = &model_block_conv(b, j)->spec;
+        *h = conv_out_size(*h, s->k, s->stride, s->pad);
+        *w = conv_out_size(*w, s->k, s->stride, s->pad);
+    }
+}
+
 /* Lay out the network for cfg. Returns 0, or -1 with a reason (e.g. an image too
  * small for the strides) in err. */
 int model_build(Model *m, const ModelConfig *cfg, char *err, size_t errlen);

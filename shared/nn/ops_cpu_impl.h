@@ -27,6 +27,7 @@
 
 #include "util/check.h"
 #include "nn/ops.h"
+#include "nn/xent_row.h"
 
 typedef OPS_REAL real_t;
 
@@ -947,6 +948,8 @@ void OPS_FN(linear_backward)(int n, int in, int out, const real_t *x, const real
 
 /* ------------------------------------------------------------------ loss */
 
+XENT_ROW_DEFINE(OPS_FN(xent_row), real_t, static inline)
+
 real_t OPS_FN(softmax_xent_forward_backward)(int n, int k, const real_t *logits,
                                              const int32_t *labels, real_t smoothing,
                                              real_t *dlogits, int *correct) {
@@ -954,28 +957,12 @@ real_t OPS_FN(softmax_xent_forward_backward)(int n, int k, const real_t *logits,
     int hits = 0;
     const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
     for (int i = 0; i < n; i++) {
-        const real_t *l = logits + (size_t)i * k;
         int y = labels[i];
         if (y < 0 || y >= k) die("softmax_xent: label %d of row %d outside [0, %d)", y, i, k);
-        int arg = 0;
-        for (int j = 1; j < k; j++)
-            if (l[j] > l[arg]) arg = j;
+        int arg;
+        loss += OPS_FN(xent_row)(logits + (size_t)i * k, k, y, on, off, n,
+                                 dlogits ? dlogits + (size_t)i * k : NULL, &arg);
         hits += arg == y;
-        double m = l[arg], s = 0.0, sum_l = 0.0;
-        for (int j = 0; j < k; j++) {
-            s += exp((double)l[j] - m);
-            sum_l += l[j];
-        }
-        double lse = m + log(s);
-        /* -sum_j target_j * log p_j with target = off + (1-smoothing) * onehot */
-        loss += -(on - off) * ((double)l[y] - lse) - off * (sum_l - k * lse);
-        if (dlogits) {
-            real_t *d = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++) {
-                double p = exp((double)l[j] - lse);
-                d[j] = (real_t)((p - (j == y ? on : off)) / n);
-            }
-        }
     }
     if (correct) *correct = hits;
     return (real_t)(loss / n);

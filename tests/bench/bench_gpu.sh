@@ -32,9 +32,13 @@ lmdb=$("$BIN/cifar-prep" --quiet "$work/data" -o "$work/data.lmdb" | tail -1)
 
 ours_ips() { # batch
     local dir="$work/run-$1"
-    "$BIN/cifar-train" --quiet --device cuda --precision tf32 --epochs 2 --batch-size "$1" \
-        --save-every 2 --run-dir "$dir" "$lmdb" >/dev/null
+    "$BIN/cifar-train" --device cuda --precision tf32 --epochs 2 --batch-size "$1" \
+        --save-every 2 --run-dir "$dir" "$lmdb" >/dev/null 2>"$work/train-$1.log"
     sed -n 's/.*"images_per_s":\([0-9.e+]*\).*/\1/p' "$dir/metrics.jsonl" | sed -n 2p
+}
+
+kernels_per_step() { # batch: from the engine's line at graph capture
+    sed -n 's/.*CUDA graph of one step: \([0-9]*\) kernels per step.*/\1/p' "$work/train-$1.log" | head -1
 }
 
 have_torch=0
@@ -51,7 +55,7 @@ theirs_ips() { # batch, extra args...
 
 for b in $BATCHES; do
     o=$(ours_ips "$b")
-    echo "ours batch $b: cifar-train cuda tf32 $o images/s"
+    echo "ours batch $b: cifar-train cuda tf32 $o images/s, $(kernels_per_step "$b") kernels per step"
     if [ "$have_torch" = 1 ]; then
         e=$(theirs_ips "$b")
         c=$(theirs_ips "$b" --compile)

@@ -1,0 +1,202 @@
+/* net_cuda.cu: the CUDA op table of the network executor (net.h, net_ops.h): each
+ * entry is the ops_cuda.h op of the same name, with the CudaCtx as the table's ctx.
+ * Conv plans are ConvCuda (cuDNN descriptors and algorithms); conv weights live on
+ * the device in cuDNN's NHWC filter layout (KRSC), converted only by
+ * conv_weight_export / conv_weight_import. */
+#include <string.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/ops_cuda.h"
+#include "nn/net.h"
+
+/* Workspace one convolution algorithm may use (cudnnFind* skips hungrier ones). */
+#define NET_CUDA_CONV_WS_LIMIT ((size_t)256 << 20)
+/* Every buffer on a 256-byte boundary (cuDNN's and the coalescing sweet spot). */
+#define NET_CUDA_ALIGN 256
+
+#define CTX(c) ((CudaCtx *)(c))
+#define PLAN(p) ((ConvCuda *)(p))
+
+static void *nc_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return cuda_alloc(bytes);
+}
+
+static void nc_release(void *ctx, void *ptr) {
+    (void)ctx;
+    cuda_free(ptr);
+}
+
+static void nc_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    if (dst != src) cuda_copy_d2d_async(CTX(ctx), dst, src, bytes);
+}
+
+static void *nc_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
+    return conv_cuda_create(CTX(ctx), cs, max_n, h, w, NET_CUDA_CONV_WS_LIMIT, backward);
+}
+
+static size_t nc_conv_workspace_bytes(void *ctx, void *plan) {
+    (void)ctx;
+    return conv_cuda_workspace_bytes(PLAN(plan));
+}
+
+static void nc_conv_plan_free(void *ctx, void *plan) {
+    (void)ctx;
+    conv_cuda_free(PLAN(plan));
+}
+
+static void nc_conv_prepare(void *ctx, void *plan, int n, size_t ws_bytes) {
+    conv_cuda_prepare(CTX(ctx), PLAN(plan), n, ws_bytes);
+}
+
+static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                            const float *bias, float *y, void *ws, size_t ws_bytes) {
+    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, weight, bias, y, ws, ws_bytes);
+}
+
+static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                             const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                             size_t ws_bytes) {
+    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes);
+}
+
+static void nc_conv_weight_export(void *ctx, void *plan, const float *dev, float *kcrs) {
+    conv_weight_from_krsc_cuda(CTX(ctx), conv_cuda_spec(PLAN(plan)), dev, kcrs);
+}
+
+static void nc_conv_weight_import(void *ctx, void *plan, const float *kcrs, float *dev) {
+    conv_weight_to_krsc_cuda(CTX(ctx), conv_cuda_spec(PLAN(plan)), kcrs, dev);
+}
+
+static void nc_bn_train(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
+                        const float *beta, float *y, float *save_mean, float *save_invstd,
+                        float *running_mean, float *running_var, float momentum, float eps) {
+    batchnorm2d_forward_train_cuda(CTX(ctx), n, hw, c, x, gamma, beta, y, save_mean, save_invstd,
+                                   running_mean, running_var, momentum, eps);
+}
+
+static void nc_bn_relu_train(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
+                             const float *beta, float *y, float *save_mean, float *save_invstd,
+                             float *running_mean, float *running_var, float momentum, float eps) {
+    batchnorm2d_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, gamma, beta, y, save_mean,
+                                        save_invstd, running_mean, running_var, momentum, eps);
+}
+
+static void nc_bn_add_relu_train(void *ctx, int n, int hw, int c, const float *x,
+                                 const float *gamma, const float *beta, const float *z, float *tmp,
+                                 float *y, float *save_mean, float *save_invstd,
+                                 float *running_mean, float *running_var, float momentum,
+                                 float eps) {
+    batchnorm2d_add_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, gamma, beta, z, tmp, y,
+                                            save_mean, save_invstd, running_mean, running_var,
+                                            momentum, eps);
+}
+
+static void nc_bn_eval(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
+                       const float *beta, const float *running_mean, const float *running_var,
+                       float eps, float *y) {
+    batchnorm2d_forward_eval_cuda(CTX(ctx), n, hw, c, x, gamma, beta, running_mean, running_var,
+                                  eps, y);
+}
+
+static void nc_bn_backward(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
+                           const float *save_mean, const float *save_invstd, const float *dy,
+                           float *dx, float *dgamma, float *dbeta) {
+    batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
+                              dbeta);
+}
+
+static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x, const float *y,
+                                const float *gamma, const float *save_mean,
+                                const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                float *dbeta) {
+    batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                                   dgamma, dbeta);
+}
+
+static void nc_relu_forward(void *ctx, size_t count, const float *x, float *y) {
+    relu_forward_cuda(CTX(ctx), count, x, y);
+}
+
+static void nc_relu_backward(void *ctx, size_t count, const float *y, const float *dy, float *dx) {
+    relu_backward_cuda(CTX(ctx), count, y, dy, dx);
+}
+
+static void nc_add(void *ctx, size_t count, const float *a, const float *b, float *y) {
+    add_forward_cuda(CTX(ctx), count, a, b, y);
+}
+
+static void nc_add_relu(void *ctx, size_t count, const float *a, const float *b, float *y) {
+    add_relu_forward_cuda(CTX(ctx), count, a, b, y);
+}
+
+static void nc_meanpool_forward(void *ctx, int n, int hw, int c, const float *x, float *y) {
+    meanpool_forward_cuda(CTX(ctx), n, hw, c, x, y);
+}
+
+static void nc_meanpool_backward(void *ctx, int n, int hw, int c, const float *dy, float *dx) {
+    meanpool_backward_cuda(CTX(ctx), n, hw, c, dy, dx);
+}
+
+static void nc_linear_forward(void *ctx, int n, int in, int out, const float *x,
+                              const float *weight, const float *bias, float *y) {
+    linear_forward_cuda(CTX(ctx), n, in, out, x, weight, bias, y);
+}
+
+static void nc_linear_backward(void *ctx, int n, int in, int out, const float *x,
+                               const float *weight, const float *dy, float *dx, float *dweight,
+                               float *dbias) {
+    linear_backward_cuda(CTX(ctx), n, in, out, x, weight, dy, dx, dweight, dbias);
+}
+
+static void nc_xent(void *ctx, int n, int k, const float *logits, const int32_t *labels,
+                    float smoothing, float *dlogits, float *loss, int *correct) {
+    softmax_xent_cuda_async(CTX(ctx), n, k, logits, labels, smoothing, dlogits, loss, correct, NULL);
+}
+
+static void nc_sgd(void *ctx, size_t count, float *param, const float *grad, float *momentum_buf,
+                   const uint8_t *decay_mask, const float *lr, float momentum, float weight_decay,
+                   int nesterov, const int32_t *first_step) {
+    sgd_update_cuda_dev(CTX(ctx), count, param, grad, momentum_buf, decay_mask, lr, momentum,
+                        weight_decay, nesterov, first_step);
+}
+
+static NetOps nc_table(void) {
+    NetOps t;
+    memset(&t, 0, sizeof t);
+    t.name = "cuda";
+    t.align = NET_CUDA_ALIGN;
+    t.alloc = nc_alloc;
+    t.release = nc_release;
+    t.copy = nc_copy;
+    t.conv_plan = nc_conv_plan;
+    t.conv_workspace_bytes = nc_conv_workspace_bytes;
+    t.conv_plan_free = nc_conv_plan_free;
+    t.conv_prepare = nc_conv_prepare;
+    t.conv_forward = nc_conv_forward;
+    t.conv_backward = nc_conv_backward;
+    t.conv_weight_export = nc_conv_weight_export;
+    t.conv_weight_import = nc_conv_weight_import;
+    t.bn_train = nc_bn_train;
+    t.bn_relu_train = nc_bn_relu_train;
+    t.bn_add_relu_train = nc_bn_add_relu_train;
+    t.bn_eval = nc_bn_eval;
+    t.bn_backward = nc_bn_backward;
+    t.bn_relu_backward = nc_bn_relu_backward;
+    t.relu_forward = nc_relu_forward;
+    t.relu_backward = nc_relu_backward;
+    t.add = nc_add;
+    t.add_relu = nc_add_relu;
+    t.meanpool_forward = nc_meanpool_forward;
+    t.meanpool_backward = nc_meanpool_backward;
+    t.linear_forward = nc_linear_forward;
+    t.linear_backward = nc_linear_backward;
+    t.xent = nc_xent;
+    t.sgd = nc_sgd;
+    return t;
+}
+
+extern "C" const NetOps *net_cuda_ops(void) {
+    static const NetOps table = nc_table();
+    return &table;
+}
