@@ -2,6 +2,7 @@
 #
 #   make              build bin/ (with CUDA when $(CUDA_HOME) has nvcc, cuDNN, cuBLAS, NCCL)
 #   make CUDA=0       CPU-only build
+#   make MPI=0        without the MPI communicator (default: built when mpicc links a probe)
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
@@ -23,7 +24,8 @@ OPT ?= -O2
 PYTHON_TORCH ?= /usr/bin/python3
 
 # Debian packages: to build, to test, and for the side-by-side benchmark.
-DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev
+DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev \
+            libopenmpi-dev openmpi-bin
 DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev gnuplot-nox
 DEB_BENCH = python3-matplotlib
 DEB_ALL = $(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)
@@ -34,6 +36,16 @@ CUDA_PROBE := $(shell printf '#include <cudnn.h>\n#include <cublas_v2.h>\n#inclu
   $(NVCC) -o /tmp/cifar-cuda-probe-$$$$ /tmp/cifar-cuda-probe-$$$$.cu -L$(CUDA_HOME)/lib64 -lcudnn -lcublas -lnccl >/dev/null 2>&1 && echo 1 || echo 0; \
   rm -f /tmp/cifar-cuda-probe-$$$$ /tmp/cifar-cuda-probe-$$$$.cu)
 override CUDA := $(CUDA_PROBE)
+endif
+
+# ---- MPI detection: compile and link a probe with mpicc (Open MPI's or MPICH's wrapper) ----
+MPI ?= auto
+MPICC ?= mpicc
+ifeq ($(MPI),auto)
+MPI_PROBE := $(shell printf '#include <mpi.h>\nint main(int c, char **v){MPI_Init(&c, &v); return MPI_Finalize();}\n' > /tmp/cifar-mpi-probe-$$$$.c && \
+  $(MPICC) -o /tmp/cifar-mpi-probe-$$$$ /tmp/cifar-mpi-probe-$$$$.c >/dev/null 2>&1 && echo 1 || echo 0; \
+  rm -f /tmp/cifar-mpi-probe-$$$$ /tmp/cifar-mpi-probe-$$$$.c)
+override MPI := $(MPI_PROBE)
 endif
 
 ifeq ($(CUDA),1)
@@ -48,7 +60,9 @@ CFLAGS += $(CFLAGS_BASE)
 LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lm -lpthread
 LDFLAGS += -fopenmp
 
-SHARED_C = $(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c)
+# comm_mpi.c needs mpi.h: it goes into $(BIN)/libcifar-mpi.so (below), not libcifar.a.
+MPI_C = shared/dist/comm_mpi.c
+SHARED_C = $(filter-out $(MPI_C),$(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c))
 # CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/cuda/)
 # goes into $(BIN)/libcifar-cuda.so, which shared/nn/cuda_loader.c
 # dlopens on demand: the commands link none of those libraries, start as fast as
@@ -66,6 +80,19 @@ CUDA_SO = $(BIN)/libcifar-cuda.so
 LDLIBS += -ldl
 endif
 EXE_LDFLAGS = -rdynamic
+
+# MPI builds: the MPI communicator (comm_mpi.c, linked with libmpi by mpicc) is
+# $(BIN)/libcifar-mpi.so, which shared/dist/mpi_loader.c dlopens when a CPU job
+# runs under mpirun or srun --mpi=pmix: the commands link no MPI library and run
+# where Open MPI is not installed (as with libcifar-cuda.so).
+MPI_SO =
+ifeq ($(MPI),1)
+CFLAGS += -DCIFAR_MPI
+MPI_SO = $(BIN)/libcifar-mpi.so
+ifneq ($(CUDA),1)
+LDLIBS += -ldl
+endif
+endif
 
 LIB = $(OBJ)/libcifar.a
 LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o)
@@ -85,7 +112,7 @@ FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
-	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)) -> $(BIN)/"
+	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME), MPI=$(MPI)) -> $(BIN)/"
 
 $(OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -109,12 +136,22 @@ $(OBJ)/tests/test_ops_cuda: $(OBJ)/tests/test_ops_cuda.o $(CUDA_OBJS) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 endif
 
+ifeq ($(MPI),1)
+$(OBJ)/mpi/%.pic.o: %.c
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(MPI_SO): $(MPI_C:%.c=$(OBJ)/mpi/%.pic.o)
+	@mkdir -p $(BIN)
+	$(MPICC) -shared -Wl,-Bsymbolic -o $@ $^
+endif
+
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
 define command_rule
-$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO)
+$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO) $(MPI_SO)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) $(EXE_LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
 	    -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS)
