@@ -191,8 +191,9 @@ test-unit: $(TEST_BINS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 
 BATS_FILES ?= tests/*.bats
-test-bats: all $(FAULTINJECT)
-	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) bats $(BATS_FILES)
+test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm
+	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) \
+	  TEST_COMM=$(abspath $(OBJ)/tests/test_comm) bats $(BATS_FILES)
 
 # The LD_PRELOAD shim of tests/hardening.bats (failing or SIGKILLing writes); never sanitized.
 $(FAULTINJECT): tests/faultinject.c

@@ -233,9 +233,13 @@ static int rv_judge_hello(const Server *s, const unsigned char *h, char *why, si
         return snprintf(why, n, "rank %u of another job (not %s)", rank, env->job_id), RV_WRONG_JOB;
     if (!same_bytes(h + 52, env->job_token, 32))
         return snprintf(why, n, "rank %u of this job with a wrong token (CIFAR_JOB_TOKEN)", rank), RV_WRONG_TOKEN;
-    if (world != (uint32_t)env->world_size || rank < 1 || rank >= world || len != s->len)
+    if (world != (uint32_t)env->world_size)
         return snprintf(why, n, "rank %u of world size %u (this job: world size %d)", rank, world,
                         env->world_size), RV_BAD_RANK;
+    if (rank == 0) return snprintf(why, n, "a second rank 0 (this process is rank 0)"), RV_BAD_RANK;
+    if (rank >= world || len != s->len)
+        return snprintf(why, n, "rank %u asking for %u bytes (this job: ranks 1..%d, %zu bytes)",
+                        rank, len, env->world_size - 1, s->len), RV_BAD_RANK;
     if (s->served[rank]) return snprintf(why, n, "rank %u again (already served)", rank), RV_DUPLICATE;
     why[0] = '\0';
     return RV_OK;
