@@ -168,8 +168,11 @@ static int worker_main(const char *scenario, const char *dir) {
         return 5;
     }
     int rank = env.rank, w = env.world_size;
-    Comm *c = comm_create(COMM_SHM, &env);
-    WORKER_EXPECT(comm_kind(c) == COMM_SHM && comm_rank(c) == rank && comm_world_size(c) == w,
+    /* "mpi-<scenario>": the same over the MPI communicator (started by mpirun) */
+    CommKind kind = strncmp(scenario, "mpi-", 4) == 0 ? COMM_MPI : COMM_SHM;
+    if (kind == COMM_MPI) scenario += 4;
+    Comm *c = comm_create(kind, &env);
+    WORKER_EXPECT(comm_kind(c) == kind && comm_rank(c) == rank && comm_world_size(c) == w,
            "comm identity");
     if (strcmp(scenario, "collectives") == 0) {
         uint64_t hash = 0;
@@ -183,7 +186,9 @@ static int worker_main(const char *scenario, const char *dir) {
         worker_mixed(c, rank, w, &hash);
         char text[64];
         snprintf(text, sizeof text, "%016llx\n", (unsigned long long)hash);
-        write_text(dir, "hash", rank, text);
+        write_text(dir, kind == COMM_MPI ? "mpi-hash" : "hash", rank, text);
+        uint64_t big = 0; /* MPI: more than one chunk of comm_mpi.c (4 Mi elements) */
+        if (kind == COMM_MPI) worker_allreduce(c, rank, w, ((size_t)1 << 22) + 5, &big);
     } else if (strcmp(scenario, "die-early") == 0) {
         if (rank == w - 1) _exit(0); /* gone before the collective, no goodbye */
         float x[8] = {0};
@@ -301,6 +306,8 @@ static int shm_exists(const char *run_id) {
     return access(path, F_OK) == 0;
 }
 
+static char g_shm_hash[4][64]; /* the result hash of the shared-memory run, per world size */
+
 static void test_collectives(int w) {
     char run_id[64];
     snprintf(run_id, sizeof run_id, "test-%d-coll%d", (int)getpid(), w);
@@ -321,6 +328,7 @@ static void test_collectives(int w) {
         }
         CHECK(hash[0] != '\0', "W=%d rank %d wrote no result hash", w, r);
         if (r == 0) snprintf(first_hash, sizeof first_hash, "%s", hash);
+        if (r == 0) snprintf(g_shm_hash[w], sizeof g_shm_hash[w], "%s", hash);
         CHECK(strcmp(hash, first_hash) == 0, "W=%d rank %d result bits differ from rank 0", w, r);
         unlink(path);
     }
@@ -816,6 +824,37 @@ static void test_rendezvous_not_local(void) {
           "MASTER_ADDR not local: %d %s", st, e);
 }
 
+/* The collectives again over MPI (mpirun, TCP only): every rank's result bits equal
+ * the shared-memory run's. Needs mpirun and CIFAR_MPI_LIB (make test-unit sets it). */
+static void test_mpi_collectives(int w) {
+    const char *lib = getenv("CIFAR_MPI_LIB");
+    if (lib == NULL || access(lib, R_OK) != 0 || system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("SKIP mpi collectives W=%d: no mpirun or no CIFAR_MPI_LIB (MPI not built)\n", w);
+        return;
+    }
+    char exe[4096], cmd[8192];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0, "readlink /proc/self/exe");
+    if (n <= 0) return;
+    exe[n] = '\0';
+    snprintf(cmd, sizeof cmd,
+             "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u CIFAR_RUN_ID "
+             "CIFAR_COMM_TIMEOUT=60 mpirun --allow-run-as-root --oversubscribe -np %d --mca btl tcp,self "
+             "'%s' worker mpi-collectives '%s' 2> '%s/mpi-stderr'",
+             w, exe, g_dir, g_dir);
+    double t0 = now_s();
+    int st = system(cmd);
+    CHECK(st == 0, "mpirun W=%d: status %d: %s", w, st, rv_text("mpi-stderr"));
+    for (int r = 0; r < w; r++) {
+        char name[64], hash[64];
+        snprintf(name, sizeof name, "mpi-hash-%d", r);
+        snprintf(hash, sizeof hash, "%s", rv_text(name));
+        CHECK(hash[0] != '\0' && strcmp(hash, g_shm_hash[w]) == 0,
+              "W=%d MPI rank %d result %s, shared memory %s", w, r, hash, g_shm_hash[w]);
+    }
+    printf("mpi collectives W=%d: %.2f s\n", w, now_s() - t0);
+}
+
 static void make_temp_dir(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s/test_comm.XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -866,6 +905,7 @@ int main(int argc, char **argv) {
     test_rendezvous_not_local();
     for (int w = 2; w <= 3; w++) {
         test_collectives(w);
+        test_mpi_collectives(w);
         test_die_early(w);
         test_stopped_peer(w);
     }
