@@ -132,3 +132,26 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
     assert_failure 2
     [[ "$stderr" == *"--comm nccl: the CPU trains with --comm shm or mpi"* ]] || { echo "$stderr"; false; }
 }
+
+@test "pipelines/mpi.sh: 2 ranks over TCP train, then the final snapshot is evaluated" {
+    cd "$BATS_TEST_TMPDIR"
+    NP=2 EPOCHS=1 BATCH=32 TRAIN_ARGS="--threads 1 --quiet" MPIRUN_ARGS="--mca btl tcp,self" BIN="$BIN" \
+        run --separate-stderr timeout 120 "$BATS_TEST_DIRNAME/../pipelines/mpi.sh" "$LMDB"
+    echo "$stderr"
+    assert_success
+    assert_output --partial "accuracy"
+    grep -q '"comm":"mpi"' run/mpi/metrics.jsonl
+    grep -q '"world_size":2' run/mpi/metrics.jsonl
+    [ "$(grep -c safetensors run/mpi/final.txt)" -eq 1 ]
+}
+
+@test "pipelines/mpi.sh: bad usage is not retried" {
+    cd "$BATS_TEST_TMPDIR"
+    NP=2 TRAIN_ARGS="--schedule nope" BIN="$BIN" run --separate-stderr timeout 60 \
+        "$BATS_TEST_DIRNAME/../pipelines/mpi.sh" "$LMDB"
+    echo "$stderr"
+    assert_failure 2
+    [[ "$stderr" == *"not retrying"* ]]
+    run "$BATS_TEST_DIRNAME/../pipelines/mpi.sh"
+    assert_failure 2
+}
