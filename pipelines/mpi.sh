@@ -50,6 +50,8 @@ extra=($TRAIN_ARGS)
 mpi_extra=($MPIRUN_ARGS)
 hosts=()
 [ -z "$HOSTFILE" ] || hosts=(--hostfile "$HOSTFILE")
+# Open MPI binds a rank to one core by default: its threads would share that core
+case "$MPIRUN_ARGS" in *bind-to*|*map-by*) ;; *) mpi_extra=(--bind-to none ${mpi_extra[@]+"${mpi_extra[@]}"}) ;; esac
 mkdir -p "$RUN_DIR"
 echo "$me: $NP ranks${HOSTFILE:+ on the hosts of $HOSTFILE}, run $RUN_DIR" >&2
 
