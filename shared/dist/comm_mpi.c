@@ -141,34 +141,48 @@ static void mpi_scatter_slices(CommMpi *m, const void *buf, MPI_Datatype type, c
     mpi_wait(m, &req, what);
 }
 
-void comm_mpi_allreduce_mean(CommMpi *m, float *buf, size_t n) {
-    const float w = (float)m->world_size;
+/* Step 2 for floats: out = (in[0] + in[1] + ... + in[W-1]) / W, in rank order. */
+static void sum_slices_mean_f32(void *out_v, const void *in_v, size_t mine, int world) {
+    float *out = out_v;
+    const float *in = in_v;
+    memcpy(out, in, mine * sizeof(float));
+    for (int r = 1; r < world; r++)
+        for (size_t i = 0; i < mine; i++) out[i] += in[(size_t)r * mine + i];
+    const float w = (float)world;
+    for (size_t i = 0; i < mine; i++) out[i] /= w;
+}
+
+/* Step 2 for doubles: the sum in rank order. */
+static void sum_slices_f64(void *out_v, const void *in_v, size_t mine, int world) {
+    double *out = out_v;
+    const double *in = in_v;
+    memcpy(out, in, mine * sizeof(double));
+    for (int r = 1; r < world; r++)
+        for (size_t i = 0; i < mine; i++) out[i] += in[(size_t)r * mine + i];
+}
+
+typedef void (*SliceReduce)(void *out, const void *in, size_t mine, int world);
+
+/* Steps 1-3 per chunk of n elements of `elem` bytes. */
+static void mpi_allreduce(CommMpi *m, void *buf, size_t n, size_t elem, MPI_Datatype type,
+                          SliceReduce reduce, const char *what) {
+    unsigned char *p = buf;
     for (size_t off = 0; off < n; off += MPI_CHUNK) {
         size_t len = n - off < MPI_CHUNK ? n - off : MPI_CHUNK;
         size_t mine = mpi_plan_chunk(m, len);
-        mpi_scatter_slices(m, buf + off, MPI_FLOAT, "all-reduce (reduce-scatter)");
-        const float *in = m->scratch;
-        float *out = buf + off + slice_lo(len, m->rank, m->world_size);
-        memcpy(out, in, mine * sizeof(float));
-        for (int r = 1; r < m->world_size; r++)
-            for (size_t i = 0; i < mine; i++) out[i] += in[(size_t)r * mine + i];
-        for (size_t i = 0; i < mine; i++) out[i] /= w;
-        mpi_gather_slices(m, buf + off, MPI_FLOAT, "all-reduce (all-gather)");
+        unsigned char *chunk = p + off * elem;
+        mpi_scatter_slices(m, chunk, type, what);
+        reduce(chunk + slice_lo(len, m->rank, m->world_size) * elem, m->scratch, mine, m->world_size);
+        mpi_gather_slices(m, chunk, type, what);
     }
 }
 
+void comm_mpi_allreduce_mean(CommMpi *m, float *buf, size_t n) {
+    mpi_allreduce(m, buf, n, sizeof(float), MPI_FLOAT, sum_slices_mean_f32, "all-reduce");
+}
+
 void comm_mpi_allreduce_sum_f64(CommMpi *m, double *buf, size_t n) {
-    for (size_t off = 0; off < n; off += MPI_CHUNK) {
-        size_t len = n - off < MPI_CHUNK ? n - off : MPI_CHUNK;
-        size_t mine = mpi_plan_chunk(m, len);
-        mpi_scatter_slices(m, buf + off, MPI_DOUBLE, "all-reduce f64 (reduce-scatter)");
-        const double *in = m->scratch;
-        double *out = buf + off + slice_lo(len, m->rank, m->world_size);
-        memcpy(out, in, mine * sizeof(double));
-        for (int r = 1; r < m->world_size; r++)
-            for (size_t i = 0; i < mine; i++) out[i] += in[(size_t)r * mine + i];
-        mpi_gather_slices(m, buf + off, MPI_DOUBLE, "all-reduce f64 (all-gather)");
-    }
+    mpi_allreduce(m, buf, n, sizeof(double), MPI_DOUBLE, sum_slices_f64, "all-reduce (f64)");
 }
 
 void comm_mpi_broadcast(CommMpi *m, void *buf, size_t bytes, int root) {
