@@ -163,7 +163,7 @@ $(eval $(call command_rule,cifar-synth,$(synth_SRC)))
 $(eval $(call command_rule,cifar-unpack,$(unpack_SRC)))
 
 $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) $(TEST_LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- dependencies ----
 deps:
@@ -191,7 +191,7 @@ test-unit: $(TEST_BINS) $(MPI_SO)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; CIFAR_MPI_LIB=$(abspath $(MPI_SO)) $$t; done
 
 # test_comm loads libcifar-mpi.so, which calls back into it (die, xmalloc).
-$(OBJ)/tests/test_comm: LDFLAGS += -rdynamic
+$(OBJ)/tests/test_comm: TEST_LDFLAGS = $(EXE_LDFLAGS)
 
 BATS_FILES ?= tests/*.bats
 test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm
@@ -207,7 +207,7 @@ $(FAULTINJECT): tests/faultinject.c
 # error, UB or leak fails the test that hit it. CIFAR_ASAN=1 lets the bats suites skip what
 # cannot run sanitized (ulimit -v: ASan reserves terabytes of address space).
 ASAN_OPT = -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ASAN_ENV = CIFAR_ASAN=1 \
+ASAN_ENV = CIFAR_ASAN=1 OMPI_MCA_mca_base_component_disable_dlclose=1 \
   ASAN_OPTIONS=detect_leaks=1:verify_asan_link_order=0:detect_stack_use_after_return=0:abort_on_error=0:exitcode=86 \
   LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(abspath tests/ubsan.supp)

@@ -21,6 +21,9 @@ setup_file() {
 setup() {
     command -v mpirun >/dev/null || skip "SKIP: no mpirun on PATH (make deps installs openmpi-bin)"
     [ -f "$BIN/libcifar-mpi.so" ] || skip "SKIP: $BIN/libcifar-mpi.so not built (MPI not found by make)"
+    # make test-asan: Open MPI's libraries have no frame pointers; the slow unwinder lets
+    # tests/lsan.supp recognise their allocations
+    if [ -n "${CIFAR_ASAN:-}" ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:fast_unwind_on_malloc=0"; fi
 }
 
 data_checksum() { head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'; }
