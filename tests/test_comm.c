@@ -551,7 +551,8 @@ static void test_job_identity(void) {
     setenv("SLURM_STEP_ID", "3", 1);
     CHECK(job_id_is("slurm:77.3", 0), "Slurm job and step");
     setenv("TORCHELASTIC_RUN_ID", "te1", 1);
-    CHECK(job_id_is("torchelastic:te1", 0), "torchrun's run id");
+    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+    CHECK(job_id_is("torchelastic:te1-r2", 0), "torchrun's run id and restart");
     setenv("CIFAR_JOB_ID", "mine", 1);
     CHECK(job_id_is("user:mine", 0), "CIFAR_JOB_ID first");
 

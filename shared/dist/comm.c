@@ -156,7 +156,9 @@ static void dist_env_job_id(DistEnv *env) {
     if (job && *job)
         snprintf(env->job_id, len, "user:%.120s", job);
     else if (elastic && *elastic && strcmp(elastic, "none") != 0)
-        snprintf(env->job_id, len, "torchelastic:%.100s", elastic);
+        /* torchrun restarts every node's group together: a rank left over from the
+         * previous round is another job */
+        snprintf(env->job_id, len, "torchelastic:%.100s-r%d", elastic, env->restart_count);
     else if (slurm && *slurm)
         snprintf(env->job_id, len, "slurm:%.40s.%.40s", slurm, step ? step : "");
     else if (pmix && *pmix)

@@ -40,7 +40,8 @@ typedef struct {
     int mpi_launched;         /* started by mpirun (OMPI_COMM_WORLD_RANK) or a PMI/PMIx
                                  launcher such as srun --mpi=pmix (PMIX_RANK, PMI_RANK) */
     /* The job's identity, the same on every rank: CIFAR_JOB_ID, else
-     * TORCHELASTIC_RUN_ID, else SLURM_JOB_ID.SLURM_STEP_ID, else PMIX_NAMESPACE
+     * TORCHELASTIC_RUN_ID and its restart count, else SLURM_JOB_ID.SLURM_STEP_ID
+     * (each srun is a new step), else PMIX_NAMESPACE
      * (mpirun), else the launcher's CIFAR_RUN_ID on one node, else
      * "MASTER_ADDR:MASTER_PORT" (job_id_weak = 1: nothing tells two jobs apart). */
     char job_id[128];
