@@ -676,9 +676,8 @@ static int stray_exchange(int port, const unsigned char *bytes, size_t n) {
     return (int)((uint32_t)reply[4] << 24 | (uint32_t)reply[5] << 16 | (uint32_t)reply[6] << 8 | reply[7]);
 }
 
-/* The hello of rank `rank` of a world of `world` whose job id and token are given. */
-static void stray_hello(int port, int rank, int world, const char *job, const char *token,
-                        unsigned char out[RENDEZVOUS_HELLO_BYTES]) {
+/* A clean environment naming rank `rank` of `world` on `port` for job `job`. */
+static void set_job_env(int rank, int world, int port, const char *job) {
     char v[32];
     env_clear();
     snprintf(v, sizeof v, "%d", rank);
@@ -688,6 +687,12 @@ static void stray_hello(int port, int rank, int world, const char *job, const ch
     snprintf(v, sizeof v, "%d", port);
     setenv("MASTER_PORT", v, 1);
     setenv("CIFAR_JOB_ID", job, 1);
+}
+
+/* The hello of rank `rank` of a world of `world` whose job id and token are given. */
+static void stray_hello(int port, int rank, int world, const char *job, const char *token,
+                        unsigned char out[RENDEZVOUS_HELLO_BYTES]) {
+    set_job_env(rank, world, port, job);
     if (token) setenv("CIFAR_JOB_TOKEN", token, 1);
     DistEnv e;
     char err[256];
@@ -709,16 +714,9 @@ static pid_t rendezvous_spawn(const char *tag, int r, int w, int port, const cha
         exit(1);
     }
     if (pid > 0) return pid;
-    char v[32], path[512];
-    env_clear();
-    snprintf(v, sizeof v, "%d", r);
-    setenv("RANK", v, 1);
-    snprintf(v, sizeof v, "%d", w);
-    setenv("WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", port);
-    setenv("MASTER_PORT", v, 1);
+    char path[512];
+    set_job_env(r, w, port, job);
     setenv("MASTER_ADDR", master_addr, 1);
-    setenv("CIFAR_JOB_ID", job, 1);
     setenv("CIFAR_COMM_TIMEOUT", timeout, 1);
     snprintf(path, sizeof path, "%s/rv-%s-stderr", g_dir, tag);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
