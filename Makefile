@@ -2,6 +2,7 @@
 #
 #   make              build bin/ (with CUDA when nvcc, cuDNN, cuBLAS and NCCL are found: see CUDA detection)
 #   make CUDA=0       CPU-only build
+#   make MPI=0        without the MPI communicator (default: built when mpicc links a probe)
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
@@ -23,8 +24,10 @@ OPT ?= -O2
 PYTHON_TORCH ?= /usr/bin/python3
 
 # Debian packages, by the target that needs them (make pipeline: BUILD + PIPELINE;
-# make install: BUILD + INSTALL; make test: all but BENCH; make deps: all).
-DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev
+# make install: BUILD + INSTALL; make test: all but BENCH; make deps: all). Open MPI is
+# in BUILD: the build probes it (the MPI communicator, libcifar-mpi.so).
+DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev \
+            libopenmpi-dev openmpi-bin
 DEB_PIPELINE = gnuplot-nox
 DEB_INSTALL = help2man man-db
 DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev
@@ -92,6 +95,16 @@ $(error CUDA=1: not found: $(strip $(CUDA_MISSING)) (looked in CUDA_HOME=$(CUDA_
 endif
 endif
 
+# ---- MPI detection: compile and link a probe with mpicc (Open MPI's or MPICH's wrapper) ----
+MPI ?= auto
+MPICC ?= mpicc
+ifeq ($(MPI),auto)
+MPI_PROBE := $(shell printf '#include <mpi.h>\nint main(int c, char **v){MPI_Init(&c, &v); return MPI_Finalize();}\n' > /tmp/cifar-mpi-probe-$$$$.c && \
+  $(MPICC) -o /tmp/cifar-mpi-probe-$$$$ /tmp/cifar-mpi-probe-$$$$.c >/dev/null 2>&1 && echo 1 || echo 0; \
+  rm -f /tmp/cifar-mpi-probe-$$$$ /tmp/cifar-mpi-probe-$$$$.c)
+override MPI := $(MPI_PROBE)
+endif
+
 ifeq ($(CUDA),1)
 MODE = cuda
 else
@@ -104,7 +117,9 @@ CFLAGS += $(CFLAGS_BASE)
 LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lm -lpthread
 LDFLAGS += -fopenmp
 
-SHARED_C = $(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c)
+# comm_mpi.c needs mpi.h: it goes into $(BIN)/libcifar-mpi.so (below), not libcifar.a.
+MPI_C = shared/dist/comm_mpi.c
+SHARED_C = $(filter-out $(MPI_C),$(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c))
 # CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/cuda/)
 # goes into $(BIN)/libcifar-cuda.so, with its own copy of the device-neutral network
 # executor (shared/nn/net.c); shared/nn/cuda_loader.c dlopens it on demand: the
@@ -121,6 +136,19 @@ CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c) shared/nn/
             $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
 CUDA_SO = $(BIN)/libcifar-cuda.so
 LDLIBS += -ldl
+endif
+
+# MPI builds: the MPI communicator (comm_mpi.c, linked with libmpi by mpicc) is
+# $(BIN)/libcifar-mpi.so, which shared/dist/mpi_loader.c dlopens when a CPU job
+# runs under mpirun or srun --mpi=pmix: the commands link no MPI library and run
+# where Open MPI is not installed (as with libcifar-cuda.so).
+MPI_SO =
+ifeq ($(MPI),1)
+CFLAGS += -DCIFAR_MPI
+MPI_SO = $(BIN)/libcifar-mpi.so
+ifneq ($(CUDA),1)
+LDLIBS += -ldl
+endif
 endif
 
 LIB = $(OBJ)/libcifar.a
@@ -141,7 +169,7 @@ FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
-	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY))) -> $(BIN)/"
+	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY)), MPI=$(MPI)) -> $(BIN)/"
 ifeq ($(CUDA),1)
 	@echo "build: $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),3) in $(call cuda_part,$(f),1);)"
 endif
@@ -169,6 +197,16 @@ $(OBJ)/tests/test_ops_cuda: $(OBJ)/tests/test_ops_cuda.o $(LIB) $(CUDA_SO)
 	    -L$(BIN) -Wl,-rpath,$(abspath $(BIN)) -lcifar-cuda
 endif
 
+ifeq ($(MPI),1)
+$(OBJ)/mpi/%.pic.o: %.c
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(MPI_SO): $(MPI_C:%.c=$(OBJ)/mpi/%.pic.o)
+	@mkdir -p $(BIN)
+	$(MPICC) -shared -Wl,-Bsymbolic -o $@ $^
+endif
+
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -177,7 +215,7 @@ $(LIB): $(LIB_OBJS)
 # and spin, in every prep) and no OpenMP runtime.
 cifar-prep_LINK = $(LIB) -Wl,--as-needed $(LDLIBS)
 define command_rule
-$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO)
+$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO) $(MPI_SO)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
 	    $(if $($(1)_LINK),$($(1)_LINK),$(LIB) $(LDLIBS))
@@ -189,7 +227,7 @@ $(eval $(call command_rule,cifar-synth,$(synth_SRC)))
 $(eval $(call command_rule,cifar-unpack,$(unpack_SRC)))
 
 $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) $(TEST_LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- dependencies ----
 # $(call apt_ensure,PACKAGES): install the missing ones (as root), or say how and fail.
@@ -221,8 +259,8 @@ test: deps-check
 
 test-bins: $(TEST_BINS)
 
-test-unit: $(TEST_BINS) $(CUDA_SO)
-	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+test-unit: $(TEST_BINS) $(CUDA_SO) $(MPI_SO)
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; CIFAR_MPI_LIB=$(abspath $(MPI_SO)) $$t; done
 ifeq ($(CUDA),1)
 	@echo "== tests/check_cuda_so.sh"; tests/check_cuda_so.sh $(CUDA_SO)
 endif
@@ -237,8 +275,9 @@ else
 endif
 
 BATS_FILES ?= tests/*.bats
-test-bats: all $(FAULTINJECT)
-	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) bats $(BATS_FILES)
+test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm
+	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) \
+	  TEST_COMM=$(abspath $(OBJ)/tests/test_comm) bats $(BATS_FILES)
 
 # The LD_PRELOAD shim of tests/hardening.bats (failing or SIGKILLing writes); never sanitized.
 $(FAULTINJECT): tests/faultinject.c
@@ -249,7 +288,7 @@ $(FAULTINJECT): tests/faultinject.c
 # error, UB or leak fails the test that hit it. CIFAR_ASAN=1 lets the bats suites skip what
 # cannot run sanitized (ulimit -v: ASan reserves terabytes of address space).
 ASAN_OPT = -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ASAN_ENV = CIFAR_ASAN=1 \
+ASAN_ENV = CIFAR_ASAN=1 OMPI_MCA_mca_base_component_disable_dlclose=1 \
   ASAN_OPTIONS=detect_leaks=1:verify_asan_link_order=0:detect_stack_use_after_return=0:abort_on_error=0:exitcode=86 \
   LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(abspath tests/ubsan.supp)

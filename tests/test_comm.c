@@ -10,7 +10,16 @@
  *   - a SIGSTOPped peer: "collective timed out after T s waiting for rank R";
  *   - a world-size mismatch; a rank 1 whose rank 0 never comes;
  *   - nothing left in /dev/shm.
- * `test_comm bench` prints all-reduce times for 200k and 1M floats on 2 ranks. */
+ *   - the rendezvous of rendezvous.h between real processes (rank 0 and two ranks
+ *     of a 3-rank job) while strangers connect: silent, wrong magic, cut short,
+ *     another job, a wrong token, another world size, a duplicate rank, and a
+ *     rank of another job that keeps knocking: rank 0 drops them (one log line
+ *     each) and serves its own ranks; a MASTER_ADDR that is not local;
+ *   - the job identity and token of dist_env_read.
+ * `test_comm bench` prints all-reduce times for 200k and 1M floats on 2 ranks.
+ * `test_comm rendezvous-rank DIR` is one rank of a rendezvous (its environment
+ * says which): rank 0 serves 128 random bytes, every rank writes what it holds to
+ * DIR/rendezvous-<rank> in hex (tests/rendezvous.bats). */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -21,11 +30,17 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "util/check.h"
 #include "dist/comm.h"
+#include "dist/rendezvous.h"
 
 #include "unit.h"
 
@@ -153,8 +168,11 @@ static int worker_main(const char *scenario, const char *dir) {
         return 5;
     }
     int rank = env.rank, w = env.world_size;
-    Comm *c = comm_create(COMM_SHM, &env);
-    WORKER_EXPECT(comm_kind(c) == COMM_SHM && comm_rank(c) == rank && comm_world_size(c) == w,
+    /* "mpi-<scenario>": the same over the MPI communicator (started by mpirun) */
+    CommKind kind = strncmp(scenario, "mpi-", 4) == 0 ? COMM_MPI : COMM_SHM;
+    if (kind == COMM_MPI) scenario += 4;
+    Comm *c = comm_create(kind, &env);
+    WORKER_EXPECT(comm_kind(c) == kind && comm_rank(c) == rank && comm_world_size(c) == w,
            "comm identity");
     if (strcmp(scenario, "collectives") == 0) {
         uint64_t hash = 0;
@@ -168,7 +186,9 @@ static int worker_main(const char *scenario, const char *dir) {
         worker_mixed(c, rank, w, &hash);
         char text[64];
         snprintf(text, sizeof text, "%016llx\n", (unsigned long long)hash);
-        write_text(dir, "hash", rank, text);
+        write_text(dir, kind == COMM_MPI ? "mpi-hash" : "hash", rank, text);
+        uint64_t big = 0; /* MPI: more than one chunk of comm_mpi.c (4 Mi elements) */
+        if (kind == COMM_MPI) worker_allreduce(c, rank, w, ((size_t)1 << 22) + 5, &big);
     } else if (strcmp(scenario, "die-early") == 0) {
         if (rank == w - 1) _exit(0); /* gone before the collective, no goodbye */
         float x[8] = {0};
@@ -286,6 +306,8 @@ static int shm_exists(const char *run_id) {
     return access(path, F_OK) == 0;
 }
 
+static char g_shm_hash[4][64]; /* the result hash of the shared-memory run, per world size */
+
 static void test_collectives(int w) {
     char run_id[64];
     snprintf(run_id, sizeof run_id, "test-%d-coll%d", (int)getpid(), w);
@@ -306,6 +328,7 @@ static void test_collectives(int w) {
         }
         CHECK(hash[0] != '\0', "W=%d rank %d wrote no result hash", w, r);
         if (r == 0) snprintf(first_hash, sizeof first_hash, "%s", hash);
+        if (r == 0) snprintf(g_shm_hash[w], sizeof g_shm_hash[w], "%s", hash);
         CHECK(strcmp(hash, first_hash) == 0, "W=%d rank %d result bits differ from rank 0", w, r);
         unlink(path);
     }
@@ -407,7 +430,8 @@ static const char *all_vars[] = {
     "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID",
     "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "CIFAR_JOB_ID", "CIFAR_JOB_TOKEN",
+    "PMIX_NAMESPACE", "PMIX_RANK", "PMI_RANK", "CIFAR_RENDEZVOUS_BIND", "CIFAR_COMM_TIMEOUT", NULL};
 
 static void env_clear(void) {
     for (int i = 0; all_vars[i]; i++) unsetenv(all_vars[i]);
@@ -489,12 +513,347 @@ static void test_dist_env(void) {
     comm_destroy(c);
 }
 
+static int job_id_is(const char *want, int weak) {
+    DistEnv e;
+    char err[256];
+    if (dist_env_read(&e, err, sizeof err) != 0) {
+        fprintf(stderr, "dist_env_read: %s\n", err);
+        return 0;
+    }
+    if (strcmp(e.job_id, want) != 0 || e.job_id_weak != weak)
+        fprintf(stderr, "job id '%s' (weak %d), expected '%s' (weak %d)\n", e.job_id, e.job_id_weak,
+                want, weak);
+    return strcmp(e.job_id, want) == 0 && e.job_id_weak == weak;
+}
+
+static void token_of(unsigned char out[32], int *from_user) {
+    DistEnv e;
+    char err[256];
+    CHECK(dist_env_read(&e, err, sizeof err) == 0, "%s", err);
+    memcpy(out, e.job_token, 32);
+    *from_user = e.token_from_user;
+}
+
+/* Job identity: the first of CIFAR_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID.STEP,
+ * PMIX_NAMESPACE, the single-node launcher's run id, else address:port (weak). */
+static void test_job_identity(void) {
+    env_clear();
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    CHECK(job_id_is("addr:127.0.0.1:29500", 1), "nothing set: weak address identity");
+    setenv("CIFAR_RUN_ID", "123-abc-a0", 1);
+    CHECK(job_id_is("launcher:123-abc-a0", 0), "the launcher's run id on one node");
+    setenv("LOCAL_WORLD_SIZE", "1", 1);
+    CHECK(job_id_is("addr:127.0.0.1:29500", 1), "several launchers: their run ids differ");
+    setenv("PMIX_NAMESPACE", "4242", 1);
+    CHECK(job_id_is("pmix:4242", 0), "mpirun's namespace");
+    setenv("SLURM_JOB_ID", "77", 1);
+    setenv("SLURM_STEP_ID", "3", 1);
+    CHECK(job_id_is("slurm:77.3", 0), "Slurm job and step");
+    setenv("TORCHELASTIC_RUN_ID", "te1", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+    CHECK(job_id_is("torchelastic:te1-r2", 0), "torchrun's run id and restart");
+    setenv("CIFAR_JOB_ID", "mine", 1);
+    CHECK(job_id_is("user:mine", 0), "CIFAR_JOB_ID first");
+
+    unsigned char a[32], b[32];
+    int user_a = 0, user_b = 0;
+    token_of(a, &user_a);
+    static const unsigned char want[8] = {0xeb, 0x7e, 0x68, 0x45, 0x17, 0xb8, 0x39, 0x45};
+    CHECK(memcmp(a, want, 8) == 0 && !user_a, "derived token = SHA-256(prefix, job id)");
+    setenv("CIFAR_JOB_ID", "theirs", 1);
+    token_of(b, &user_b);
+    CHECK(memcmp(a, b, 32) != 0, "another job, another token");
+    setenv("CIFAR_JOB_TOKEN", "s3cret", 1);
+    token_of(b, &user_b);
+    CHECK(user_b && memcmp(a, b, 32) != 0, "CIFAR_JOB_TOKEN replaces the derived token");
+
+    env_clear();
+    DistEnv e;
+    char err[256];
+    setenv("SLURM_PROCID", "0", 1); /* the batch step's, inherited by mpirun's ranks */
+    setenv("SLURM_NTASKS", "1", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 1 && e.world_size == 2 &&
+              e.mpi_launched,
+          "mpirun inside sbatch: Open MPI's variables win (%s rank %d)", err, e.rank);
+    env_clear();
+    setenv("SLURM_PROCID", "1", 1);
+    setenv("SLURM_NTASKS", "2", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && !e.mpi_launched, "plain srun: not MPI");
+    setenv("PMIX_RANK", "1", 1);
+    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.mpi_launched, "srun --mpi=pmix: MPI");
+    env_clear();
+}
+
 static void test_timeout_parse(void) {
     unsetenv("CIFAR_COMM_TIMEOUT");
     CHECK(comm_timeout_seconds() == 300.0, "default timeout");
     setenv("CIFAR_COMM_TIMEOUT", "2.5", 1);
     CHECK(comm_timeout_seconds() == 2.5, "CIFAR_COMM_TIMEOUT=2.5");
     unsetenv("CIFAR_COMM_TIMEOUT");
+}
+
+/* ------------------------------------------------------------ rendezvous */
+
+#define RV_BLOB 128
+
+/* One rank of a rendezvous, from its environment (test_comm rendezvous-rank DIR). */
+static int rendezvous_rank_main(const char *dir) {
+    log_set_program("test_comm");
+    char err[256];
+    DistEnv env;
+    if (dist_env_read(&env, err, sizeof err) != 0) {
+        fprintf(stderr, "dist_env_read: %s\n", err);
+        return 5;
+    }
+    unsigned char blob[RV_BLOB] = {0};
+    if (env.rank == 0 && getrandom(blob, sizeof blob, 0) != (ssize_t)sizeof blob) {
+        perror("getrandom");
+        return 4;
+    }
+    rendezvous_share(&env, blob, sizeof blob, comm_timeout_seconds());
+    char hex[2 * RV_BLOB + 2];
+    for (int i = 0; i < RV_BLOB; i++) snprintf(hex + 2 * i, 3, "%02x", blob[i]);
+    strcat(hex, "\n");
+    write_text(dir, "rendezvous", env.rank, hex);
+    return 0;
+}
+
+static int free_local_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        perror("free port");
+        exit(1);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A connection to 127.0.0.1:port, retried for up to 10 s (rank 0 is starting). */
+static int connect_local(int port) {
+    for (int i = 0; i < 200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        if (fd >= 0) close(fd);
+        usleep(50000);
+    }
+    return -1;
+}
+
+/* Reads up to n bytes within `seconds`: the count, 0 when closed, -1 on timeout. */
+static ssize_t read_within(int fd, unsigned char *buf, size_t n, double seconds) {
+    size_t got = 0;
+    double end = now_s() + seconds;
+    while (got < n) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int left_ms = (int)((end - now_s()) * 1000);
+        if (left_ms <= 0 || poll(&p, 1, left_ms) <= 0) return -1;
+        ssize_t k = recv(fd, buf + got, n - got, 0);
+        if (k <= 0) return (ssize_t)got;
+        got += (size_t)k;
+    }
+    return (ssize_t)got;
+}
+
+/* Sends `bytes` on a new connection and returns the status rank 0 answers, or
+ * -1 when it closes the connection without an answer. */
+static int stray_exchange(int port, const unsigned char *bytes, size_t n) {
+    int fd = connect_local(port);
+    if (fd < 0) return -2;
+    ssize_t sent = send(fd, bytes, n, MSG_NOSIGNAL);
+    shutdown(fd, SHUT_WR); /* nothing more comes: a short hello is cut short */
+    unsigned char reply[RENDEZVOUS_REPLY_BYTES];
+    ssize_t got = sent == (ssize_t)n ? read_within(fd, reply, sizeof reply, 8.0) : -3;
+    close(fd);
+    if (got != (ssize_t)sizeof reply) return got == -1 ? -4 : -1;
+    return (int)((uint32_t)reply[4] << 24 | (uint32_t)reply[5] << 16 | (uint32_t)reply[6] << 8 | reply[7]);
+}
+
+/* A clean environment naming rank `rank` of `world` on `port` for job `job`. */
+static void set_job_env(int rank, int world, int port, const char *job) {
+    char v[32];
+    env_clear();
+    snprintf(v, sizeof v, "%d", rank);
+    setenv("RANK", v, 1);
+    snprintf(v, sizeof v, "%d", world);
+    setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", port);
+    setenv("MASTER_PORT", v, 1);
+    setenv("CIFAR_JOB_ID", job, 1);
+}
+
+/* The hello of rank `rank` of a world of `world` whose job id and token are given. */
+static void stray_hello(int port, int rank, int world, const char *job, const char *token,
+                        unsigned char out[RENDEZVOUS_HELLO_BYTES]) {
+    set_job_env(rank, world, port, job);
+    if (token) setenv("CIFAR_JOB_TOKEN", token, 1);
+    DistEnv e;
+    char err[256];
+    if (dist_env_read(&e, err, sizeof err) != 0) {
+        fprintf(stderr, "stray_hello: %s\n", err);
+        exit(1);
+    }
+    rendezvous_hello_encode(&e, RV_BLOB, out);
+    env_clear();
+}
+
+/* Starts `test_comm rendezvous-rank` as rank r of a world of w on `port` for `job`;
+ * stderr goes to <dir>/rv-<tag>-stderr. */
+static pid_t rendezvous_spawn(const char *tag, int r, int w, int port, const char *job,
+                              const char *master_addr, const char *timeout) {
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        exit(1);
+    }
+    if (pid > 0) return pid;
+    char path[512];
+    set_job_env(r, w, port, job);
+    setenv("MASTER_ADDR", master_addr, 1);
+    setenv("CIFAR_COMM_TIMEOUT", timeout, 1);
+    snprintf(path, sizeof path, "%s/rv-%s-stderr", g_dir, tag);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 2);
+    char *args[] = {"test_comm", "rendezvous-rank", g_dir, NULL};
+    execv("/proc/self/exe", args);
+    _exit(127);
+}
+
+static int wait_status(pid_t pid) {
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return st;
+}
+
+static char *rv_text(const char *name) {
+    static char buf[8192];
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "r");
+    buf[0] = '\0';
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+static int count_lines_with(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p++) n++;
+    return n;
+}
+
+/* Strangers knock while ranks 0, 1, 2 of a job rendezvous; rank 0 survives them all. */
+static void test_rendezvous_strays(void) {
+    int port = free_local_port();
+    char job[64], other[64];
+    snprintf(job, sizeof job, "rv-%d", (int)getpid());
+    snprintf(other, sizeof other, "rv-%d-stale", (int)getpid());
+    double t0 = now_s();
+    pid_t r0 = rendezvous_spawn("r0", 0, 3, port, job, "127.0.0.1", "30");
+
+    int silent = connect_local(port); /* says nothing, stays open until the end */
+    CHECK(silent >= 0, "rank 0 never listened on port %d", port);
+    unsigned char junk[RENDEZVOUS_HELLO_BYTES];
+    memset(junk, 'G', sizeof junk);
+    CHECK(stray_exchange(port, junk, sizeof junk) == -1, "wrong magic: closed without an answer");
+    unsigned char hello[RENDEZVOUS_HELLO_BYTES];
+    stray_hello(port, 1, 3, job, NULL, hello);
+    CHECK(stray_exchange(port, hello, 10) == -1, "a hello cut short: closed without an answer");
+    stray_hello(port, 1, 3, other, NULL, hello);
+    CHECK(stray_exchange(port, hello, sizeof hello) == RV_WRONG_JOB, "another job: RV_WRONG_JOB");
+    stray_hello(port, 1, 3, job, "guessed", hello);
+    CHECK(stray_exchange(port, hello, sizeof hello) == RV_WRONG_TOKEN, "wrong token: RV_WRONG_TOKEN");
+    stray_hello(port, 1, 5, job, NULL, hello);
+    CHECK(stray_exchange(port, hello, sizeof hello) == RV_BAD_RANK, "world size 5: RV_BAD_RANK");
+    stray_hello(port, 1, 3, job, NULL, hello);
+    hello[0] ^= 0x20; /* "cFRV": right length, wrong magic */
+    CHECK(stray_exchange(port, hello, sizeof hello) == -1, "a flipped magic byte: closed");
+
+    /* a rank 1 of another job (a stale one) keeps knocking, then gives up naming why */
+    pid_t stale = rendezvous_spawn("stale", 1, 3, port, other, "127.0.0.1", "1.5");
+    int st = wait_status(stale);
+    const char *e = rv_text("rv-stale-stderr");
+    CHECK(exited_with(st, 1) && strstr(e, "serves another job") != NULL, "stale rank: %d %s", st, e);
+
+    pid_t r1 = rendezvous_spawn("r1", 1, 3, port, job, "127.0.0.1", "30");
+    CHECK(exited_with(wait_status(r1), 0), "rank 1 served: %s", rv_text("rv-r1-stderr"));
+    stray_hello(port, 1, 3, job, NULL, hello);
+    CHECK(stray_exchange(port, hello, sizeof hello) == RV_DUPLICATE, "rank 1 again: RV_DUPLICATE");
+    pid_t r2 = rendezvous_spawn("r2", 2, 3, port, job, "127.0.0.1", "30");
+    CHECK(exited_with(wait_status(r2), 0), "rank 2 served: %s", rv_text("rv-r2-stderr"));
+    CHECK(exited_with(wait_status(r0), 0), "rank 0 survived: %s", rv_text("rv-r0-stderr"));
+    close(silent);
+
+    char b0[300], b1[300], b2[300];
+    snprintf(b0, sizeof b0, "%s", rv_text("rendezvous-0"));
+    snprintf(b1, sizeof b1, "%s", rv_text("rendezvous-1"));
+    snprintf(b2, sizeof b2, "%s", rv_text("rendezvous-2"));
+    CHECK(strlen(b0) == 2 * RV_BLOB + 1 && strcmp(b0, b1) == 0 && strcmp(b0, b2) == 0,
+          "every rank holds rank 0's blob: %s / %s / %s", b0, b1, b2);
+    const char *log0 = rv_text("rv-r0-stderr");
+    int drops = count_lines_with(log0, "dropped a connection");
+    /* junk, cut short, other job, token, world 5, flipped magic, duplicate, and the
+     * stale rank's retries: one line for the first, one summing up the others */
+    CHECK(drops >= 8 && strstr(log0, "more connections like the last one") != NULL,
+          "one line per dropped connection (%d): %s", drops, log0);
+    CHECK(strstr(log0, "wrong magic") && strstr(log0, "another job") && strstr(log0, "wrong token") &&
+              strstr(log0, "world size 5") && strstr(log0, "already served") &&
+              strstr(log0, "in the middle of a hello"),
+          "each reason named: %s", log0);
+    printf("rendezvous with strangers: %.2f s, %d connections dropped\n", now_s() - t0, drops);
+}
+
+static void test_rendezvous_not_local(void) {
+    int port = free_local_port();
+    pid_t r0 = rendezvous_spawn("remote", 0, 2, port, "rv-remote", "192.0.2.7", "5");
+    int st = wait_status(r0);
+    const char *e = rv_text("rv-remote-stderr");
+    CHECK(exited_with(st, 1) && strstr(e, "not an address of this machine") != NULL &&
+              strstr(e, "CIFAR_RENDEZVOUS_BIND=all") != NULL,
+          "MASTER_ADDR not local: %d %s", st, e);
+}
+
+/* The collectives again over MPI (mpirun, TCP only): every rank's result bits equal
+ * the shared-memory run's. Needs mpirun and CIFAR_MPI_LIB (make test-unit sets it). */
+static void test_mpi_collectives(int w) {
+    const char *lib = getenv("CIFAR_MPI_LIB");
+    if (lib == NULL || access(lib, R_OK) != 0 || system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("SKIP mpi collectives W=%d: no mpirun or no CIFAR_MPI_LIB (MPI not built)\n", w);
+        return;
+    }
+    char exe[4096], cmd[8192];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0, "readlink /proc/self/exe");
+    if (n <= 0) return;
+    exe[n] = '\0';
+    /* make test-asan: the slow unwinder lets tests/lsan.supp recognise Open MPI's allocations */
+    const char *asan = getenv("CIFAR_ASAN") ? "ASAN_OPTIONS=\"$ASAN_OPTIONS:fast_unwind_on_malloc=0\" " : "";
+    snprintf(cmd, sizeof cmd,
+             "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u CIFAR_RUN_ID %s"
+             "CIFAR_COMM_TIMEOUT=60 mpirun --allow-run-as-root --oversubscribe -np %d --mca btl tcp,self "
+             "'%s' worker mpi-collectives '%s' 2> '%s/mpi-stderr'",
+             asan, w, exe, g_dir, g_dir);
+    double t0 = now_s();
+    int st = system(cmd);
+    CHECK(st == 0, "mpirun W=%d: status %d: %s", w, st, rv_text("mpi-stderr"));
+    for (int r = 0; r < w; r++) {
+        char name[64], hash[64];
+        snprintf(name, sizeof name, "mpi-hash-%d", r);
+        snprintf(hash, sizeof hash, "%s", rv_text(name));
+        CHECK(hash[0] != '\0' && strcmp(hash, g_shm_hash[w]) == 0,
+              "W=%d MPI rank %d result %s, shared memory %s", w, r, hash, g_shm_hash[w]);
+    }
+    printf("mpi collectives W=%d: %.2f s\n", w, now_s() - t0);
 }
 
 static void make_temp_dir(void) {
@@ -507,6 +866,7 @@ static void make_temp_dir(void) {
 }
 
 static void remove_temp_dir(void) {
+    if (getenv("TEST_COMM_KEEP")) return;
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
@@ -536,12 +896,17 @@ static int run_bench(void) {
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "worker") == 0) return worker_main(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "bench") == 0) return run_bench();
+    if (argc == 3 && strcmp(argv[1], "rendezvous-rank") == 0) return rendezvous_rank_main(argv[2]);
     log_set_program("test_comm");
     make_temp_dir();
     test_dist_env();
     test_timeout_parse();
+    test_job_identity();
+    test_rendezvous_strays();
+    test_rendezvous_not_local();
     for (int w = 2; w <= 3; w++) {
         test_collectives(w);
+        test_mpi_collectives(w);
         test_die_early(w);
         test_stopped_peer(w);
     }

@@ -42,7 +42,14 @@ int main(int argc, char **argv) {
     if (launcher_parse_args(&lo, &argc, argv, err, sizeof err) != 0) die_usage("%s", err);
     TrainOptions o;
     train_options_parse(&o, argc, argv); /* --help and bad usage end here, before any launch */
-    if (launcher_wanted(&lo, &env)) return launch_workers(&lo, &o, argc, argv);
+    if (launcher_wanted(&lo, &env)) {
+        if (lo.nnodes > 1 && (o.device == DEVICE_CPU || launcher_count_gpus() == 0))
+            die_usage("--nnodes %d on the CPU: the launcher's CPU workers share memory, on one "
+                      "machine only\n---> HINT: start CPU ranks on several machines with MPI: "
+                      "mpirun -np N --hostfile H cifar-train ... (or srun --mpi=pmix cifar-train ...)",
+                      lo.nnodes);
+        return launch_workers(&lo, &o, argc, argv);
+    }
     log_set_quiet(o.quiet);
     train_install_signal_handlers();
     return train_worker(&o, &env);

@@ -40,8 +40,12 @@ static const char *usage_text =
     "  --threads N            CPU threads per process (default: cores / local processes)\n"
     "  --precision P          fp32 | tf32 | bf16 (GPU; default tf32)\n"
     "  --deterministic        deterministic GPU algorithms\n"
+    "  --comm C               shm | mpi | nccl: the gradient exchange between processes\n"
+    "                         (default: nccl on GPUs; on CPUs mpi under mpirun or\n"
+    "                         srun --mpi=pmix, else shm: one machine)\n"
     "\n"
-    "Processes (torchrun's options; workers started with RANK etc. set run directly):\n"
+    "Processes (torchrun's options; workers started with RANK etc. set run directly;\n"
+    "CPUs on several machines: mpirun -np N cifar-train ... or srun --mpi=pmix):\n"
     "  --nproc-per-node N     N | gpu | auto: worker processes on this node\n"
     "  --nnodes N             nodes in the job (default 1)\n"
     "  --node-rank R          this node's index (default 0)\n"
@@ -55,7 +59,7 @@ static const char *usage_text =
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
     OPT_SCHEDULE, OPT_WARMUP, OPT_SMOOTH, OPT_SEED, OPT_THREADS, OPT_RUN_DIR, OPT_DEVICE,
-    OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET,
+    OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET, OPT_COMM,
 };
 
 static const struct option long_options[] = {
@@ -79,6 +83,7 @@ static const struct option long_options[] = {
     {"precision", required_argument, 0, OPT_PRECISION},
     {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
     {"quiet", no_argument, 0, OPT_QUIET},
+    {"comm", required_argument, 0, OPT_COMM},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -127,6 +132,7 @@ static void train_options_default(TrainOptions *o) {
     o->normalize = NORMALIZE_DATASET;
     o->keep = 3;
     o->precision = PRECISION_TF32;
+    o->comm = -1;
 }
 
 /* The data path: the positional argument, else the last non-empty line on stdin
@@ -169,6 +175,13 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
             break;
         case OPT_DETERMINISTIC: o->deterministic = 1; break;
         case OPT_QUIET: o->quiet = 1; break;
+        case OPT_COMM: {
+            CommKind k;
+            if (comm_kind_parse(optarg, &k) != 0 || k == COMM_SINGLE)
+                die_usage("--comm: unknown value '%s' (shm | mpi | nccl)", optarg);
+            o->comm = (int)k;
+            break;
+        }
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }

@@ -33,6 +33,7 @@ typedef struct {
     Precision precision;
     int deterministic;
     int quiet;
+    int comm;              /* --comm: a CommKind, -1 = by device and launcher */
 } TrainOptions;
 
 /* Parse argv (launcher options already removed). Exits 2 on bad usage, 0 on --help. */

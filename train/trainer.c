@@ -122,6 +122,18 @@ static void normalisation(const TrainOptions *o, const DatasetInfo *info, float 
 
 /* ---- engine and communicator ---- */
 
+/* --comm, else `fallback` (the device's and launcher's choice); the GPU engine
+ * all-reduces device memory (NCCL only), the CPU engine host memory (shm, mpi). */
+static CommKind comm_kind_for(const TrainOptions *o, const DistEnv *env, CommKind fallback) {
+    if (env->world_size == 1) return COMM_SINGLE;
+    CommKind k = o->comm >= 0 ? (CommKind)o->comm : fallback;
+    int gpu = fallback == COMM_NCCL;
+    if (gpu != (k == COMM_NCCL))
+        die_usage("--comm %s: %s trains with %s", comm_kind_name(k), gpu ? "the GPU" : "the CPU",
+                  gpu ? "--comm nccl (or --device cpu for shm/mpi)" : "--comm shm or mpi");
+    return k;
+}
+
 static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const DistEnv *env, Comm **comm) {
     int gpus = o->device == DEVICE_CPU ? 0 : engine_cuda_device_count();
     if (o->device == DEVICE_CUDA && gpus == 0) {
@@ -134,7 +146,7 @@ static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const Dist
         char err[256];
         Engine *e = engine_create_cuda(ec, err, sizeof err);
         if (!e) die("--device cuda: %s", err);
-        *comm = comm_create(env->world_size > 1 ? COMM_NCCL : COMM_SINGLE, env);
+        *comm = comm_create(comm_kind_for(o, env, COMM_NCCL), env);
         e->cfg.comm = *comm; /* NCCL needs the device the engine selected */
         return e;
     }
@@ -144,7 +156,7 @@ static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const Dist
                  why ? why : "no NVIDIA driver or no GPU visible", ec->threads,
                  ec->threads == 1 ? "" : "s");
     }
-    *comm = comm_create(env->world_size > 1 ? COMM_SHM : COMM_SINGLE, env);
+    *comm = comm_create(comm_kind_for(o, env, env->mpi_launched ? COMM_MPI : COMM_SHM), env);
     ec->comm = *comm;
     return engine_create_cpu(ec);
 }
@@ -155,7 +167,7 @@ typedef struct {
     int64_t epoch; /* epochs completed, 1-based */
     double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
     int world_size, restarts;
-    const char *device;
+    const char *device, *comm;
 } EpochMetrics;
 
 static void metrics_append(const char *run_dir, const EpochMetrics *m) {
@@ -166,9 +178,9 @@ static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     fprintf(f,
             "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
             "\"test_acc\":%.6f,\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
-            "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\"}\n",
+            "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\",\"comm\":\"%s\"}\n",
             m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, m->lr,
-            m->images_per_s, m->seconds, m->world_size, m->restarts, m->device);
+            m->images_per_s, m->seconds, m->world_size, m->restarts, m->device, m->comm);
     CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, path);
     CHECK_STDIO(fclose(f) == 0, path);
 }
@@ -502,6 +514,7 @@ static void finish_epoch(Worker *w, int64_t epoch, double lr) {
     m.world_size = w->env->world_size;
     m.restarts = w->env->restart_count;
     m.device = w->engine->ops->name;
+    m.comm = comm_kind_name(comm_kind(w->comm));
     w->progress.epochs = epoch + 1;
     w->progress.step_in_epoch = 0;
     w->progress.partial_loss_sum = w->progress.partial_correct = 0;
@@ -570,10 +583,10 @@ int train_worker(const TrainOptions *o, const DistEnv *env) {
     char path[4096] = "";
     if (w.env->rank == 0) {
         log_info("training %s: %d epochs from %" PRId64 ", %" PRId64 " images, %d process%s x "
-                 "batch %d, %zu parameters, device %s",
+                 "batch %d, %zu parameters, device %s, comm %s",
                  o->data_path, o->epochs, w.progress.epochs, w.data.n_train, env->world_size,
                  env->world_size == 1 ? "" : "es", o->batch_size, w.model.num_params,
-                 w.engine->ops->name);
+                 w.engine->ops->name, comm_kind_name(comm_kind(w.comm)));
     }
     int stopped = 0;
     double lr = 0;

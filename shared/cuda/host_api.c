@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/rendezvous.h"
 #include "nn/cuda_host.h"
 #include "util/check.h"
 
@@ -129,6 +130,10 @@ int comm_world_size(const Comm *c) { return host()->comm_world_size(c); }
 void comm_allreduce_mean(Comm *c, float *buf, size_t n) { host()->comm_allreduce_mean(c, buf, n); }
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     host()->comm_broadcast(c, buf, bytes, root);
+}
+
+void rendezvous_share(const DistEnv *env, void *blob, size_t len, double timeout_s) {
+    host()->rendezvous_share(env, blob, len, timeout_s);
 }
 
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {

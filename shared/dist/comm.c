@@ -1,5 +1,6 @@
 /* comm.c: the communicator of comm.h: where this process sits in the job
- * (dist_env_read), COMM_SINGLE, COMM_SHM, and the dispatch to COMM_NCCL.
+ * (dist_env_read: ranks, job identity and token), COMM_SINGLE, COMM_SHM, and the
+ * dispatch to COMM_NCCL (libcifar-cuda.so) and COMM_MPI (libcifar-mpi.so).
  *
  * COMM_SHM segment "/cifar-<run_id>" (POSIX shm, one machine):
  *     [ShmHeader, padded to 4 KiB][slot 0]...[slot W-1][area 0][area 1]
@@ -45,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/comm_mpi.h"
+#include "dist/sha256.h"
 #include "util/check.h"
 #ifdef CIFAR_CUDA
 #include "dist/comm_nccl.h"
@@ -106,9 +109,9 @@ static void dist_env_run_id(DistEnv *env) {
 static int dist_env_read_ranks(DistEnv *env, char *err, size_t errlen) {
     static const char *families[3][4] = {
         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
         {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
          "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
     };
     for (int f = 0; f < 3; f++) {
         long rank = 0, world = 0, lrank = 0, lworld = 0;
@@ -135,6 +138,49 @@ static int dist_env_read_ranks(DistEnv *env, char *err, size_t errlen) {
         return 0;
     }
     return 0;
+}
+
+static int env_set(const char *name) {
+    const char *s = getenv(name);
+    return s != NULL && *s != '\0';
+}
+
+static void dist_env_job_id(DistEnv *env) {
+    const char *job = getenv("CIFAR_JOB_ID");
+    const char *elastic = getenv("TORCHELASTIC_RUN_ID");
+    const char *slurm = getenv("SLURM_JOB_ID");
+    const char *step = getenv("SLURM_STEP_ID");
+    const char *pmix = getenv("PMIX_NAMESPACE");
+    const char *launcher = getenv("CIFAR_RUN_ID");
+    size_t len = sizeof env->job_id;
+    if (job && *job)
+        snprintf(env->job_id, len, "user:%.120s", job);
+    else if (elastic && *elastic && strcmp(elastic, "none") != 0)
+        /* torchrun restarts every node's group together: a rank left over from the
+         * previous round is another job */
+        snprintf(env->job_id, len, "torchelastic:%.100s-r%d", elastic, env->restart_count);
+    else if (slurm && *slurm)
+        snprintf(env->job_id, len, "slurm:%.40s.%.40s", slurm, step ? step : "");
+    else if (pmix && *pmix)
+        snprintf(env->job_id, len, "pmix:%.100s", pmix);
+    else if (launcher && *launcher && env->local_world_size == env->world_size)
+        snprintf(env->job_id, len, "launcher:%.100s", launcher); /* one node: one launcher */
+    else {
+        snprintf(env->job_id, len, "addr:%.100s:%d", env->master_addr, env->master_port);
+        env->job_id_weak = 1;
+    }
+}
+
+/* The job's identity, and the token its rendezvous hellos carry (comm.h). */
+static void dist_env_job_identity(DistEnv *env) {
+    static const char prefix[] = "cifar-job-token/v1\n";
+    dist_env_job_id(env);
+    const char *token = getenv("CIFAR_JOB_TOKEN");
+    env->token_from_user = token != NULL && *token != '\0';
+    if (env->token_from_user)
+        sha256_two(prefix, sizeof prefix - 1, token, strlen(token), env->job_token);
+    else
+        sha256_two(prefix, sizeof prefix - 1, env->job_id, strlen(env->job_id), env->job_token);
 }
 
 static int dist_env_validate(const DistEnv *env, char *err, size_t errlen) {
@@ -194,7 +240,10 @@ int dist_env_read(DistEnv *env, char *err, size_t errlen) {
         return -1;
     }
     dist_env_run_id(env);
-    return dist_env_validate(env, err, errlen);
+    if (dist_env_validate(env, err, errlen) != 0) return -1;
+    env->mpi_launched = env_set("OMPI_COMM_WORLD_RANK") || env_set("PMIX_RANK") || env_set("PMI_RANK");
+    dist_env_job_identity(env);
+    return 0;
 }
 
 double comm_timeout_seconds(void) {
@@ -242,10 +291,26 @@ struct Comm {
     uint64_t area_seq; /* which result area the next phase uses */
     int name_linked;   /* rank 0: the name is still in /dev/shm */
     char name[96];
+    CommMpi *mpi; /* COMM_MPI */
 #ifdef CIFAR_CUDA
     CommNccl *nccl;
 #endif
 };
+
+static const char *const comm_kind_names[] = {"single", "shm", "nccl", "mpi"};
+
+const char *comm_kind_name(CommKind kind) {
+    return (unsigned)kind < 4 ? comm_kind_names[kind] : "unknown";
+}
+
+int comm_kind_parse(const char *name, CommKind *kind) {
+    for (int k = 0; k < 4; k++)
+        if (strcmp(name, comm_kind_names[k]) == 0) {
+            *kind = (CommKind)k;
+            return 0;
+        }
+    return -1;
+}
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -472,7 +537,8 @@ static void shm_attach(Comm *c, const DistEnv *env) {
 static void shm_open_comm(Comm *c, const DistEnv *env) {
     if (env->local_world_size != env->world_size)
         die("the shared-memory communicator needs every rank on one machine "
-            "(world size %d, %d on this node)\n---> HINT: use GPUs (NCCL) for several nodes",
+            "(world size %d, %d on this node)\n---> HINT: for CPUs on several machines start the "
+            "ranks with mpirun or srun --mpi=pmix (MPI communicator); GPUs use NCCL",
             env->world_size, env->local_world_size);
     if (env->world_size > SHM_MAX_RANKS)
         die("the shared-memory communicator supports at most %d ranks (asked: %d)",
@@ -572,6 +638,7 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
     c->timeout_s = comm_timeout_seconds();
     c->kind = env->world_size == 1 ? COMM_SINGLE : kind;
     if (c->kind == COMM_SHM) shm_open_comm(c, env);
+    if (c->kind == COMM_MPI) c->mpi = comm_mpi_create(env, c->timeout_s);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) c->nccl = comm_nccl_create(env, c->timeout_s);
 #endif
@@ -581,6 +648,7 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
 void comm_destroy(Comm *c) {
     if (c == NULL) return;
     if (c->kind == COMM_SHM && c->base) munmap(c->base, c->map_bytes);
+    if (c->kind == COMM_MPI) comm_mpi_destroy(c->mpi);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_destroy(c->nccl);
 #endif
@@ -593,12 +661,14 @@ int comm_world_size(const Comm *c) { return c->world_size; }
 
 void comm_allreduce_mean(Comm *c, float *buf, size_t n) {
     if (c->kind == COMM_SHM) shm_allreduce_mean(c, buf, n);
+    if (c->kind == COMM_MPI) comm_mpi_allreduce_mean(c->mpi, buf, n);
     if (c->kind == COMM_NCCL) comm_allreduce_mean_on_stream(c, buf, n, NULL);
 }
 
 static void comm_check_device_memory(const Comm *c, const char *what) {
-    if (c->kind == COMM_SHM)
-        die("%s on a CUDA stream: the shared-memory communicator works on host memory only", what);
+    if (c->kind == COMM_SHM || c->kind == COMM_MPI)
+        die("%s on a CUDA stream: the %s communicator works on host memory only", what,
+            c->kind == COMM_SHM ? "shared-memory" : "MPI");
 }
 
 void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
@@ -612,6 +682,7 @@ void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda
 
 void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
     if (c->kind == COMM_SHM) shm_allreduce_sum_f64(c, buf, n);
+    if (c->kind == COMM_MPI) comm_mpi_allreduce_sum_f64(c->mpi, buf, n);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_allreduce_sum_f64(c->nccl, buf, n);
 #endif
@@ -625,6 +696,7 @@ static void comm_check_root(const Comm *c, int root) {
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     comm_check_root(c, root);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
+    if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
     if (c->kind == COMM_NCCL) comm_broadcast_on_stream(c, buf, bytes, root, NULL);
 }
 
@@ -641,6 +713,7 @@ void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, vo
 void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root) {
     comm_check_root(c, root);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
+    if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_broadcast_host(c->nccl, buf, bytes, root);
 #endif
@@ -648,6 +721,7 @@ void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root) {
 
 void comm_barrier(Comm *c) {
     if (c->kind == COMM_SHM) shm_barrier(c);
+    if (c->kind == COMM_MPI) comm_mpi_barrier(c->mpi);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_barrier(c->nccl);
 #endif

@@ -4,7 +4,11 @@
  *   - COMM_SHM: CPU worker processes on one machine, a POSIX shared-memory
  *     segment named after the run id, sums in rank order (deterministic);
  *   - COMM_NCCL: GPU workers (comm_nccl.h, CUDA builds only); the unique id is
- *     sent from rank 0 to the others over TCP (MASTER_ADDR:MASTER_PORT).
+ *     sent from rank 0 to the others over TCP (rendezvous.h: MASTER_ADDR:MASTER_PORT,
+ *     only to ranks that present the job's identity and token);
+ *   - COMM_MPI: CPU ranks started by mpirun or srun --mpi=pmix, on any number of
+ *     machines (comm_mpi.c in libcifar-mpi.so, dlopened: built when Open MPI is
+ *     found); sums in rank order like COMM_SHM, so both give the same bits.
  * Every blocking call gives up after the timeout (a peer stopped or died) and
  * fails with a clear message, so the launcher can restart the group. */
 #ifndef CIFAR_COMM_H
@@ -17,7 +21,12 @@
 extern "C" {
 #endif
 
-typedef enum { COMM_SINGLE, COMM_SHM, COMM_NCCL } CommKind;
+typedef enum { COMM_SINGLE, COMM_SHM, COMM_NCCL, COMM_MPI } CommKind;
+
+/* "single", "shm", "nccl", "mpi" (metrics lines and logs). */
+const char *comm_kind_name(CommKind kind);
+/* The inverse for --comm: 0 and *kind set, -1 for an unknown name. */
+int comm_kind_parse(const char *name, CommKind *kind);
 
 /* Where this process sits in the job (torchrun's variables, or Slurm's/Open MPI's). */
 typedef struct {
@@ -28,11 +37,27 @@ typedef struct {
     int master_port;
     char run_id[64];          /* CIFAR_RUN_ID (set by the launcher), else derived from the port */
     int from_env;             /* 1 when the variables were found */
+    int mpi_launched;         /* started by mpirun (OMPI_COMM_WORLD_RANK) or a PMI/PMIx
+                                 launcher such as srun --mpi=pmix (PMIX_RANK, PMI_RANK) */
+    /* The job's identity, the same on every rank: CIFAR_JOB_ID, else
+     * TORCHELASTIC_RUN_ID and its restart count, else SLURM_JOB_ID.SLURM_STEP_ID
+     * (each srun is a new step), else PMIX_NAMESPACE
+     * (mpirun), else the launcher's CIFAR_RUN_ID on one node, else
+     * "MASTER_ADDR:MASTER_PORT" (job_id_weak = 1: nothing tells two jobs apart). */
+    char job_id[128];
+    int job_id_weak;
+    /* SHA-256 of CIFAR_JOB_TOKEN when the user set one (token_from_user = 1), else
+     * SHA-256 of a fixed prefix and job_id. Rendezvous hellos must carry it. */
+    unsigned char job_token[32];
+    int token_from_user;
 } DistEnv;
 
 /* Read RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
- * else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else OMPI_COMM_WORLD_*. With none
- * set: rank 0 of 1, from_env = 0. Returns -1 with a reason on inconsistent values. */
+ * else OMPI_COMM_WORLD_* (mpirun), else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID
+ * (Open MPI's variables come first: mpirun inside an sbatch script inherits the
+ * batch step's SLURM_PROCID=0). With none set: rank 0 of 1, from_env = 0.
+ * Also the job identity and token (see DistEnv). Returns -1 with a reason on
+ * inconsistent values. */
 int dist_env_read(DistEnv *env, char *err, size_t errlen);
 
 typedef struct Comm Comm;
@@ -41,16 +66,19 @@ typedef struct Comm Comm;
 double comm_timeout_seconds(void);
 
 /* Create the communicator: COMM_SINGLE when world_size == 1; COMM_SHM for CPU
- * workers (all ranks must be on this machine); COMM_NCCL needs a CUDA build and
- * the device already selected. Dies with a clear message on failure. */
+ * workers (all ranks must be on this machine); COMM_MPI for CPU ranks of an MPI
+ * job (MPI build; libcifar-mpi.so is loaded here); COMM_NCCL needs a CUDA build
+ * and the device already selected. Dies with a clear message on failure. */
 Comm *comm_create(CommKind kind, const DistEnv *env);
 void comm_destroy(Comm *c);
 CommKind comm_kind(const Comm *c);
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 
-/* In place: buf = mean over ranks of buf (float32, host memory for SHM, device
- * memory for NCCL: on the legacy default stream). */
+/* In place: buf = mean over ranks of buf (float32, host memory for SHM and MPI,
+ * device memory for NCCL: on the legacy default stream; comm_allreduce_mean_on_stream
+ * takes the caller's). SHM and MPI: sum in rank order 0..W-1, then divide by W, so
+ * both give every rank the same bits. */
 void comm_allreduce_mean(Comm *c, float *buf, size_t n);
 /* NCCL, device memory: comm_allreduce_mean and comm_broadcast enqueued on the CUDA
  * stream `cuda_stream` (a cudaStream_t), after the work already in it; they return

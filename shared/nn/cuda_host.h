@@ -13,13 +13,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist/comm.h"
 #include "nn/engine.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CUDA_HOST_API_VERSION 1
+#define CUDA_HOST_API_VERSION 2
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 
@@ -40,6 +41,8 @@ typedef struct {
     int (*comm_world_size)(const Comm *c);
     void (*comm_allreduce_mean)(Comm *c, float *buf, size_t n);
     void (*comm_broadcast)(Comm *c, void *buf, size_t bytes, int root);
+    /* rendezvous.h: rank 0 hands the NCCL unique id to the job's other ranks. */
+    void (*rendezvous_share)(const DistEnv *env, void *blob, size_t len, double timeout_s);
     /* engine.h */
     AugmentSpec (*engine_augment_spec)(const Engine *e, int64_t epoch, int train);
 } CudaHostApi;

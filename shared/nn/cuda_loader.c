@@ -41,6 +41,7 @@ const char *cuda_library_error(void) { return "built without CUDA"; }
 
 #include "util/check.h"
 #include "io/fsutil.h"
+#include "dist/rendezvous.h"
 #include "nn/cuda_host.h"
 
 #define CUDA_LIBRARY_NAME "libcifar-cuda.so"
@@ -96,6 +97,7 @@ static const CudaHostApi g_host_api = {
     .comm_world_size = comm_world_size,
     .comm_allreduce_mean = comm_allreduce_mean,
     .comm_broadcast = comm_broadcast,
+    .rendezvous_share = rendezvous_share,
     .engine_augment_spec = engine_augment_spec,
 };
 
