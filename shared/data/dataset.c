@@ -255,6 +255,7 @@ struct Dataset {
     MDB_env *env;
     MDB_txn *txn; /* read-only, open until dataset_close: the map's pointers stay valid */
     const void *in_map; /* the metadata record: an address inside the file's map */
+    int guard;          /* 1 + its SIGBUS guard slot, 0 when unguarded */
     DatasetInfo info;
     MDB_dbi dbi[DATASET_MAX_SPLITS];
     SplitView views[DATASET_MAX_SPLITS];
@@ -364,8 +365,11 @@ Dataset *dataset_open(const char *path, char *err, size_t errlen) {
     return ds;
 }
 
+static void map_unguard(Dataset *ds);
+
 void dataset_close(Dataset *ds) {
     if (!ds) return;
+    map_unguard(ds);
     for (int i = 0; i < DATASET_MAX_SPLITS; i++) {
         free(ds->views[i].records);
         free(ds->views[i].pixels);
@@ -611,7 +615,7 @@ static int mapping_of(const void *a, uintptr_t *start, uintptr_t *end) {
     return found;
 }
 
-static void map_guard(const Dataset *ds, const char *path) {
+static void map_guard(Dataset *ds, const char *path) {
     uintptr_t start, end;
     if (mapping_of(ds->in_map, &start, &end) != 0) {
         log_warn("%s: cannot find the dataset's map in /proc/self/maps: a file truncated under "
@@ -629,6 +633,7 @@ static void map_guard(const Dataset *ds, const char *path) {
         g->len = n < 0 ? 0 : (size_t)n < sizeof g->msg ? (size_t)n : sizeof g->msg - 1;
         g->start = start;
         g->end = end;
+        ds->guard = i + 1;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = on_sigbus;
@@ -648,6 +653,12 @@ void dataset_prepare_for_job(Dataset *ds, const char *path) {
     map_guard(ds, path);
 }
 
+/* The map goes away with the Dataset: its addresses may serve another mapping. */
+static void map_unguard(Dataset *ds) {
+    if (ds->guard) g_guards[ds->guard - 1].end = 0;
+    ds->guard = 0;
+}
+
 Dataset *dataset_open_for_job(const char *path) {
     char err[512];
     Dataset *ds = dataset_open(path, err, sizeof err);
@@ -665,7 +676,7 @@ HostSplit dataset_split_for_job(Dataset *ds, const char *path, const char *name)
     char err[512];
     double t0 = now_seconds();
     if (dataset_map_split(ds, name, how, &s, err, sizeof err)) die("%s: %s", path, err);
-    log_info("%s: split \"%s\": %lld records %s (%.1f MB of pixels, %s) in %.2f s", path, name,
+    log_info("%s: split \"%s\": %lld records %s (%.1f MB of pixels, %s) in %.3f s", path, name,
              (long long)s.count, how == DATASET_COPY ? "copied to memory" : "read in place",
              (double)s.count * (double)dataset_record_bytes(ds) / 1e6,
              dataset_has_checksums(ds) ? "checksums verified" : "no checksums",
