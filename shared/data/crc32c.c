@@ -1,12 +1,13 @@
 /* crc32c.c: see crc32c.h. */
 #include "data/crc32c.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #define CRC32C_POLY 0x82f63b78u /* reflected Castagnoli polynomial */
 
 static uint32_t g_table[8][256];
-static int g_table_ready;
+static pthread_once_t g_table_once = PTHREAD_ONCE_INIT;
 
 static void table_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
@@ -15,13 +16,13 @@ static void table_init(void) {
         g_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++) g_table[t][i] = (g_table[t - 1][i] >> 8) ^ g_table[0][g_table[t - 1][i] & 0xff];
-    __atomic_store_n(&g_table_ready, 1, __ATOMIC_RELEASE);
+        for (int t = 1; t < 8; t++)
+            g_table[t][i] = (g_table[t - 1][i] >> 8) ^ g_table[0][g_table[t - 1][i] & 0xff];
 }
 
 /* Slicing-by-8 on the raw (not inverted) register. */
 static uint32_t table_update(uint32_t c, const uint8_t *p, size_t len) {
-    if (!__atomic_load_n(&g_table_ready, __ATOMIC_ACQUIRE)) table_init();
+    pthread_once(&g_table_once, table_init);
     while (len >= 8) {
         uint32_t lo, hi;
         memcpy(&lo, p, 4);
@@ -66,7 +67,7 @@ __attribute__((target("sse4.2"))) static uint32_t zeros_hw(uint32_t v, size_t n)
 
 #define STRIPE 1024 /* bytes per stream per round: three streams hide the latency */
 static ShiftOp g_shift1, g_shift2; /* by STRIPE and 2*STRIPE zero bytes */
-static int g_shift_ready;
+static pthread_once_t g_shift_once = PTHREAD_ONCE_INIT;
 
 __attribute__((target("sse4.2"))) static void shift_init(void) {
     for (int b = 0; b < 4; b++)
@@ -74,14 +75,13 @@ __attribute__((target("sse4.2"))) static void shift_init(void) {
             g_shift1.t[b][i] = zeros_hw(i << (8 * b), STRIPE);
             g_shift2.t[b][i] = zeros_hw(i << (8 * b), 2 * STRIPE);
         }
-    __atomic_store_n(&g_shift_ready, 1, __ATOMIC_RELEASE);
 }
 
 __attribute__((target("sse4.2"))) static uint32_t hw_update(uint32_t c32, const uint8_t *p,
                                                           size_t len) {
     uint64_t c = c32;
     if (len >= 3 * STRIPE) {
-        if (!__atomic_load_n(&g_shift_ready, __ATOMIC_ACQUIRE)) shift_init();
+        pthread_once(&g_shift_once, shift_init);
         while (len >= 3 * STRIPE) {
             uint64_t a = c, b = 0, d = 0;
             for (size_t i = 0; i < STRIPE; i += 8) {
@@ -112,9 +112,8 @@ __attribute__((target("sse4.2"))) static uint32_t hw_update(uint32_t c32, const 
 }
 
 uint32_t crc32c_extend(uint32_t crc, const void *data, size_t len) {
-    static int have = -1;
-    if (have < 0) have = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    return have ? ~hw_update(~crc, data, len) : crc32c_extend_table(crc, data, len);
+    return __builtin_cpu_supports("sse4.2") ? ~hw_update(~crc, data, len)
+                                            : crc32c_extend_table(crc, data, len);
 }
 #else
 uint32_t crc32c_extend(uint32_t crc, const void *data, size_t len) {
