@@ -30,7 +30,7 @@ DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson
             libopenmpi-dev openmpi-bin
 DEB_PIPELINE = gnuplot-nox
 DEB_INSTALL = help2man man-db
-DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev
+DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev lmdb-utils
 DEB_BENCH = python3-matplotlib
 DEB_ALL = $(DEB_BUILD) $(DEB_PIPELINE) $(DEB_INSTALL) $(DEB_TEST) $(DEB_BENCH)
 

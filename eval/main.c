@@ -204,6 +204,7 @@ int main(int argc, char **argv) {
     Dataset *ds = dataset_open(data, err, sizeof err);
     if (!ds && !o.data) die("%s: %s (the dataset the snapshot was trained on; give --data)", data, err);
     if (!ds) die("%s: %s", data, err);
+    dataset_prepare_for_job(ds, data);
     const DatasetInfo *di = dataset_info(ds);
     if (di->height != cfg.img_height || di->width != cfg.img_width || di->channels != cfg.img_channels ||
         di->num_classes != cfg.num_classes)
@@ -211,15 +212,12 @@ int main(int argc, char **argv) {
             di->height, di->width, di->channels, di->num_classes, info.dataset_shape);
     const DatasetSplit *sp = dataset_split(ds, o.split);
     if (!sp || sp->count == 0) die("%s: no split \"%s\" (or it is empty)", data, o.split);
-    size_t rec = (size_t)cfg.img_height * cfg.img_width * cfg.img_channels;
-    uint8_t *pixels = xmalloc((size_t)sp->count * rec);
-    int32_t *labels = xmalloc((size_t)sp->count * sizeof(int32_t));
-    if (dataset_load_split(ds, o.split, pixels, labels, err, sizeof err) != 0) die("%s: %s", data, err);
+    HostSplit split = dataset_split_for_job(ds, data, o.split); /* in place in the map */
 
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
     ec.model = &model;
-    ec.test = (HostSplit){pixels, labels, sp->count};
+    ec.test = split;
     memcpy(ec.mean, info.mean, sizeof ec.mean);
     memcpy(ec.std, info.std, sizeof ec.std);
     ec.max_batch = o.batch;
@@ -233,7 +231,7 @@ int main(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     r.k = cfg.num_classes;
     r.confusion = xcalloc((size_t)r.k * r.k, sizeof(int64_t));
-    run_eval(&o, e, sp->count, labels, &r);
+    run_eval(&o, e, sp->count, split.labels, &r);
     if (o.json)
         print_json(&o, data, &r);
     else
@@ -242,8 +240,6 @@ int main(int argc, char **argv) {
     e->ops->destroy(e);
     comm_destroy(ec.comm);
     free(r.confusion);
-    free(pixels);
-    free(labels);
     dataset_close(ds);
     train_state_free(&st);
     model_free(&model);

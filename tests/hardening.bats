@@ -101,11 +101,10 @@ no_temporaries() { # dir
     [ -z "$(ls -A "$1" | grep -- '\.tmp-')" ] || { ls -la "$1"; false; }
 }
 
-# A value file: int32 LE label then `bytes` pixel bytes.
+# A value file in the dataset format (version 2): int32 LE label, the CRC-32C of
+# label and pixels, then `bytes` pixel bytes.
 record_file() { # out label bytes
-    printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($2 & 255)) $((($2 >> 8) & 255)) \
-        $((($2 >> 16) & 255)) $((($2 >> 24) & 255)))" > "$1"
-    head -c "$3" /dev/zero | tr '\0' '\100' >> "$1"
+    "$PYTHON" "$BATS_TEST_DIRNAME/dataset_record.py" make "$@"
 }
 
 meta_json() { # version
@@ -157,11 +156,11 @@ dataset_refused() { # lmdb reason
     record_file "$BATS_TEST_TMPDIR/rec" 3 100
     "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" train 00000005 "$BATS_TEST_TMPDIR/rec"
     run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/w.lmdb"
-    assert_clean_failure "record train/00000005 has 104 bytes, expected 196"
+    assert_clean_failure "record train/00000005 has 108 bytes, expected 200"
     cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
     record_file "$BATS_TEST_TMPDIR/rec" 3 1000
     "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" test 00000031 "$BATS_TEST_TMPDIR/rec"
-    dataset_refused "$BATS_TEST_TMPDIR/w.lmdb" "record test/00000031 has 1004 bytes"
+    dataset_refused "$BATS_TEST_TMPDIR/w.lmdb" "record test/00000031 has 1008 bytes"
     # An empty value
     cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
     : > "$BATS_TEST_TMPDIR/empty"
@@ -209,11 +208,11 @@ dataset_refused() { # lmdb reason
 
 @test "dataset metadata from a newer format version is refused as such" {
     cp "$LMDB" "$BATS_TEST_TMPDIR/v.lmdb"
-    meta_json 2 > "$BATS_TEST_TMPDIR/meta"
+    meta_json 3 > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/v.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
-    dataset_refused "$BATS_TEST_TMPDIR/v.lmdb" "written by a newer cifar-prep (format version 2"
-    # The same document at version 1 is accepted: only the version was wrong.
-    meta_json 1 > "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/v.lmdb" "written by a newer cifar-prep (format version 3"
+    # The same document at version 2 is accepted: only the version was wrong.
+    meta_json 2 > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/v.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
     run "$BIN/cifar-eval" --quiet --threads 1 --data "$BATS_TEST_TMPDIR/v.lmdb" "$BASE_SNAP"
     assert_success
@@ -221,22 +220,22 @@ dataset_refused() { # lmdb reason
 
 @test "dataset metadata with bad sizes is refused" {
     cp "$LMDB" "$BATS_TEST_TMPDIR/s.lmdb"
-    meta_json 1 | sed 's/"channels":3/"channels":9/' > "$BATS_TEST_TMPDIR/meta"
+    meta_json 2 | sed 's/"channels":3/"channels":9/' > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"channels\" must be an integer"
-    meta_json 1 | sed 's/"height":8/"height":1e300/' > "$BATS_TEST_TMPDIR/meta"
+    meta_json 2 | sed 's/"height":8/"height":1e300/' > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"height\" must be an integer"
     # A split name with a newline: the reason stays on one line (a fuzzer find).
-    meta_json 1 | sed 's/"test":/"te\\nst":/' > "$BATS_TEST_TMPDIR/meta"
+    meta_json 2 | sed 's/"test":/"te\\nst":/' > "$BATS_TEST_TMPDIR/meta"
     grep -q 'te\\nst' "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" 'metadata has an invalid split name "te?st"'
     # Height and width swapped to a size the records do not have.
-    meta_json 1 | sed 's/"height":8/"height":4/' > "$BATS_TEST_TMPDIR/meta"
+    meta_json 2 | sed 's/"height":8/"height":4/' > "$BATS_TEST_TMPDIR/meta"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
     run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/s.lmdb"
-    assert_clean_failure "has 196 bytes, expected 100"
+    assert_clean_failure "has 200 bytes, expected 104"
 }
 
 # ------------------------------------------------------------ corrupt snapshots

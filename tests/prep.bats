@@ -42,14 +42,10 @@ prep_fails() { # regexp args...
 need_pil() { "$PY" -c 'import PIL, numpy' 2>/dev/null || skip "needs $PY with PIL and numpy"; }
 need_mdb_dump() { command -v mdb_dump >/dev/null || skip "needs mdb_dump (lmdb-utils)"; }
 
-# Records of SPLIT as "label hexpixels" lines, through mdb_dump.
+# Records of SPLIT as "label hexpixels" lines, through mdb_dump; fails when a
+# record's CRC-32C (bytes 4..8: of the label, then the pixels) does not match.
 records() { # file split
-    mdb_dump -n -s "$2" "$1" | "$PY" -c '
-import sys
-lines = [l.strip() for l in sys.stdin if l.startswith(" ")]
-for k, v in zip(lines[0::2], lines[1::2]):
-    b = bytes.fromhex(v)
-    print(int.from_bytes(b[:4], "little", signed=True), b[4:].hex())'
+    mdb_dump -n -s "$2" "$1" | "$PY" "$BATS_TEST_DIRNAME/dataset_record.py" records
 }
 
 meta_json() { # file
@@ -120,7 +116,7 @@ for i, (img, lab) in enumerate(zip(imgs, ann['categories'])):
     l, h = recs[i].split()
     assert int(l) == lab, (i, l, lab)
     assert bytes.fromhex(h) == img.tobytes(), i
-assert meta['format'] == 'cifar-lmdb' and meta['version'] == 1
+assert meta['format'] == 'cifar-lmdb' and meta['version'] == 2
 assert (meta['height'], meta['width'], meta['channels']) == (8, 8, 3)
 assert meta['num_classes'] == max(ann['categories']) + 1
 x = np.stack(imgs).astype(np.float64) / 255
@@ -229,6 +225,49 @@ PY
     assert_success
     [ "$(head -c 8 "$D/cifar10.lmdb")" != precious ]
     [ -z "$(find "$D" -name '*.tmp-*')" ]
+}
+
+@test "each record carries the CRC-32C of its label and pixels; a flipped byte shows" {
+    need_mdb_dump
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_success
+    run records "$D/cifar10.lmdb" train
+    assert_success
+    [ "${#lines[@]}" -eq 24 ]
+    run records "$D/cifar10.lmdb" test
+    assert_success
+    [ "${#lines[@]}" -eq 8 ]
+    # The check above can fail: the same dump with one pixel byte changed.
+    mdb_dump -n -s test "$D/cifar10.lmdb" > "$BATS_TEST_TMPDIR/dump"
+    "$PY" - "$BATS_TEST_TMPDIR/dump" <<'PY'
+import sys
+p = sys.argv[1]
+lines = open(p).read().split('\n')
+vals = [i for i, l in enumerate(lines) if l.startswith(' ')][1::2]
+l = lines[vals[3]]
+lines[vals[3]] = l[:40] + ('0' if l[40] != '0' else '1') + l[41:]
+open(p, 'w').write('\n'.join(lines))
+PY
+    mdb_load -n -f "$BATS_TEST_TMPDIR/dump" -s test "$BATS_TEST_TMPDIR/bad.lmdb"
+    run records "$BATS_TEST_TMPDIR/bad.lmdb" test
+    assert_failure
+    assert_output --partial "record 00000003: checksum mismatch"
+}
+
+@test "--force replaces OUT by rename: a reader of the old file keeps its bytes" {
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_success
+    cp "$D/cifar10.lmdb" "$BATS_TEST_TMPDIR/old.lmdb"
+    before=$(stat -c %i "$D/cifar10.lmdb")
+    sleep 300 < "$D/cifar10.lmdb" 3>&- & # holds the old file open, as a running job's map does
+    holder=$!
+    "$BIN/cifar-synth" "$D" --train 24 --test 8 --size 8 --seed 99 >/dev/null
+    run "$BIN/cifar-prep" --quiet --force "$D"
+    assert_success
+    [ "$(stat -c %i "$D/cifar10.lmdb")" != "$before" ]
+    ! cmp -s "$D/cifar10.lmdb" "$BATS_TEST_TMPDIR/old.lmdb"
+    cmp "/proc/$holder/fd/0" "$BATS_TEST_TMPDIR/old.lmdb"
+    kill "$holder"
 }
 
 # ------------------------------------------------------------------ bad input

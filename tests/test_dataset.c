@@ -4,7 +4,12 @@
  * the writer's refusals (records out of order, metadata that does not match what
  * was written) and its temporary file, the metadata parser's refusals, and
  * hand-made LMDB files with a record of the wrong length, a label out of range
- * and a missing record, which dataset_load_split must refuse. */
+ * and a missing record, which dataset_load_split must refuse; version-1 files
+ * (no checksums) still read; CRC-32C (hardware and table agree with the standard
+ * check value); a byte flipped in a written file is named by split and record;
+ * records read in place (dataset_map_split) equal the copied ones. */
+#define _GNU_SOURCE /* memmem */
+#include <fcntl.h>
 #include <lmdb.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +18,7 @@
 #include <unistd.h>
 
 #include "util/check.h"
+#include "data/crc32c.h"
 #include "data/dataset.h"
 #include "io/fsutil.h"
 
@@ -29,6 +35,37 @@ static uint8_t pixel_of(int split, int64_t i, size_t k) {
 }
 
 /* ------------------------------------------------------------ round trip */
+
+/* dataset_map_split in place: one pointer per record, the same bytes as written;
+ * a second call gives the same arrays; asking for a copy afterwards is refused. */
+static void check_in_place(Dataset *ds, const char *name, int s, int64_t count, size_t rec, int K) {
+    char err[512];
+    HostSplit hs, again;
+    int rc = dataset_map_split(ds, name, DATASET_IN_PLACE, &hs, err, sizeof err);
+    EXPECT(rc == 0 && hs.count == count && hs.records && !hs.pixels, "map %s: %s", name, err);
+    if (rc) return;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < count && bad < 0; i++) {
+        const uint8_t *p = host_split_record(&hs, i, rec);
+        if (hs.labels[i] != (int32_t)(i % K) || p[0] != pixel_of(s, i, 0) ||
+            p[rec - 1] != pixel_of(s, i, rec - 1))
+            bad = i;
+    }
+    EXPECT(bad < 0, "in place %s: record %lld differs", name, (long long)bad);
+    uint8_t *two = xmalloc(2 * rec);
+    int32_t lab[2];
+    int64_t idx[2] = {count - 1, 0};
+    host_split_gather(&hs, rec, idx, 0, 2, two, lab);
+    EXPECT(memcmp(two, hs.records[count - 1], rec) == 0 && memcmp(two + rec, hs.records[0], rec) == 0 &&
+               lab[0] == hs.labels[count - 1] && lab[1] == hs.labels[0],
+           "gather by index copies the records and labels");
+    free(two);
+    EXPECT(dataset_map_split(ds, name, DATASET_IN_PLACE, &again, err, sizeof err) == 0 &&
+               again.records == hs.records && again.labels == hs.labels,
+           "a second map of %s gives the same arrays", name);
+    EXPECT(dataset_map_split(ds, name, DATASET_COPY, &again, err, sizeof err) != 0,
+           "a copy after an in-place map is refused");
+}
 
 static void test_round_trip(void) {
     const int H = 32, W = 32, C = 3, K = 10;
@@ -106,6 +143,7 @@ static void test_round_trip(void) {
                "read_range %s: %s", names[s], rc ? err : "wrong data");
         EXPECT(dataset_read_range(ds, names[s], counts[s] - 2, 3, all, labels, err, sizeof err) != 0,
                "a range past the end is refused");
+        check_in_place(ds, names[s], s, counts[s], rec, K);
         free(all);
         free(labels);
     }
@@ -181,7 +219,7 @@ static void test_info_parse(void) {
         const char *from, *to, *why;
     } bad[] = {
         {"cifar-lmdb", "other-lmdb", "wrong format"},
-        {"\"version\":1", "\"version\":2", "newer version"},
+        {"\"version\":1", "\"version\":3", "newer version"},
         {"\"version\":1", "\"version\":0", "version 0"},
         {"\"version\":1", "\"version\":1.5", "fractional version"},
         {"\"height\":32", "\"height\":0", "height 0"},
@@ -216,8 +254,8 @@ static void test_info_parse(void) {
 
 /* An LMDB with good metadata (2x2x1, K=3, split "train" of n records) and the
  * given raw records. */
-static void handmade_write(const char *path, int n, const char *const *keys,
-                           const uint8_t *const *vals, const size_t *lens) {
+static void handmade_write_version(const char *path, int version, int n, const char *const *keys,
+                                   const uint8_t *const *vals, const size_t *lens) {
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi meta, db;
@@ -230,9 +268,9 @@ static void handmade_write(const char *path, int n, const char *const *keys,
     CHECK_LMDB(mdb_dbi_open(txn, "train", MDB_CREATE, &db), path);
     char json[512];
     snprintf(json, sizeof json,
-             "{\"format\":\"cifar-lmdb\",\"version\":1,\"height\":2,\"width\":2,\"channels\":1,"
+             "{\"format\":\"cifar-lmdb\",\"version\":%d,\"height\":2,\"width\":2,\"channels\":1,"
              "\"num_classes\":3,\"splits\":{\"train\":{\"count\":%d,\"mean\":[0.5],\"std\":[0.1]}}}",
-             n);
+             version, n);
     MDB_val k = {7, "dataset"}, v = {strlen(json), json};
     CHECK_LMDB(mdb_put(txn, meta, &k, &v, 0), path);
     for (int i = 0; i < n; i++) {
@@ -241,6 +279,12 @@ static void handmade_write(const char *path, int n, const char *const *keys,
     }
     CHECK_LMDB(mdb_txn_commit(txn), path);
     mdb_env_close(env);
+}
+
+/* Version 1 records (label + pixels, no checksum): the layout the tests below use. */
+static void handmade_write(const char *path, int n, const char *const *keys,
+                           const uint8_t *const *vals, const size_t *lens) {
+    handmade_write_version(path, 1, n, keys, vals, lens);
 }
 
 static int handmade_load(const char *path, int n, char *err, size_t errlen) {
@@ -321,6 +365,129 @@ static void test_handmade(void) {
     EXPECT(dataset_open(g_dir, err, sizeof err) == NULL, "a folder is refused");
 }
 
+/* ------------------------------------------------------------ checksums */
+
+static void test_crc32c(void) {
+    EXPECT(crc32c_extend(0, "123456789", 9) == 0xe3069283u, "CRC-32C check value: %08x",
+           crc32c_extend(0, "123456789", 9));
+    EXPECT(crc32c_extend_table(0, "123456789", 9) == 0xe3069283u, "table check value");
+    EXPECT(crc32c_extend(0, "", 0) == 0, "empty input");
+    size_t n = 20000;
+    uint8_t *buf = xmalloc(n);
+    for (size_t i = 0; i < n; i++) buf[i] = (uint8_t)(i * 2654435761u >> 13);
+    int bad = 0;
+    size_t lens[] = {1, 7, 8, 9, 63, 1000, 3071, 3072, 3073, 6144, 9216, 12288, 19990};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+        for (size_t off = 0; off < 8; off += 3) {
+            uint32_t hw = crc32c_extend(0, buf + off, lens[k]);
+            if (hw != crc32c_extend_table(0, buf + off, lens[k])) bad++;
+            size_t cut = lens[k] / 3;
+            if (crc32c_extend(crc32c_extend(0, buf + off, cut), buf + off + cut, lens[k] - cut) != hw)
+                bad++;
+        }
+    EXPECT(bad == 0, "hardware, table and split checksums agree (%d differ)", bad);
+    free(buf);
+}
+
+/* A version-2 record by hand: label, CRC of label + pixels, 4 pixels. */
+static void record_v2(uint8_t out[12], int label, const uint8_t px[4]) {
+    out[0] = (uint8_t)label;
+    out[1] = out[2] = out[3] = 0;
+    uint32_t c = dataset_record_crc(out, px, 4);
+    for (int i = 0; i < 4; i++) out[4 + i] = (uint8_t)(c >> (8 * i));
+    memcpy(out + 8, px, 4);
+}
+
+static void test_checksums_handmade(void) {
+    char path[512], err[512];
+    path_in_dir(path, sizeof path, "crc.lmdb");
+    const uint8_t px0[4] = {9, 9, 9, 9}, px1[4] = {1, 2, 3, 4};
+    uint8_t r0[12], r1[12];
+    record_v2(r0, 1, px0);
+    record_v2(r1, 2, px1);
+    const char *keys[2] = {"00000000", "00000001"};
+    size_t lens[2] = {12, 12};
+    const uint8_t *vals[2] = {r0, r1};
+    handmade_write_version(path, 2, 2, keys, vals, lens);
+    Dataset *ds = dataset_open(path, err, sizeof err);
+    EXPECT(ds && dataset_has_checksums(ds), "a version-2 file opens with checksums: %s", err);
+    HostSplit hs;
+    EXPECT(ds && dataset_map_split(ds, "train", DATASET_COPY, &hs, err, sizeof err) == 0 &&
+               hs.pixels && hs.pixels[4] == 1 && hs.pixels[7] == 4 && hs.labels[1] == 2,
+           "good version-2 records copy: %s", err);
+    dataset_close(ds);
+
+    r1[10] ^= 0x10; /* a pixel */
+    handmade_write_version(path, 2, 2, keys, vals, lens);
+    EXPECT(handmade_load(path, 2, err, sizeof err) == -1 && strstr(err, "\"train\" record 1 ") &&
+               strstr(err, "checksum"),
+           "a flipped pixel is named by split and record (%s)", err);
+    r1[10] ^= 0x10;
+    r1[0] = 0; /* the label: covered by the checksum too */
+    handmade_write_version(path, 2, 2, keys, vals, lens);
+    EXPECT(handmade_load(path, 2, err, sizeof err) == -1 && strstr(err, "record 1 ") &&
+               strstr(err, "checksum"),
+           "a changed label fails the checksum (%s)", err);
+    const uint8_t v1rec[8] = {1, 0, 0, 0, 9, 9, 9, 9};
+    const uint8_t *v1vals[2] = {v1rec, v1rec};
+    size_t v1lens[2] = {8, 8};
+    handmade_write_version(path, 2, 2, keys, v1vals, v1lens);
+    EXPECT(handmade_load(path, 2, err, sizeof err) == -1 && strstr(err, "bytes"),
+           "version-1 records under version-2 metadata are refused by length (%s)", err);
+    handmade_write_version(path, 1, 2, keys, v1vals, v1lens);
+    ds = dataset_open(path, err, sizeof err);
+    EXPECT(ds && !dataset_has_checksums(ds) && dataset_info(ds)->version == 1,
+           "a version-1 file still opens, without checksums: %s", err);
+    EXPECT(ds && dataset_map_split(ds, "train", DATASET_IN_PLACE, &hs, err, sizeof err) == 0 &&
+               hs.records[1][0] == 9 && hs.labels[0] == 1,
+           "version-1 records read in place: %s", err);
+    dataset_close(ds);
+}
+
+/* A byte flipped in a file the writer made (found by its pixels) is named. */
+static void test_checksum_flip(void) {
+    const int H = 8, W = 8, C = 3, K = 10, N = 50, TARGET = 37;
+    size_t rec = (size_t)H * W * C;
+    char path[512], err[512];
+    path_in_dir(path, sizeof path, "flip.lmdb");
+    DatasetWriter *w = dataset_writer_create(path, err, sizeof err);
+    EXPECT(w != NULL, "create: %s", err);
+    if (!w) return;
+    uint8_t *px = xmalloc(rec), *target = xmalloc(rec);
+    for (int64_t i = 0; i < N; i++) {
+        for (size_t k = 0; k < rec; k++) px[k] = pixel_of(0, i, k) ^ (uint8_t)(i * 7 + k * 13);
+        if (i == TARGET) memcpy(target, px, rec);
+        EXPECT(dataset_writer_put(w, "train", i, (int32_t)(i % K), px, rec, err, sizeof err) == 0,
+               "put: %s", err);
+    }
+    DatasetInfo info = {.height = H, .width = W, .channels = C, .num_classes = K, .n_splits = 1};
+    snprintf(info.splits[0].name, sizeof info.splits[0].name, "train");
+    info.splits[0].count = N;
+    EXPECT(dataset_writer_finish(w, &info, err, sizeof err) == 0, "finish: %s", err);
+    dataset_writer_free(w);
+    size_t len;
+    char *file = fs_read_file(path, 1 << 26, &len);
+    EXPECT(file != NULL, "read back %s", path);
+    const char *at = file ? memmem(file, len, target, rec) : NULL;
+    EXPECT(at != NULL, "record %d's pixels are in the file", TARGET);
+    if (at) {
+        int fd = open(path, O_WRONLY);
+        uint8_t b = (uint8_t)(at[rec / 2] ^ 0x01);
+        CHECK_STDIO(fd >= 0 && pwrite(fd, &b, 1, (off_t)(at - file) + (off_t)rec / 2) == 1, path);
+        close(fd);
+        Dataset *ds = dataset_open(path, err, sizeof err);
+        EXPECT(ds != NULL, "the damaged file still opens: %s", err);
+        HostSplit hs;
+        EXPECT(ds && dataset_map_split(ds, "train", DATASET_IN_PLACE, &hs, err, sizeof err) != 0 &&
+                   strstr(err, "\"train\" record 37 "),
+               "the flipped byte is named as train record 37 (%s)", err);
+        dataset_close(ds);
+    }
+    free(file);
+    free(px);
+    free(target);
+}
+
 int main(void) {
     log_set_program("test_dataset");
     snprintf(g_dir, sizeof g_dir, "/tmp/test_dataset.XXXXXX");
@@ -329,6 +496,9 @@ int main(void) {
     test_writer_refusals();
     test_info_parse();
     test_handmade();
+    test_crc32c();
+    test_checksums_handmade();
+    test_checksum_flip();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -318,8 +318,8 @@ static void test_engine(int bottleneck, Precision prec, float tol) {
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
     ec.model = &m;
-    ec.train = (HostSplit){px, lab, count};
-    ec.test = (HostSplit){px, lab, count};
+    ec.train = (HostSplit){.pixels = px, .labels = lab, .count = count};
+    ec.test = (HostSplit){.pixels = px, .labels = lab, .count = count};
     for (int i = 0; i < 3; i++) {
         ec.mean[i] = 0.5f;
         ec.std[i] = 0.25f;

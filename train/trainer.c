@@ -40,41 +40,22 @@ void train_install_signal_handlers(void) {
 typedef struct {
     Dataset *ds;
     DatasetInfo info;
-    uint8_t *train_pixels, *test_pixels;
-    int32_t *train_labels, *test_labels;
+    HostSplit train, test; /* read in place from the dataset's map */
     int64_t n_train, n_test;
 } TrainData;
 
-static void load_split(TrainData *d, const char *path, const char *name, uint8_t **pixels,
-                       int32_t **labels, int64_t *count) {
-    const DatasetSplit *sp = dataset_split(d->ds, name);
-    *count = sp ? sp->count : 0;
-    size_t rec = (size_t)d->info.height * d->info.width * d->info.channels;
-    *pixels = xmalloc((size_t)*count * rec + 1);
-    *labels = xmalloc((size_t)*count * sizeof(int32_t) + 1);
-    char err[512];
-    if (*count > 0 && dataset_load_split(d->ds, name, *pixels, *labels, err, sizeof err) != 0)
-        die("%s: %s", path, err);
-}
-
 static void train_data_load(TrainData *d, const char *path) {
-    char err[512];
     memset(d, 0, sizeof *d);
-    d->ds = dataset_open(path, err, sizeof err);
-    if (!d->ds) die("%s: %s", path, err);
+    d->ds = dataset_open_for_job(path);
     d->info = *dataset_info(d->ds);
-    load_split(d, path, "train", &d->train_pixels, &d->train_labels, &d->n_train);
-    load_split(d, path, "test", &d->test_pixels, &d->test_labels, &d->n_test);
+    d->train = dataset_split_for_job(d->ds, path, "train");
+    d->test = dataset_split_for_job(d->ds, path, "test");
+    d->n_train = d->train.count;
+    d->n_test = d->test.count;
     if (d->n_train == 0) die("%s: the dataset has no \"train\" split (or it is empty)", path);
 }
 
-static void train_data_free(TrainData *d) {
-    dataset_close(d->ds);
-    free(d->train_pixels);
-    free(d->test_pixels);
-    free(d->train_labels);
-    free(d->test_labels);
-}
+static void train_data_free(TrainData *d) { dataset_close(d->ds); }
 
 /* ---- model and normalisation ---- */
 
@@ -540,8 +521,8 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
     ec.model = &w->model;
-    ec.train = (HostSplit){w->data.train_pixels, w->data.train_labels, w->data.n_train};
-    ec.test = (HostSplit){w->data.test_pixels, w->data.test_labels, w->data.n_test};
+    ec.train = w->data.train;
+    ec.test = w->data.test;
     memcpy(ec.mean, w->mean, sizeof ec.mean);
     memcpy(ec.std, w->std, sizeof ec.std);
     ec.pad = 4;

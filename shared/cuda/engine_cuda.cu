@@ -350,7 +350,18 @@ static void split_upload(GpuEngine *g, const HostSplit *s, size_t rec_bytes, uin
                          int32_t **lab) {
     *px = (uint8_t *)cuda_alloc((size_t)s->count * rec_bytes);
     *lab = (int32_t *)cuda_alloc((size_t)s->count * sizeof(int32_t));
-    cuda_upload(g->ctx, *px, s->pixels, (size_t)s->count * rec_bytes);
+    if (s->records) { /* in place in the dataset's map: gathered in pieces */
+        const int64_t piece = (int64_t)((64u << 20) / rec_bytes) + 1;
+        uint8_t *stage = (uint8_t *)xmalloc((size_t)piece * rec_bytes);
+        for (int64_t first = 0; first < s->count; first += piece) {
+            int64_t n = s->count - first < piece ? s->count - first : piece;
+            host_split_gather(s, rec_bytes, NULL, first, n, stage, NULL);
+            cuda_upload(g->ctx, *px + (size_t)first * rec_bytes, stage, (size_t)n * rec_bytes);
+        }
+        free(stage);
+    } else {
+        cuda_upload(g->ctx, *px, s->pixels, (size_t)s->count * rec_bytes);
+    }
     cuda_upload(g->ctx, *lab, s->labels, (size_t)s->count * sizeof(int32_t));
 }
 

@@ -41,3 +41,17 @@ void augment_batch(const AugmentSpec *spec, const uint8_t *pixels, const int32_t
         out_labels[i] = labels[idx[i]];
     }
 }
+
+void augment_split(const AugmentSpec *spec, const HostSplit *split, const int64_t *idx, int n,
+                   float *out, int32_t *out_labels) {
+    if (!split->records) {
+        augment_batch(spec, split->pixels, split->labels, idx, n, out, out_labels);
+        return;
+    }
+    const int64_t rec_bytes = (int64_t)spec->h * spec->w * spec->c;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        augment_one(spec, split->records[idx[i]], idx[i], out + (int64_t)i * rec_bytes);
+        out_labels[i] = split->labels[idx[i]];
+    }
+}

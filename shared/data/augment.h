@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "data/dataset.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -25,6 +27,10 @@ typedef struct {
 /* out[n,h,w,c] floats and out_labels[n] from records idx[0..n) of pixels/labels. */
 void augment_batch(const AugmentSpec *spec, const uint8_t *pixels, const int32_t *labels,
                    const int64_t *idx, int n, float *out, int32_t *out_labels);
+/* The same from a split wherever its records are (contiguous or in the dataset's
+ * map): the batch is gathered straight from the mapped pages, nothing copied first. */
+void augment_split(const AugmentSpec *spec, const HostSplit *split, const int64_t *idx, int n,
+                   float *out, int32_t *out_labels);
 
 #ifdef __cplusplus
 }

@@ -1,24 +1,36 @@
-/* dataset.h: the LMDB dataset format (ARCHITECTURE.md "Dataset format").
+/* dataset.h: the LMDB dataset format (README "Data formats"; it supersedes the
+ * LMDB section of ARCHITECTURE.md).
  *
  * One LMDB environment in a single file (MDB_NOSUBDIR):
- *   db "meta",  key "dataset": JSON {"format":"cifar-lmdb","version":1,"height":H,
+ *   db "meta",  key "dataset": JSON {"format":"cifar-lmdb","version":2,"height":H,
  *               "width":W,"channels":C,"num_classes":K,"splits":{NAME:{"count":N,
  *               "mean":[C floats],"std":[C floats]},...}}
  *   db NAME (one per split, e.g. "train", "test"): key = record index as 8 ASCII
- *               digits, value = int32 LE label + H*W*C uint8 pixels (HWC).
- * Readers check the magic, the version, every size and every label before use. */
+ *               digits, value (version 2) = int32 LE label, uint32 LE CRC-32C of the
+ *               label's 4 bytes followed by the pixels, then H*W*C uint8 pixels (HWC).
+ *               Version 1 (still read, without verification) had no CRC field:
+ *               label + pixels.
+ * Readers check the magic, the version, every size, every label and every
+ * checksum before use.
+ *
+ * Reading in place: dataset_map_split walks a split once (checking each record),
+ * then describes it as one pointer per record into the read-only map. The pixels
+ * stay in the page cache, shared by every process that maps the file; private
+ * memory holds 12 bytes per record. The map stays valid until dataset_close; a
+ * file replaced by rename (cifar-prep -f) leaves the map on the old data. */
 #ifndef CIFAR_DATASET_H
 #define CIFAR_DATASET_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define DATASET_FORMAT "cifar-lmdb"
-#define DATASET_VERSION 1
+#define DATASET_VERSION 2          /* written; 1 is still read */
 #define DATASET_MAX_SPLITS 8
 #define DATASET_MAX_CHANNELS 4
 #define DATASET_MAX_SIDE 4096      /* images larger than this are refused */
@@ -31,10 +43,38 @@ typedef struct {
 } DatasetSplit;
 
 typedef struct {
+    int version;               /* of the file read; 0 = DATASET_VERSION when written */
     int height, width, channels, num_classes;
     int n_splits;
     DatasetSplit splits[DATASET_MAX_SPLITS];
 } DatasetInfo;
+
+/* One split as the engines see it: count records of H*W*C uint8 (HWC) and their
+ * labels, either contiguous (pixels: record i at i*H*W*C) or one pointer per
+ * record (records[i], e.g. into a dataset's map; used when non-NULL). */
+typedef struct {
+    const uint8_t *pixels;
+    const int32_t *labels;
+    int64_t count;
+    const uint8_t *const *records;
+} HostSplit;
+
+/* Record i's H*W*C pixels (rec_bytes = H*W*C), wherever they are. */
+static inline const uint8_t *host_split_record(const HostSplit *s, int64_t i, size_t rec_bytes) {
+    return s->records ? s->records[i] : s->pixels + (size_t)i * rec_bytes;
+}
+/* Copy records idx[0..n) (or first..first+n when idx is NULL) into dst
+ * (n*rec_bytes, contiguous) and their labels into dst_labels (may be NULL): how
+ * an engine that stages data (a GPU's upload or pinned buffer) takes a batch.
+ * Inline: the GPU library uses it without importing the host's symbols. */
+static inline void host_split_gather(const HostSplit *s, size_t rec_bytes, const int64_t *idx,
+                                     int64_t first, int64_t n, uint8_t *dst, int32_t *dst_labels) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = idx ? idx[i] : first + i;
+        memcpy(dst + (size_t)i * rec_bytes, host_split_record(s, r, rec_bytes), rec_bytes);
+        if (dst_labels) dst_labels[i] = s->labels[r];
+    }
+}
 
 /* ---- reading ---- */
 typedef struct Dataset Dataset;
@@ -48,13 +88,40 @@ const DatasetInfo *dataset_info(const Dataset *ds);
 /* The split named `name`, or NULL. */
 const DatasetSplit *dataset_split(const Dataset *ds, const char *name);
 /* Read every record of a split into pixels[count*H*W*C] and labels[count],
- * checking each record's length and label range. 0, or -1 with a reason
- * naming the record in err. */
+ * checking each record's length, label range and checksum. 0, or -1 with a
+ * reason naming the split and record in err. */
 int dataset_load_split(Dataset *ds, const char *name, uint8_t *pixels, int32_t *labels,
                        char *err, size_t errlen);
 /* Read records [first, first+count) of a split (for streaming loaders). */
 int dataset_read_range(Dataset *ds, const char *name, int64_t first, int64_t count,
                        uint8_t *pixels, int32_t *labels, char *err, size_t errlen);
+
+/* How dataset_map_split gives the records: in place (pointers into the map), or
+ * copied into one private array (the behaviour before in-place reading; for
+ * comparison, or for a file that may be truncated under the job). */
+typedef enum { DATASET_IN_PLACE, DATASET_COPY } DatasetAccess;
+/* Walk split `name` once, checking every record (key, length, label, checksum),
+ * and describe it in *out (arrays owned by ds, valid until dataset_close; a second
+ * call for the same split returns the same description). 0, or -1 with a reason
+ * naming the split and record in err. */
+int dataset_map_split(Dataset *ds, const char *name, DatasetAccess how, HostSplit *out, char *err,
+                      size_t errlen);
+/* 1 when the file's records carry checksums (version >= 2). */
+int dataset_has_checksums(const Dataset *ds);
+
+/* ---- for the commands (cifar-train, cifar-eval): failures end the process ---- */
+/* Notes on stderr that a version-1 file carries no checksums, and guards the map:
+ * a file truncated under the job ends it (SIGBUS) with one line naming the file
+ * and exit status 1, not a core dump. */
+void dataset_prepare_for_job(Dataset *ds, const char *path);
+/* dataset_open (or die "<path>: <reason>"), then dataset_prepare_for_job. */
+Dataset *dataset_open_for_job(const char *path);
+/* dataset_map_split of split `name` (count 0 when the dataset has none), in place
+ * unless CIFAR_DATA_IN_MEMORY=1; dies "<path>: <reason>" on a bad record. */
+HostSplit dataset_split_for_job(Dataset *ds, const char *path, const char *name);
+
+/* The CRC-32C stored with a version-2 record (label bytes, then pixels). */
+uint32_t dataset_record_crc(const uint8_t label_le[4], const uint8_t *pixels, size_t nbytes);
 
 /* Parse/produce the metadata JSON (exposed for tests and the fuzzer). */
 int dataset_info_parse(const char *json, size_t len, DatasetInfo *info, char *err, size_t errlen);

@@ -22,12 +22,8 @@ extern "C" {
 
 typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_BF16 } Precision;
 
-/* One split held in host memory: count records of H*W*C uint8 (HWC) + labels. */
-typedef struct {
-    const uint8_t *pixels;
-    const int32_t *labels;
-    int64_t count;
-} HostSplit;
+/* HostSplit (one split's records: contiguous, or in place in the dataset's map)
+ * is defined in data/dataset.h. */
 
 typedef struct {
     const Model *model;

@@ -25,7 +25,7 @@ static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch,
     CpuEngine *c = e->impl;
     const Model *m = e->cfg.model;
     AugmentSpec spec = engine_augment_spec(e, epoch, 1);
-    augment_batch(&spec, e->cfg.train.pixels, e->cfg.train.labels, idx, n, c->batch_x, c->batch_y);
+    augment_split(&spec, &e->cfg.train, idx, n, c->batch_x, c->batch_y);
     float loss = model_forward_backward(m, c->run, c->params, c->buffers, c->batch_x, c->batch_y, n,
                                         e->cfg.label_smoothing, c->grads, correct);
     comm_allreduce_mean(e->cfg.comm, c->grads, m->num_params);
@@ -40,7 +40,7 @@ static void cpu_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_su
     const Model *m = e->cfg.model;
     const int k = m->fc_out;
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
-    augment_batch(&spec, e->cfg.test.pixels, e->cfg.test.labels, idx, n, c->batch_x, c->batch_y);
+    augment_split(&spec, &e->cfg.test, idx, n, c->batch_x, c->batch_y);
     model_forward_eval(m, c->run, c->params, c->buffers, c->batch_x, n, c->logits);
     int hits = 0;
     float loss = softmax_xent_forward_backward(n, k, c->logits, c->batch_y, 0.0f, NULL, &hits);

@@ -20,7 +20,7 @@ sources_for() { # the library sources each target needs
         fuzz_annotations) echo "prep/annotations.c shared/util/check.c shared/io/fsutil.c" ;;
         fuzz_image) echo "prep/decode.c shared/util/check.c" ;;
         fuzz_snapshot) echo "shared/io/snapshot.c shared/util/check.c shared/io/fsutil.c" ;;
-        fuzz_dataset) echo "shared/data/dataset.c shared/util/check.c shared/io/fsutil.c" ;;
+        fuzz_dataset) echo "shared/data/dataset.c shared/data/crc32c.c shared/util/check.c shared/util/progress.c shared/io/fsutil.c" ;;
         *) ls shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c | tr '\n' ' ' ;;
     esac
 }
