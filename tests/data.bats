@@ -139,9 +139,9 @@ peak_rss_anon() { # pid
 @test "cifar-prep -f onto the dataset of a running job: the job finishes on its old data" {
     cp -r "$DATA" "$BATS_TEST_TMPDIR/d"
     cp "$LMDB" "$BATS_TEST_TMPDIR/original.lmdb"
-    ref=$(train "$BATS_TEST_TMPDIR/ref" "$BATS_TEST_TMPDIR/original.lmdb" --epochs 8 | tail -1)
+    ref=$(train "$BATS_TEST_TMPDIR/ref" "$BATS_TEST_TMPDIR/original.lmdb" --epochs 24 | tail -1)
     train_bg "$BATS_TEST_TMPDIR/out" "$BATS_TEST_TMPDIR/run" "$BATS_TEST_TMPDIR/d/cifar10.lmdb" \
-        --epochs 8 --save-every 1
+        --epochs 24 --save-every 1
     pid=$!
     wait_for_snapshot "$BATS_TEST_TMPDIR/run" $pid
     kill -STOP $pid # the replacement happens while the job is mid-run, however fast it is
