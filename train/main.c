@@ -9,11 +9,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "util/check.h"
 #include "util/omp_env.h"
 #include "dist/comm.h"
+#include "io/checkpoint.h"
 #include "launcher.h"
 #include "train.h"
+
+/* The launcher of node 0 holds the run folder's lock for the whole job, across
+ * restarts; its workers inherit the descriptor (so the lock outlives the
+ * launcher until the last of them exits) and know not to take it again. */
+static void launcher_lock_run_dir(LaunchOptions *lo, const TrainOptions *o) {
+    if (lo->node_rank != 0) return;
+    int fd = run_dir_lock(o->run_dir);
+    CHECK_STDIO(fcntl(fd, F_SETFD, 0) == 0, o->run_dir); /* inherited by the workers */
+    lo->run_dir_locked = 1;
+}
+
+/* A worker whose launcher (its parent) holds the run folder's lock. */
+static int run_dir_locked_by_parent(void) {
+    const char *v = getenv(RUN_DIR_LOCKED_VAR);
+    return v && atoi(v) == (int)getppid();
+}
 
 /* The workers get our argv, plus the data path when it came from stdin (they
  * have no stdin of their own to read it from). */
@@ -42,8 +62,11 @@ int main(int argc, char **argv) {
     if (launcher_parse_args(&lo, &argc, argv, err, sizeof err) != 0) die_usage("%s", err);
     TrainOptions o;
     train_options_parse(&o, argc, argv); /* --help and bad usage end here, before any launch */
-    if (launcher_wanted(&lo, &env)) return launch_workers(&lo, &o, argc, argv);
+    if (launcher_wanted(&lo, &env)) {
+        launcher_lock_run_dir(&lo, &o);
+        return launch_workers(&lo, &o, argc, argv);
+    }
     log_set_quiet(o.quiet);
     train_install_signal_handlers();
-    return train_worker(&o, &env);
+    return train_worker(&o, &env, run_dir_locked_by_parent());
 }

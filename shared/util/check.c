@@ -78,6 +78,14 @@ void die_status(int status, const char *fmt, ...) {
     exit(status);
 }
 
+int exit_status_permanent(void) {
+    const char *v = getenv(PERMANENT_STATUS_VAR);
+    char *end = NULL;
+    long status = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end != '\0' || status < 1 || status > 125) return EXIT_STATUS_FAILURE;
+    return (int)status;
+}
+
 const char *check_hint_for_errno(int err) {
     switch (err) {
     case ENOSPC: return "the disk is full: free space or choose another output folder";
