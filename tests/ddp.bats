@@ -2,31 +2,27 @@
 # Data-parallel training with 2 CPU worker processes and the torchrun-style
 # launcher: identical parameters on every rank, evaluation counted once, restarts
 # after a crash that end bit-identical to an uninterrupted run, a crash loop that
-# gives up naming the rank, a stopped worker that cannot hang the job, and SIGTERM
-# to the launcher that leaves a snapshot and no process behind.
+# gives up naming the rank, a permanent failure that is not retried, a stopped
+# worker that cannot hang the job, SIGTERM to the launcher that leaves a snapshot
+# and no process behind, and the run folder's lock held across restarts.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
+load helpers
 
 setup_file() {
     export DATA="$BATS_FILE_TMPDIR/data"
-    "$BIN/cifar-synth" "$DATA" --train 384 --test 100 --size 16 --seed 5 >/dev/null
-    "$BIN/cifar-prep" --quiet "$DATA" >/dev/null
+    make_dataset "$DATA" --train 384 --test 100 --size 16 --seed 5
     export LMDB="$DATA/cifar10.lmdb"
 }
-
-data_checksum() { head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'; }
 
 ddp() { # run-dir, extra args...
     local dir=$1; shift
     "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" "$@" "$LMDB"
 }
 
-# Processes whose command line mentions this test's run folder.
-leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
+# The workers of a launcher (its children).
+workers_of() { pgrep -P "$1" || [ $? -eq 1 ]; }
+two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "2 workers: identical parameters on both ranks after every step" {
     mkdir -p "$BATS_TEST_TMPDIR/h"
@@ -62,15 +58,28 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
 }
 
 @test "a worker killed from outside at a random moment: the group restarts and ends identical" {
-    ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 5 --save-every 1 | tail -1)
+    took=$(seconds_of ddp "$BATS_TEST_TMPDIR/ref" --epochs 20 --save-every 1)
+    ref=$(ls "$BATS_TEST_TMPDIR/ref"/snapshot-*.safetensors | sort | tail -1)
     dir="$BATS_TEST_TMPDIR/crash"
     "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 5 --save-every 1 "$LMDB" > "$BATS_TEST_TMPDIR/out" 2> "$BATS_TEST_TMPDIR/err" &
+        --epochs 20 --save-every 1 "$LMDB" > "$BATS_TEST_TMPDIR/out" 2> "$BATS_TEST_TMPDIR/err" &
     launcher=$!
-    sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 0.3 + rand() * 1.2 }')"
-    victim=$(pgrep -P "$launcher" | shuf -n 1 || true)
-    [ -n "$victim" ] && kill -9 "$victim" || true
-    wait "$launcher"
+    # after the first epoch, somewhere in the first half of the time the uninterrupted run took
+    wait_until 300 test -s "$dir/metrics.jsonl"
+    at=$(awk -v s="$RANDOM" -v t="$took" 'BEGIN { srand(s); printf "%.2f", t * 0.5 * rand() }')
+    echo "uninterrupted: $took s; SIGKILL after $at s"
+    sleep "$at"
+    victim=$(workers_of "$launcher" | shuf -n 1)
+    [ -n "$victim" ] || { echo "no worker left to kill after $at s"; false; }
+    kill -9 "$victim"
+    status=0
+    wait "$launcher" || status=$?
+    cat "$BATS_TEST_TMPDIR/err"
+    [ "$status" -eq 0 ]
+    grep -q "(pid $victim) killed by SIGKILL" "$BATS_TEST_TMPDIR/err"
+    grep -q "restarting the group (1/3)" "$BATS_TEST_TMPDIR/err"
+    grep -q '"restarts":1' "$dir/metrics.jsonl"
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 20 ]
     [ "$(data_checksum "$(tail -1 "$BATS_TEST_TMPDIR/out")")" = "$(data_checksum "$ref")" ]
     [ -z "$(leftover_processes)" ]
 }
@@ -87,14 +96,59 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
     [ -z "$(leftover_processes)" ]
 }
 
+@test "a permanent failure under the launcher (a snapshot of another model): one attempt, the reason once" {
+    dir="$BATS_TEST_TMPDIR/run"
+    ddp "$dir" --epochs 1 >/dev/null
+    small_model "$BATS_TEST_TMPDIR/small.json"
+    run --separate-stderr ddp "$dir" --epochs 2 --model "$BATS_TEST_TMPDIR/small.json"
+    echo "$stderr"
+    assert_failure 1
+    [ "$(echo "$stderr" | grep -c 'another model or dataset')" -eq 1 ]
+    [ "$(echo "$stderr" | grep -c 'giving up at once: rank 0 exited with code 3')" -eq 1 ]
+    [[ "$stderr" != *"restarting"* ]]
+    [ -z "$(leftover_processes)" ]
+}
+
+@test "a permanent failure on every rank (--nnodes 2 on the CPU): one attempt" {
+    run --separate-stderr "$BIN/cifar-train" --quiet --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
+        --master-port 29591 --nproc-per-node 2 --threads 1 --run-dir "$BATS_TEST_TMPDIR/run" --epochs 1 "$LMDB"
+    echo "$stderr"
+    assert_failure 1
+    [[ "$stderr" == *"CPU workers on several nodes"* ]]
+    [ "$(echo "$stderr" | grep -c 'giving up at once')" -eq 1 ]
+    [[ "$stderr" != *"restarting"* ]]
+    [ -z "$(leftover_processes)" ]
+}
+
+@test "the launcher holds the run folder's lock across restarts; a second launcher is refused" {
+    dir="$BATS_TEST_TMPDIR/run"
+    CIFAR_TEST_DIE_AFTER_STEPS=8 CIFAR_TEST_DIE_RANK=0 \
+        "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
+        --epochs 6 --save-every 1 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    launcher=$!
+    wait_until 100 grep -q "^pid $launcher on host " "$dir/lock"
+    # after the restart (the second group's rank 0 runs without taking the lock itself)
+    wait_until 300 grep -q "restarting the group" "$BATS_TEST_TMPDIR/err"
+    run --separate-stderr ddp "$dir" --epochs 6 --save-every 1
+    kill -0 "$launcher"   # the refusal came while the job ran
+    assert_failure 1
+    [[ "$stderr" == *"$dir: the run folder is in use by another cifar-train (pid $launcher on host "* ]]
+    status=0
+    wait "$launcher" || status=$?
+    cat "$BATS_TEST_TMPDIR/err"
+    [ "$status" -eq 0 ]
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 6 ]
+    [ -z "$(leftover_processes)" ]
+}
+
 @test "a stopped (SIGSTOP) worker does not hang the job past the collective timeout" {
     dir="$BATS_TEST_TMPDIR/run"
     CIFAR_COMM_TIMEOUT=3 "$BIN/cifar-train" --quiet --nproc-per-node 2 --max-restarts 0 --threads 1 \
         --batch-size 32 --run-dir "$dir" --epochs 50 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
     launcher=$!
-    for _ in $(seq 50); do [ "$(pgrep -P "$launcher" | wc -l)" -eq 2 ] && break; sleep 0.1; done
+    wait_until 50 two_workers "$launcher"
     sleep 0.5
-    victim=$(pgrep -P "$launcher" | tail -1)
+    victim=$(workers_of "$launcher" | tail -1)
     kill -STOP "$victim"
     start=$(date +%s)
     status=0
@@ -112,7 +166,7 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
     "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
         --epochs 40 --save-every 100 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
     launcher=$!
-    for _ in $(seq 100); do [ -s "$dir/metrics.jsonl" ] && break; sleep 0.1; done
+    wait_until 100 test -s "$dir/metrics.jsonl"
     kill -TERM "$launcher"
     status=0
     wait "$launcher" || status=$?

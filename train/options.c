@@ -32,7 +32,7 @@ static const char *usage_text =
     "  --model FILE.json      network shape with the seed's Config fields (default: the seed's)\n"
     "\n"
     "Snapshots:\n"
-    "  --run-dir DIR          snapshots and metrics.jsonl (default ./run)\n"
+    "  --run-dir DIR          snapshots and metrics.jsonl (default ./run); one job at a time\n"
     "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
     "  --keep K               keep the newest K snapshots (default 3, 0 = all)\n"
     "\n"
@@ -48,10 +48,14 @@ static const char *usage_text =
     "  --node-rank R          this node's index (default 0)\n"
     "  --master-addr A        rank 0's host (default 127.0.0.1)\n"
     "  --master-port P        rank 0's port (default: a free one on a single node)\n"
-    "  --max-restarts N       restart the group up to N times after a failure (default 3)\n"
+    "  --max-restarts N       restart the group up to N times after a failure (default 3),\n"
+    "                         never after a permanent one (exit status 2 or 3)\n"
     "\n"
     "  --quiet                no progress output\n"
-    "  -h, --help             this help\n";
+    "  -h, --help             this help\n"
+    "\n"
+    "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker under the\n"
+    "launcher (bad configuration, refused snapshot, bad data), 128+N stopped by signal N.\n";
 
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
