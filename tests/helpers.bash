@@ -33,6 +33,7 @@ small_model() { # file
 leftover_processes() {
     pgrep -f "$BATS_TEST_TMPDIR" || [ $? -eq 1 ]
 }
+no_leftover_processes() { [ -z "$(leftover_processes)" ]; }
 
 # Poll a command every 0.1 s: succeeds as soon as it does, fails with a message
 # after `tenths` tries.

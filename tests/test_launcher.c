@@ -10,6 +10,7 @@
  *   permanent    rank 1 exits with $CIFAR_PERMANENT_EXIT_STATUS (a failure no
  *                restart can fix), the others wait
  *   usage        rank 1 exits 2 (bad usage), the others wait
+ *   permanent-all  every rank dies with the same permanent failure (die_permanent)
  *   sigkill      rank 1 kills itself with SIGKILL, the others wait
  *   hang         rank 0 ignores SIGTERM (notes it got it), rank 1 exits 5 after 0.2 s
  *   wait         everyone waits; SIGTERM is noted and then kills
@@ -77,6 +78,12 @@ static int worker_main(int argc, char **argv) {
     fclose(f);
     if (strcmp(mode, "ok") == 0) return 0;
     if (strcmp(mode, "crash-once") == 0) return rank == 1 && restart == 0 ? 7 : 0;
+    if (strcmp(mode, "permanent-all") == 0) {
+        signal(SIGTERM, SIG_IGN); /* every rank gets to its failure (the grace is 0.5 s) */
+        usleep(rank * 50 * 1000);
+        note("perm");
+        die_permanent("bad data: the same on every rank");
+    }
     if (strcmp(mode, "always-crash") == 0 || strcmp(mode, "sigkill") == 0 ||
         strcmp(mode, "permanent") == 0 || strcmp(mode, "usage") == 0) {
         if (rank == 1) {
@@ -317,6 +324,19 @@ static void test_permanent(void) {
         CHECK(file_exists_fmt("term", 0) && file_exists_fmt("term", 2), "%s: no SIGTERM", modes[m]);
         check_no_survivors(3, 3, modes[m]);
     }
+    /* met by every rank: printed once */
+    LaunchOptions o;
+    options_for_test(&o, 3);
+    o.max_restarts = 5;
+    char log[8192];
+    double t;
+    int rc = run_captured(&o, "permanent-all", log, sizeof log, &t);
+    const char *first = strstr(log, "bad data: the same on every rank");
+    CHECK(rc == 1 && first && !strstr(first + 1, "bad data: the same on every rank") &&
+              strstr(log, "giving up at once") && !file_exists_fmt("a1", 0) &&
+              file_exists_fmt("perm", 0) && file_exists_fmt("perm", 1) && file_exists_fmt("perm", 2),
+          "permanent-all: rc %d log: %s", rc, log);
+    check_no_survivors(1, 3, "permanent-all");
 }
 
 static void test_hang(void) {

@@ -264,7 +264,7 @@ typedef struct {
 static const char *const worker_vars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK",
-    "TORCHELASTIC_MAX_RESTARTS", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, NULL};
+    "TORCHELASTIC_MAX_RESTARTS", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, FAILURE_NOTES_VAR, NULL};
 
 static int is_worker_var(const char *entry) {
     for (int k = 0; worker_vars[k]; k++) {
@@ -299,6 +299,7 @@ static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_
     WORKER_VAR("TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts);
     WORKER_VAR("%s=%d", PERMANENT_STATUS_VAR, EXIT_STATUS_PERMANENT);
     if (o->run_dir_locked) WORKER_VAR("%s=%d", RUN_DIR_LOCKED_VAR, (int)getpid());
+    if (o->failure_notes[0]) WORKER_VAR("%s=%s", FAILURE_NOTES_VAR, o->failure_notes);
 #undef WORKER_VAR
     env[k] = NULL;
     return env;
@@ -430,6 +431,23 @@ static void group_watch(Group *g, const LaunchOptions *o) {
 
 /* ------------------------------------------------------------ launcher_run */
 
+/* The workers' notes of permanent failures (check.h): an unlinked file in
+ * $TMPDIR, so that nothing is left behind even if the launcher is SIGKILLed. The
+ * workers inherit the descriptor and open it anew by its /proc/self/fd name
+ * (their own open file, for flock). -1 and none (every rank then prints its
+ * own) if it cannot be made. */
+static int failure_notes_create(char *name, size_t len) {
+    const char *tmp = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cifar-failures-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    name[0] = '\0';
+    if (fd < 0) return -1;
+    unlink(path);
+    snprintf(name, len, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
 int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     if (argc < 1 || argv[0] == NULL) {
         log_error("launcher: no worker command");
@@ -463,6 +481,7 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     g.status = xcalloc((size_t)nproc, sizeof *g.status);
     SavedSignals saved;
     launcher_signals_install(&saved);
+    int notes_fd = failure_notes_create(o.failure_notes, sizeof o.failure_notes);
     int result = 1;
     for (int attempt = 0; attempt <= o.max_restarts; attempt++) {
         char run_id[64];
@@ -503,6 +522,7 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
         result = 1;
     }
     launcher_signals_restore(&saved);
+    if (notes_fd >= 0) close(notes_fd);
     free(g.pid);
     free(g.reaped);
     free(g.status);

@@ -15,7 +15,8 @@
  * for every attempt: "<launcher pid>-<random>-a<attempt>"), CIFAR_RESTART_COUNT
  * and TORCHELASTIC_RESTART_COUNT, CIFAR_PERMANENT_EXIT_STATUS (check.h: a failure
  * no restart can fix exits with it, and the launcher then gives up at once) and
- * CIFAR_RUN_DIR_LOCKED_BY when run_dir_locked; it runs in its own process group and gets
+ * CIFAR_RUN_DIR_LOCKED_BY when run_dir_locked, CIFAR_FAILURE_NOTES (check.h: a
+ * permanent failure met by every rank is printed once); it runs in its own process group and gets
  * SIGTERM if the launcher dies (PR_SET_PDEATHSIG; launcher_run must then run on
  * the main thread, which it does in cifar-train).
  *
@@ -42,6 +43,7 @@ typedef struct {
     const char *exe;         /* program the workers exec; NULL: /proc/self/exe */
     int (*count_gpus)(void); /* NULL: launcher_count_gpus */
     int run_dir_locked;      /* the caller holds the run folder's lock: tell the workers */
+    char failure_notes[256]; /* set by launcher_run: the workers' CIFAR_FAILURE_NOTES file */
 } LaunchOptions;
 
 /* Set in the workers' environment to the launcher's pid when it holds the run

@@ -54,6 +54,10 @@ void die_status(int status, const char *fmt, ...) __attribute__((noreturn, forma
  * without it a permanent failure exits 1 like any other. */
 #define PERMANENT_STATUS_VAR "CIFAR_PERMANENT_EXIT_STATUS"
 int exit_status_permanent(void);
+/* A file the launcher shares with its workers: every rank that meets the same
+ * permanent failure (bad data, a bad --model) would print the same line; the
+ * first one prints it and notes it there, the others stay silent. */
+#define FAILURE_NOTES_VAR "CIFAR_FAILURE_NOTES"
 /* Report a permanent failure and exit with exit_status_permanent(). */
 #define die_permanent(...) die_status(exit_status_permanent(), __VA_ARGS__)
 
