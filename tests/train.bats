@@ -175,6 +175,11 @@ train_bg() { # output file, run-dir, extra args...
     # both shapes: the snapshot's (the seed's network) and this run's
     assert_output --partial 'the snapshot has data 16x16x3/10 and model {"n_channels":[16,32,64]'
     assert_output --partial 'this run has data 16x16x3/10 and model {"n_channels":[8,16]'
+    # as a rank of a job (here torchrun's variables, world size 1): the permanent status
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+        run train "$dir" --epochs 2 --model "$BATS_TEST_TMPDIR/small.json"
+    assert_failure 3
+    assert_output --partial "another model"
 }
 
 @test "--model trains another shape; basic blocks when bottlenecks is null" {

@@ -35,6 +35,15 @@ static int run_dir_locked_by_parent(void) {
     return v && atoi(v) == (int)getppid();
 }
 
+/* A worker of a distributed job (our launcher, torchrun, srun, mpirun) tells a
+ * permanent failure apart from one a restart may fix (README "Exit statuses");
+ * a process training alone keeps exit 1 for both. */
+static void worker_exit_statuses(const DistEnv *env) {
+    char status[16];
+    snprintf(status, sizeof status, "%d", EXIT_STATUS_PERMANENT);
+    if (env->from_env) CHECK_STDIO(setenv(PERMANENT_STATUS_VAR, status, 0) == 0, PERMANENT_STATUS_VAR);
+}
+
 /* The workers get our argv, plus the data path when it came from stdin (they
  * have no stdin of their own to read it from). */
 static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int argc, char **argv) {
@@ -67,6 +76,7 @@ int main(int argc, char **argv) {
         return launch_workers(&lo, &o, argc, argv);
     }
     log_set_quiet(o.quiet);
+    worker_exit_statuses(&env);
     train_install_signal_handlers();
     return train_worker(&o, &env, run_dir_locked_by_parent());
 }

@@ -54,8 +54,8 @@ static const char *usage_text =
     "  --quiet                no progress output\n"
     "  -h, --help             this help\n"
     "\n"
-    "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker under the\n"
-    "launcher (bad configuration, refused snapshot, bad data), 128+N stopped by signal N.\n";
+    "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
+    "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N.\n";
 
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,

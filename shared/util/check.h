@@ -49,8 +49,9 @@ void die_status(int status, const char *fmt, ...) __attribute__((noreturn, forma
  * after other failures, never after these. */
 #define EXIT_STATUS_FAILURE 1   /* failed; a rerun may succeed (I/O, memory, a lost peer) */
 #define EXIT_STATUS_USAGE 2     /* bad command line: permanent */
-#define EXIT_STATUS_PERMANENT 3 /* a permanent failure, in a worker started by the launcher */
-/* The variable by which the launcher asks its workers for EXIT_STATUS_PERMANENT;
+#define EXIT_STATUS_PERMANENT 3 /* a permanent failure, in a worker of a distributed job */
+/* The variable that asks for EXIT_STATUS_PERMANENT (set by the launcher for its
+ * workers, and by cifar-train for itself when it runs as a rank of a job);
  * without it a permanent failure exits 1 like any other. */
 #define PERMANENT_STATUS_VAR "CIFAR_PERMANENT_EXIT_STATUS"
 int exit_status_permanent(void);
