@@ -20,6 +20,17 @@ ddp() { # run-dir, extra args...
     "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" "$@" "$LMDB"
 }
 
+# The launcher gave up at once on a permanent failure: exit 1, the worker's reason
+# printed once, one attempt, nothing left running.
+assert_gave_up_at_once() { # reason
+    echo "$stderr"
+    assert_failure 1
+    [ "$(echo "$stderr" | grep -c -- "$1")" -eq 1 ]
+    [ "$(echo "$stderr" | grep -c 'giving up at once: rank [0-9]* exited with code 3')" -eq 1 ]
+    [[ "$stderr" != *"restarting"* ]]
+    [ -z "$(leftover_processes)" ]
+}
+
 # The workers of a launcher (its children).
 workers_of() { pgrep -P "$1" || [ $? -eq 1 ]; }
 two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
@@ -101,24 +112,13 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     ddp "$dir" --epochs 1 >/dev/null
     small_model "$BATS_TEST_TMPDIR/small.json"
     run --separate-stderr ddp "$dir" --epochs 2 --model "$BATS_TEST_TMPDIR/small.json"
-    echo "$stderr"
-    assert_failure 1
-    [ "$(echo "$stderr" | grep -c 'another model or dataset')" -eq 1 ]
-    [ "$(echo "$stderr" | grep -c 'giving up at once: rank 0 exited with code 3')" -eq 1 ]
-    [[ "$stderr" != *"restarting"* ]]
-    [ -z "$(leftover_processes)" ]
+    assert_gave_up_at_once 'another model or dataset'
 }
 
 @test "a permanent failure on every rank (--nnodes 2 on the CPU): one attempt" {
     run --separate-stderr "$BIN/cifar-train" --quiet --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
         --master-port 29591 --nproc-per-node 2 --threads 1 --run-dir "$BATS_TEST_TMPDIR/run" --epochs 1 "$LMDB"
-    echo "$stderr"
-    assert_failure 1
-    # both workers met it; it is printed once
-    [ "$(echo "$stderr" | grep -c 'CPU workers on several nodes')" -eq 1 ]
-    [ "$(echo "$stderr" | grep -c 'giving up at once')" -eq 1 ]
-    [[ "$stderr" != *"restarting"* ]]
-    [ -z "$(leftover_processes)" ]
+    assert_gave_up_at_once 'CPU workers on several nodes'   # both workers met it
 }
 
 @test "the launcher holds the run folder's lock across restarts; a second launcher is refused" {

@@ -324,7 +324,10 @@ static void test_permanent(void) {
         CHECK(file_exists_fmt("term", 0) && file_exists_fmt("term", 2), "%s: no SIGTERM", modes[m]);
         check_no_survivors(3, 3, modes[m]);
     }
-    /* met by every rank: printed once */
+}
+
+/* A permanent failure met by every rank is printed once. */
+static void test_permanent_printed_once(void) {
     LaunchOptions o;
     options_for_test(&o, 3);
     o.max_restarts = 5;
@@ -492,6 +495,7 @@ int main(int argc, char **argv) {
     test_crash_once();
     test_always_crash();
     test_permanent();
+    test_permanent_printed_once();
     test_hang();
     test_sigterm_launcher();
     test_sigkill_launcher();
