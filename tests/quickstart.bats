@@ -55,6 +55,9 @@ fresh_copy() { # destination
     [ ! -e "$copy/bin" ]
     [ ! -e "$copy/build" ]
     cd "$copy"
+    # The suite's BIN (the tree under test, given by make test-bats) must not reach the
+    # copy's make: with it, make would build into and run the original tree's bin/.
+    unset BIN FAULTINJECT
     while IFS= read -r cmd; do
         echo "# quick start: $cmd" >&3
         if [ "$cmd" = "make test" ] && [ -z "${QUICKSTART_FULL:-}" ]; then
