@@ -48,18 +48,25 @@ wait_until() { # tenths, command...
     return 1
 }
 
+# At least n lines in a run folder's metrics.jsonl (n epochs done).
+epochs_done() { # run-dir, n
+    [ -f "$1/metrics.jsonl" ] && [ "$(wc -l < "$1/metrics.jsonl")" -ge "$2" ]
+}
+
+# A random moment of a run: after a random count of epochs in [1, most], and a
+# random fraction of 50 ms more; the chosen point is printed.
+random_moment() { # run-dir, most
+    local n at
+    n=$((RANDOM % $2 + 1))
+    wait_until 600 epochs_done "$1" "$n"
+    at=$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.3f", 0.05 * rand() }')
+    sleep "$at"
+    echo "# the moment: $n epoch(s) done, then $at s"
+}
+
 # Skip a test and say why where the TAP output shows it (bats' `skip` alone is
 # easily missed in a summary of passes).
 skip_because() { # reason
     echo "# SKIP: $BATS_TEST_DESCRIPTION: $1" >&3
     skip "$1"
-}
-
-# The wall-clock seconds a command takes (its stdout is discarded).
-seconds_of() { # command...
-    local t0 t1
-    t0=$(date +%s.%N)
-    "$@" >/dev/null
-    t1=$(date +%s.%N)
-    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'
 }
