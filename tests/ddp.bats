@@ -20,6 +20,14 @@ ddp() { # run-dir, extra args...
     "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" "$@" "$LMDB"
 }
 
+# The same in the background, with $! the launcher itself (not a subshell): stdout in
+# $BATS_TEST_TMPDIR/out, stderr in $BATS_TEST_TMPDIR/err.
+ddp_bg() { # run-dir, extra args...
+    local dir=$1; shift
+    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" "$@" "$LMDB" \
+        > "$BATS_TEST_TMPDIR/out" 2> "$BATS_TEST_TMPDIR/err" &
+}
+
 # The launcher gave up at once on a permanent failure: exit 1, the worker's reason
 # printed once, one attempt, nothing left running.
 assert_gave_up_at_once() { # reason
@@ -71,8 +79,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 @test "a worker killed from outside at a random moment: the group restarts and ends identical" {
     ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 20 --save-every 1 | tail -1)
     dir="$BATS_TEST_TMPDIR/crash"
-    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 20 --save-every 1 "$LMDB" > "$BATS_TEST_TMPDIR/out" 2> "$BATS_TEST_TMPDIR/err" &
+    ddp_bg "$dir" --epochs 20 --save-every 1
     launcher=$!
     random_moment "$dir" 14   # at least 6 epochs before the end: the workers still run
     victim=$(workers_of "$launcher" | shuf -n 1)
@@ -118,9 +125,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "the launcher holds the run folder's lock across restarts; a second launcher is refused" {
     dir="$BATS_TEST_TMPDIR/run"
-    CIFAR_TEST_DIE_AFTER_STEPS=8 CIFAR_TEST_DIE_RANK=0 \
-        "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 30 --save-every 1 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    CIFAR_TEST_DIE_AFTER_STEPS=8 CIFAR_TEST_DIE_RANK=0 ddp_bg "$dir" --epochs 30 --save-every 1
     launcher=$!
     wait_until 100 grep -q "^pid $launcher on host " "$dir/lock"
     # after the restart (the second group's rank 0 runs without taking the lock itself)
@@ -139,8 +144,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "a SIGKILLed launcher: its workers stop, nothing is left running, the rerun resumes" {
     dir="$BATS_TEST_TMPDIR/run"
-    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 40 --save-every 1 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    ddp_bg "$dir" --epochs 40 --save-every 1
     launcher=$!
     wait_until 300 test -s "$dir/metrics.jsonl"
     kill -9 "$launcher"
@@ -160,8 +164,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "a stopped (SIGSTOP) worker does not hang the job past the collective timeout" {
     dir="$BATS_TEST_TMPDIR/run"
-    CIFAR_COMM_TIMEOUT=3 "$BIN/cifar-train" --quiet --nproc-per-node 2 --max-restarts 0 --threads 1 \
-        --batch-size 32 --run-dir "$dir" --epochs 50 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    CIFAR_COMM_TIMEOUT=3 ddp_bg "$dir" --max-restarts 0 --epochs 50
     launcher=$!
     wait_until 50 two_workers "$launcher"
     sleep 0.5
@@ -180,8 +183,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "SIGTERM to the launcher: a snapshot is written, nothing is left running, rerun resumes" {
     dir="$BATS_TEST_TMPDIR/run"
-    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 40 --save-every 100 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    ddp_bg "$dir" --epochs 40 --save-every 100
     launcher=$!
     wait_until 100 test -s "$dir/metrics.jsonl"
     kill -TERM "$launcher"
