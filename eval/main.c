@@ -14,7 +14,9 @@
 #include "data/dataset.h"
 #include "nn/engine.h"
 #include "io/fsutil.h"
+#include "nn/device.h"
 #include "nn/model.h"
+#include "util/options.h"
 #include "util/progress.h"
 
 static const char *usage_text =
@@ -35,7 +37,7 @@ typedef struct {
     const char *data;
     const char *split;
     int json, batch, threads, quiet;
-    const char *device;
+    DeviceChoice device;
 } EvalOptions;
 
 static const char *last_line_of_stdin(void) {
@@ -43,13 +45,6 @@ static const char *last_line_of_stdin(void) {
     if (fs_last_line(stdin, path, sizeof path) != 0)
         die_usage("no SNAPSHOT given and none on stdin (see --help)");
     return path;
-}
-
-static int parse_positive(const char *opt, const char *text) {
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || v < 1 || v > 1000000) die_usage("--%s: expected a positive integer, got '%s'", opt, text);
-    return (int)v;
 }
 
 static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
@@ -63,20 +58,16 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->split = "test";
     o->batch = 500;
-    o->device = "auto";
+    o->device = DEVICE_AUTO;
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
         case 'd': o->data = optarg; break;
         case 's': o->split = optarg; break;
         case 'j': o->json = 1; break;
-        case 'D':
-            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
-                die_usage("--device: unknown value '%s' (auto, cpu, cuda)", optarg);
-            o->device = optarg;
-            break;
-        case 'b': o->batch = parse_positive("batch-size", optarg); break;
-        case 't': o->threads = parse_positive("threads", optarg); break;
+        case 'D': o->device = (DeviceChoice)option_choice("device", optarg, device_choice_names, 3); break;
+        case 'b': o->batch = (int)option_int("batch-size", optarg, 1, 1000000); break;
+        case 't': o->threads = (int)option_int("threads", optarg, 1, 1024); break;
         case 'q': o->quiet = 1; break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-eval --help`\n", stderr); exit(2);
@@ -92,21 +83,6 @@ typedef struct {
     double loss_sum;
     int64_t *confusion; /* [true][predicted] */
 } EvalResult;
-
-static Engine *eval_engine(const EvalOptions *o, EngineConfig *ec) {
-    if (strcmp(o->device, "cpu") != 0 && engine_cuda_device_count() > 0) {
-        char err[256];
-        Engine *e = engine_create_cuda(ec, err, sizeof err);
-        if (e) return e;
-        if (strcmp(o->device, "cuda") == 0) die("--device cuda: %s", err);
-        log_warn("CUDA unavailable (%s): evaluating on the CPU", err);
-    } else if (strcmp(o->device, "cuda") == 0) {
-        char err[256] = "no usable CUDA device";
-        engine_create_cuda(ec, err, sizeof err);
-        die("--device cuda: %s", err);
-    }
-    return engine_create_cpu(ec);
-}
 
 static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *labels, EvalResult *r) {
     int64_t *idx = xmalloc((size_t)o->batch * sizeof(int64_t));
@@ -178,6 +154,39 @@ static void print_json(const EvalOptions *o, const char *data, const EvalResult 
     cJSON_Delete(j);
 }
 
+/* The snapshot's model and weights. */
+static void load_snapshot(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
+                          TrainState *st) {
+    char err[512];
+    model_config_seed(cfg);
+    Snapshot *snap = checkpoint_open(path, cfg, info, err, sizeof err);
+    if (!snap) die_permanent("%s: %s", path, err);
+    if (model_build(model, cfg, err, sizeof err) != 0) die_permanent("%s: model: %s", path, err);
+    train_state_alloc(st, model);
+    if (checkpoint_load_state(snap, model, st, err, sizeof err) != 0) die_permanent("%s: %s", path, err);
+    snapshot_free(snap);
+}
+
+/* The dataset to evaluate on (--data, else the snapshot's), checked against the model. */
+static Dataset *open_data(const EvalOptions *o, const ModelConfig *cfg, const CheckpointInfo *info,
+                          const char **data_out) {
+    char err[512];
+    const char *data = o->data ? o->data : info->dataset_path;
+    if (!data || !data[0]) die_usage("%s: the snapshot records no dataset: give --data", o->snapshot);
+    Dataset *ds = dataset_open(data, err, sizeof err);
+    if (!ds && !o->data)
+        die_permanent("%s: %s (the dataset the snapshot was trained on; give --data)", data, err);
+    if (!ds) die_permanent("%s: %s", data, err);
+    dataset_prepare_for_job(ds, data);
+    const DatasetInfo *di = dataset_info(ds);
+    if (di->height != cfg->img_height || di->width != cfg->img_width ||
+        di->channels != cfg->img_channels || di->num_classes != cfg->num_classes)
+        die_permanent("%s: the dataset is %dx%dx%d/%d (HxWxC/classes), the snapshot's model expects %s",
+                      data, di->height, di->width, di->channels, di->num_classes, info->dataset_shape);
+    *data_out = data;
+    return ds;
+}
+
 int main(int argc, char **argv) {
     log_set_program("cifar-eval");
     omp_env_prefer_passive(argc, argv);
@@ -187,32 +196,14 @@ int main(int argc, char **argv) {
     log_set_quiet(o.quiet);
 
     ModelConfig cfg;
-    model_config_seed(&cfg);
     CheckpointInfo info;
-    char err[512];
-    Snapshot *snap = checkpoint_open(o.snapshot, &cfg, &info, err, sizeof err);
-    if (!snap) die("%s: %s", o.snapshot, err);
     Model model;
-    if (model_build(&model, &cfg, err, sizeof err) != 0) die("%s: model: %s", o.snapshot, err);
     TrainState st;
-    train_state_alloc(&st, &model);
-    if (checkpoint_load_state(snap, &model, &st, err, sizeof err) != 0) die("%s: %s", o.snapshot, err);
-    snapshot_free(snap);
-
-    const char *data = o.data ? o.data : info.dataset_path;
-    if (!data || !data[0]) die_usage("%s: the snapshot records no dataset: give --data", o.snapshot);
-    Dataset *ds = dataset_open(data, err, sizeof err);
-    if (!ds && !o.data) die("%s: %s (the dataset the snapshot was trained on; give --data)", data, err);
-    if (!ds) die("%s: %s", data, err);
-    dataset_prepare_for_job(ds, data);
-    const DatasetInfo *di = dataset_info(ds);
-    if (di->height != cfg.img_height || di->width != cfg.img_width || di->channels != cfg.img_channels ||
-        di->num_classes != cfg.num_classes)
-        die("%s: the dataset is %dx%dx%d with %d classes, the snapshot's model expects %s", data,
-            di->height, di->width, di->channels, di->num_classes, info.dataset_shape);
-    const DatasetSplit *sp = dataset_split(ds, o.split);
-    if (!sp || sp->count == 0) die("%s: no split \"%s\" (or it is empty)", data, o.split);
-    HostSplit split = dataset_split_for_job(ds, data, o.split); /* in place in the map */
+    load_snapshot(o.snapshot, &cfg, &info, &model, &st);
+    const char *data;
+    Dataset *ds = open_data(&o, &cfg, &info, &data);
+    HostSplit split;
+    host_split_load(ds, data, o.split, 1, &split); /* in place in the map */
 
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
@@ -223,22 +214,23 @@ int main(int argc, char **argv) {
     ec.max_batch = o.batch;
     ec.threads = o.threads ? o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     ec.precision = PRECISION_FP32;
-    ec.comm = comm_create(COMM_SINGLE, &(DistEnv){.world_size = 1, .local_world_size = 1});
-    Engine *e = eval_engine(&o, &ec);
+    Engine *e = device_engine_create(o.device, &ec, 0, 1, 1);
+    DistEnv alone = {.world_size = 1, .local_world_size = 1};
+    Comm *comm = device_comm_create(e, &alone, -1);
     e->ops->state_from_host(e, st.params, st.buffers, NULL);
 
     EvalResult r;
     memset(&r, 0, sizeof r);
     r.k = cfg.num_classes;
     r.confusion = xcalloc((size_t)r.k * r.k, sizeof(int64_t));
-    run_eval(&o, e, sp->count, split.labels, &r);
+    run_eval(&o, e, split.count, split.labels, &r);
     if (o.json)
         print_json(&o, data, &r);
     else
         print_text(&o, data, &r);
 
     e->ops->destroy(e);
-    comm_destroy(ec.comm);
+    comm_destroy(comm);
     free(r.confusion);
     dataset_close(ds);
     train_state_free(&st);

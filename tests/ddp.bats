@@ -2,31 +2,46 @@
 # Data-parallel training with 2 CPU worker processes and the torchrun-style
 # launcher: identical parameters on every rank, evaluation counted once, restarts
 # after a crash that end bit-identical to an uninterrupted run, a crash loop that
-# gives up naming the rank, a stopped worker that cannot hang the job, and SIGTERM
-# to the launcher that leaves a snapshot and no process behind.
+# gives up naming the rank, a permanent failure that is not retried, a stopped
+# worker that cannot hang the job, SIGTERM to the launcher that leaves a snapshot
+# and no process behind, and the run folder's lock held across restarts.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
+load helpers
 
 setup_file() {
     export DATA="$BATS_FILE_TMPDIR/data"
-    "$BIN/cifar-synth" "$DATA" --train 384 --test 100 --size 16 --seed 5 >/dev/null
-    "$BIN/cifar-prep" --quiet "$DATA" >/dev/null
+    make_dataset "$DATA" --train 384 --test 100 --size 16 --seed 5
     export LMDB="$DATA/cifar10.lmdb"
 }
-
-data_checksum() { head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'; }
 
 ddp() { # run-dir, extra args...
     local dir=$1; shift
     "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" "$@" "$LMDB"
 }
 
-# Processes whose command line mentions this test's run folder.
-leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
+# The same in the background, with $! the launcher itself (not a subshell): stdout in
+# $BATS_TEST_TMPDIR/out, stderr in $BATS_TEST_TMPDIR/err.
+ddp_bg() { # run-dir, extra args...
+    local dir=$1; shift
+    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" "$@" "$LMDB" \
+        > "$BATS_TEST_TMPDIR/out" 2> "$BATS_TEST_TMPDIR/err" &
+}
+
+# The launcher gave up at once on a permanent failure: exit 1, the worker's reason
+# printed once, one attempt, nothing left running.
+assert_gave_up_at_once() { # reason
+    echo "$stderr"
+    assert_failure 1
+    [ "$(echo "$stderr" | grep -c -- "$1")" -eq 1 ]
+    [ "$(echo "$stderr" | grep -c 'giving up at once: rank [0-9]* exited with code 3')" -eq 1 ]
+    [[ "$stderr" != *"restarting"* ]]
+    [ -z "$(leftover_processes)" ]
+}
+
+# The workers of a launcher (its children).
+workers_of() { pgrep -P "$1" || [ $? -eq 1 ]; }
+two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "2 workers: identical parameters on both ranks after every step" {
     mkdir -p "$BATS_TEST_TMPDIR/h"
@@ -62,15 +77,22 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
 }
 
 @test "a worker killed from outside at a random moment: the group restarts and ends identical" {
-    ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 5 --save-every 1 | tail -1)
+    ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 20 --save-every 1 | tail -1)
     dir="$BATS_TEST_TMPDIR/crash"
-    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 5 --save-every 1 "$LMDB" > "$BATS_TEST_TMPDIR/out" 2> "$BATS_TEST_TMPDIR/err" &
+    ddp_bg "$dir" --epochs 20 --save-every 1
     launcher=$!
-    sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 0.3 + rand() * 1.2 }')"
-    victim=$(pgrep -P "$launcher" | shuf -n 1 || true)
-    [ -n "$victim" ] && kill -9 "$victim" || true
-    wait "$launcher"
+    random_moment "$dir" 14   # at least 6 epochs before the end: the workers still run
+    victim=$(workers_of "$launcher" | shuf -n 1)
+    [ -n "$victim" ] || { echo "no worker left to kill"; false; }
+    kill -9 "$victim"
+    status=0
+    wait "$launcher" || status=$?
+    cat "$BATS_TEST_TMPDIR/err"
+    [ "$status" -eq 0 ]
+    grep -q "(pid $victim) killed by SIGKILL" "$BATS_TEST_TMPDIR/err"
+    grep -q "restarting the group (1/3)" "$BATS_TEST_TMPDIR/err"
+    grep -q '"restarts":1' "$dir/metrics.jsonl"
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 20 ]
     [ "$(data_checksum "$(tail -1 "$BATS_TEST_TMPDIR/out")")" = "$(data_checksum "$ref")" ]
     [ -z "$(leftover_processes)" ]
 }
@@ -87,14 +109,66 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
     [ -z "$(leftover_processes)" ]
 }
 
+@test "a permanent failure under the launcher (a snapshot of another model): one attempt, the reason once" {
+    dir="$BATS_TEST_TMPDIR/run"
+    ddp "$dir" --epochs 1 >/dev/null
+    small_model "$BATS_TEST_TMPDIR/small.json"
+    run --separate-stderr ddp "$dir" --epochs 2 --model "$BATS_TEST_TMPDIR/small.json"
+    assert_gave_up_at_once 'another model or dataset'
+}
+
+@test "a permanent failure on every rank (--nnodes 2 on the CPU): one attempt" {
+    run --separate-stderr "$BIN/cifar-train" --quiet --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
+        --master-port 29591 --nproc-per-node 2 --threads 1 --run-dir "$BATS_TEST_TMPDIR/run" --epochs 1 "$LMDB"
+    assert_gave_up_at_once 'CPU workers on several nodes'   # both workers met it
+}
+
+@test "the launcher holds the run folder's lock across restarts; a second launcher is refused" {
+    dir="$BATS_TEST_TMPDIR/run"
+    CIFAR_TEST_DIE_AFTER_STEPS=8 CIFAR_TEST_DIE_RANK=0 ddp_bg "$dir" --epochs 30 --save-every 1
+    launcher=$!
+    wait_until 100 grep -q "^pid $launcher on host " "$dir/lock"
+    # after the restart (the second group's rank 0 runs without taking the lock itself)
+    wait_until 300 grep -q "restarting the group" "$BATS_TEST_TMPDIR/err"
+    run --separate-stderr ddp "$dir" --epochs 30 --save-every 1
+    kill -0 "$launcher"   # the refusal came while the job ran
+    assert_failure 1
+    [[ "$stderr" == *"$dir: the run folder is in use by another cifar-train (pid $launcher on host "* ]]
+    status=0
+    wait "$launcher" || status=$?
+    cat "$BATS_TEST_TMPDIR/err"
+    [ "$status" -eq 0 ]
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 30 ]
+    [ -z "$(leftover_processes)" ]
+}
+
+@test "a SIGKILLed launcher: its workers stop, nothing is left running, the rerun resumes" {
+    dir="$BATS_TEST_TMPDIR/run"
+    ddp_bg "$dir" --epochs 40 --save-every 1
+    launcher=$!
+    wait_until 300 test -s "$dir/metrics.jsonl"
+    kill -9 "$launcher"
+    status=0
+    wait "$launcher" || status=$?
+    [ "$status" -eq 137 ]
+    # the workers get SIGTERM (PR_SET_PDEATHSIG), snapshot and exit; then the lock is free
+    wait_until 300 no_leftover_processes
+    ls "$dir"/snapshot-*.safetensors
+    run --separate-stderr "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 \
+        --run-dir "$dir" --epochs 3 --save-every 1 "$LMDB"
+    echo "$stderr"
+    assert_success
+    [[ "$stderr" == *"resuming from"* ]]
+    [ -f "${lines[-1]}" ]
+}
+
 @test "a stopped (SIGSTOP) worker does not hang the job past the collective timeout" {
     dir="$BATS_TEST_TMPDIR/run"
-    CIFAR_COMM_TIMEOUT=3 "$BIN/cifar-train" --quiet --nproc-per-node 2 --max-restarts 0 --threads 1 \
-        --batch-size 32 --run-dir "$dir" --epochs 50 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    CIFAR_COMM_TIMEOUT=3 ddp_bg "$dir" --max-restarts 0 --epochs 50
     launcher=$!
-    for _ in $(seq 50); do [ "$(pgrep -P "$launcher" | wc -l)" -eq 2 ] && break; sleep 0.1; done
+    wait_until 50 two_workers "$launcher"
     sleep 0.5
-    victim=$(pgrep -P "$launcher" | tail -1)
+    victim=$(workers_of "$launcher" | tail -1)
     kill -STOP "$victim"
     start=$(date +%s)
     status=0
@@ -109,10 +183,9 @@ leftover_processes() { pgrep -f "$BATS_TEST_TMPDIR" || true; }
 
 @test "SIGTERM to the launcher: a snapshot is written, nothing is left running, rerun resumes" {
     dir="$BATS_TEST_TMPDIR/run"
-    "$BIN/cifar-train" --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
-        --epochs 40 --save-every 100 "$LMDB" > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    ddp_bg "$dir" --epochs 40 --save-every 100
     launcher=$!
-    for _ in $(seq 100); do [ -s "$dir/metrics.jsonl" ] && break; sleep 0.1; done
+    wait_until 100 test -s "$dir/metrics.jsonl"
     kill -TERM "$launcher"
     status=0
     wait "$launcher" || status=$?

@@ -11,10 +11,8 @@
 # never as the 1 every test expects.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 setup_file() {
@@ -26,10 +24,9 @@ setup_file() {
     fi
     lmdbput_build
     export DATA="$T/data"
-    "$BIN/cifar-synth" "$DATA" --train 128 --test 32 --size 8 --seed 7 >/dev/null
-    "$BIN/cifar-prep" --quiet "$DATA" >/dev/null
+    make_dataset "$DATA" --train 128 --test 32 --size 8 --seed 7
     export LMDB="$DATA/cifar10.lmdb"
-    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$T/model.json"
+    small_model "$T/model.json"
     export MODEL="$T/model.json"
     # One epoch done (the state every save-path test starts from) and the reference:
     # the second epoch on top of it without a fault (the schedule depends on --epochs,
@@ -82,10 +79,6 @@ train() { # run-dir, extra args...
     local dir=$1; shift
     "$BIN/cifar-train" --quiet --threads 1 --batch-size 32 --model "$MODEL" --save-every 1 \
         --run-dir "$dir" "$@" "$LMDB"
-}
-
-data_checksum() { # snapshot
-    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
 }
 
 # The command failed the way a user should see it: status 1, a message naming

@@ -4,12 +4,9 @@
 # clearly), demo.sh with tiny settings, and every script's --help.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
 PIPES=$BATS_TEST_DIRNAME/../pipelines
-PY=${PYTHON_TORCH:-/usr/bin/python3}
 
 # A batch file in the official format: records of 1 label byte + R, G, B planes of
 # 32x32. Record i has label (first + i) % 10; R = 8x, G = 8y, B = 20 * label, so a

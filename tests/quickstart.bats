@@ -12,11 +12,9 @@
 # Also: every option of every command's --help appears in the README.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
 REPO=$(cd "$BATS_TEST_DIRNAME/.." && pwd)
-BIN=${BIN:-$REPO/bin}
 
 # The quick-start commands: the lines of the fenced block between the markers, without
 # comments and blank lines.
@@ -47,13 +45,19 @@ fresh_copy() { # destination
 }
 
 @test "the quick start runs as written in a fresh copy of the tree" {
-    [ -z "${CIFAR_QUICKSTART_NESTED:-}" ] || skip "inside the quick start's own make test"
-    [ -z "${CIFAR_ASAN:-}" ] || skip "builds and runs the plain binaries, not the sanitized ones"
+    [ -z "${CIFAR_QUICKSTART_NESTED:-}" ] || skip_because "inside the quick start's own make test"
+    [ -z "${CIFAR_ASAN:-}" ] || skip_because "builds and runs the plain binaries, not the sanitized ones"
     copy="$BATS_FILE_TMPDIR/fresh"
     fresh_copy "$copy"
-    [ -f "$copy/Makefile" ] && [ -f "$copy/pipelines/demo.sh" ]
-    [ ! -e "$copy/bin" ] && [ ! -e "$copy/build" ]
+    [ -f "$copy/Makefile" ]
+    [ -f "$copy/pipelines/demo.sh" ]
+    [ -f "$copy/tests/helpers.bash" ]
+    [ ! -e "$copy/bin" ]
+    [ ! -e "$copy/build" ]
     cd "$copy"
+    # The suite's BIN (the tree under test, given by make test-bats) must not reach the
+    # copy's make: with it, make would build into and run the original tree's bin/.
+    unset BIN FAULTINJECT
     while IFS= read -r cmd; do
         echo "# quick start: $cmd" >&3
         if [ "$cmd" = "make test" ] && [ -z "${QUICKSTART_FULL:-}" ]; then
@@ -67,7 +71,8 @@ fresh_copy() { # destination
         assert_success
     done < <(quickstart_commands)
     # make pipeline built the commands, ran the pipeline and drew the curves
-    [ -x bin/cifar-train ] && [ -x bin/cifar-unpack ]
+    [ -x bin/cifar-train ]
+    [ -x bin/cifar-unpack ]
     [ "$(wc -l < run/demo/metrics.jsonl)" -eq 2 ]
     grep -q '^accuracy: ' run/demo/eval.txt
     [ "$(head -c 4 run/demo/curves.png | od -An -c | tr -d ' ')" = '211PNG' ]

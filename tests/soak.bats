@@ -5,17 +5,14 @@
 # buffers must be bit-identical to an uninterrupted run's (equal data_checksum).
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
 KILLS=${SOAK_KILLS:-20}
 
 setup_file() {
     export T="$BATS_FILE_TMPDIR"
-    "$BIN/cifar-synth" "$T/data" --train 1024 --test 64 --size 8 --seed 21 >/dev/null
-    "$BIN/cifar-prep" --quiet "$T/data" >/dev/null
-    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$T/model.json"
+    make_dataset "$T/data" --train 1024 --test 64 --size 8 --seed 21
+    small_model "$T/model.json"
     # Long enough to take all the kills: ~10 s of training uninterrupted, where the
     # kills leave ~4 s of progress between them.
     export EPOCHS=${SOAK_EPOCHS:-1000}
@@ -24,10 +21,6 @@ setup_file() {
 train_args() {
     echo --quiet --nproc-per-node 2 --threads 1 --batch-size 32 --epochs "$EPOCHS" \
         --save-every 1 --keep 3 --model "$T/model.json" --max-restarts 25
-}
-
-data_checksum() { # snapshot
-    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
 }
 
 workers_of() { # launcher pid: its worker pids, sorted

@@ -6,12 +6,16 @@
  * <CIFAR_TEST_DIR>/a<restart>-r<rank> and then behaves as the mode says:
  *   ok           exit 0
  *   crash-once   rank 1 exits 7 on the first attempt
- *   always-crash rank 1 exits 3, the others wait to be stopped
+ *   always-crash rank 1 exits 4, the others wait to be stopped
+ *   permanent    rank 1 exits with $CIFAR_PERMANENT_EXIT_STATUS (a failure no
+ *                restart can fix), the others wait
+ *   usage        rank 1 exits 2 (bad usage), the others wait
+ *   permanent-all  every rank dies with the same permanent failure (die_permanent)
  *   sigkill      rank 1 kills itself with SIGKILL, the others wait
  *   hang         rank 0 ignores SIGTERM (notes it got it), rank 1 exits 5 after 0.2 s
  *   wait         everyone waits; SIGTERM is noted and then kills
  * Checked: the variables of every rank, restarts and their count, the failure
- * message, SIGTERM then SIGKILL after the grace period, SIGTERM to the launcher,
+ * message, no restart after a permanent failure, SIGTERM then SIGKILL after the grace period, SIGTERM to the launcher,
  * SIGKILL to the launcher (PR_SET_PDEATHSIG), no worker left alive, argument
  * stripping. */
 #include "../train/launcher.c"
@@ -74,11 +78,20 @@ static int worker_main(int argc, char **argv) {
     fclose(f);
     if (strcmp(mode, "ok") == 0) return 0;
     if (strcmp(mode, "crash-once") == 0) return rank == 1 && restart == 0 ? 7 : 0;
-    if (strcmp(mode, "always-crash") == 0 || strcmp(mode, "sigkill") == 0) {
+    if (strcmp(mode, "permanent-all") == 0) {
+        signal(SIGTERM, SIG_IGN); /* every rank gets to its failure (the grace is 0.5 s) */
+        usleep(rank * 50 * 1000);
+        note("perm");
+        die_permanent("bad data: the same on every rank");
+    }
+    if (strcmp(mode, "always-crash") == 0 || strcmp(mode, "sigkill") == 0 ||
+        strcmp(mode, "permanent") == 0 || strcmp(mode, "usage") == 0) {
         if (rank == 1) {
             usleep(100 * 1000);
             if (strcmp(mode, "sigkill") == 0) raise(SIGKILL);
-            return 3;
+            if (strcmp(mode, "permanent") == 0) return env_num(PERMANENT_STATUS_VAR);
+            if (strcmp(mode, "usage") == 0) return EXIT_STATUS_USAGE;
+            return 4;
         }
         wait_forever();
         return 0;
@@ -279,7 +292,7 @@ static void test_always_crash(void) {
     CHECK(rc == 1, "always-crash: rc %d", rc);
     CHECK(file_exists_fmt("a2", 0) && !file_exists_fmt("a3", 0), "always-crash: 3 attempts");
     CHECK(strstr(log, "restarting the group (2/2)") != NULL &&
-              strstr(log, "giving up after 3 attempts: rank 1 exited with code 3") != NULL,
+              strstr(log, "giving up after 3 attempts: rank 1 exited with code 4") != NULL,
           "always-crash log: %s", log);
     /* the waiting ranks were stopped by SIGTERM, well before their 60 s */
     CHECK(file_exists_fmt("term", 0) && file_exists_fmt("term", 2), "always-crash: no SIGTERM");
@@ -290,6 +303,43 @@ static void test_always_crash(void) {
     CHECK(rc == 1 && strstr(log, "giving up after 3 attempts: rank 1 killed by SIGKILL"),
           "sigkill: rc %d log: %s", rc, log);
     check_no_survivors(3, 3, "sigkill");
+}
+
+/* Bad usage or a permanent failure: one attempt, the reason once, exit 1. */
+static void test_permanent(void) {
+    const char *modes[] = {"permanent", "usage"};
+    const int codes[] = {EXIT_STATUS_PERMANENT, EXIT_STATUS_USAGE};
+    for (int m = 0; m < 2; m++) {
+        LaunchOptions o;
+        options_for_test(&o, 3);
+        o.max_restarts = 5;
+        char log[8192], want[128];
+        double t;
+        int rc = run_captured(&o, modes[m], log, sizeof log, &t);
+        CHECK(rc == 1, "%s: rc %d", modes[m], rc);
+        CHECK(file_exists_fmt("a0", 1) && !file_exists_fmt("a1", 0), "%s: one attempt", modes[m]);
+        snprintf(want, sizeof want, "giving up at once: rank 1 exited with code %d", codes[m]);
+        CHECK(strstr(log, want) && !strstr(log, "restarting") && !strstr(log, "attempts"),
+              "%s log: %s", modes[m], log);
+        CHECK(file_exists_fmt("term", 0) && file_exists_fmt("term", 2), "%s: no SIGTERM", modes[m]);
+        check_no_survivors(3, 3, modes[m]);
+    }
+}
+
+/* A permanent failure met by every rank is printed once. */
+static void test_permanent_printed_once(void) {
+    LaunchOptions o;
+    options_for_test(&o, 3);
+    o.max_restarts = 5;
+    char log[8192];
+    double t;
+    int rc = run_captured(&o, "permanent-all", log, sizeof log, &t);
+    const char *first = strstr(log, "bad data: the same on every rank");
+    CHECK(rc == 1 && first && !strstr(first + 1, "bad data: the same on every rank") &&
+              strstr(log, "giving up at once") && !file_exists_fmt("a1", 0) &&
+              file_exists_fmt("perm", 0) && file_exists_fmt("perm", 1) && file_exists_fmt("perm", 2),
+          "permanent-all: rc %d log: %s", rc, log);
+    check_no_survivors(1, 3, "permanent-all");
 }
 
 static void test_hang(void) {
@@ -409,7 +459,8 @@ static void test_parse_args(void) {
     CHECK(parse("t --nproc-per-node", &o, out, sizeof out, err) == -1 &&
               strstr(err, "needs a value"), "missing value: %s", err);
     CHECK(parse("t --nproc-per-node 0", &o, out, sizeof out, err) == -1 &&
-              strstr(err, "--nproc-per-node 0"), "nproc 0: %s", err);
+              strstr(err, "--nproc-per-node: expected an integer in [1, 4096], got '0'"),
+          "nproc 0: %s", err);
     CHECK(parse("t --nnodes 2 --node-rank 2 --master-addr a --master-port 5", &o, out,
                 sizeof out, err) == -1 && strstr(err, "--node-rank 2"), "node rank: %s", err);
     CHECK(parse("t --nnodes 2 --master-addr a", &o, out, sizeof out, err) == -1 &&
@@ -443,6 +494,8 @@ int main(int argc, char **argv) {
     test_gpu_count();
     test_crash_once();
     test_always_crash();
+    test_permanent();
+    test_permanent_printed_once();
     test_hang();
     test_sigterm_launcher();
     test_sigkill_launcher();

@@ -1,30 +1,19 @@
 #!/usr/bin/env bats
-# cifar-train and cifar-eval on the CPU: usage, the output contract, training that
-# learns, snapshots PyTorch loads, resume (rerun, larger --epochs, after SIGKILL at
-# a random moment, after SIGINT), bit-identical weights after a resume, corrupt and
-# foreign snapshots, a NaN loss, and cifar-eval's report.
+# cifar-train on the CPU: usage, the output contract, training that learns,
+# snapshots PyTorch loads, resume (rerun, larger --epochs, after SIGKILL at a
+# random moment, after SIGINT), bit-identical weights after a resume, corrupt and
+# foreign snapshots, a NaN loss, one writer per run folder, and --device auto's
+# fallback. cifar-eval has its own suite (eval.bats).
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
-
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
-PY=${PYTHON_TORCH:-/usr/bin/python3}
+load helpers
 
 setup_file() {
     export DATA="$BATS_FILE_TMPDIR/data"
-    "$BIN/cifar-synth" "$DATA" --train 384 --test 128 --size 16 --seed 11 >/dev/null
-    "$BIN/cifar-prep" --quiet "$DATA" >/dev/null
+    make_dataset "$DATA" --train 384 --test 128 --size 16 --seed 11
     export LMDB="$DATA/cifar10.lmdb"
     export BIG="$BATS_FILE_TMPDIR/big"
-    "$BIN/cifar-synth" "$BIG" --train 1024 --test 256 --size 16 --seed 11 >/dev/null
-    "$BIN/cifar-prep" --quiet "$BIG" >/dev/null
-}
-
-# The FNV-1a checksum of a snapshot's whole data section (every tensor, momentum
-# included): equal checksums mean bit-identical weights and optimizer state.
-data_checksum() { # snapshot
-    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
+    make_dataset "$BIG" --train 1024 --test 256 --size 16 --seed 11
 }
 
 train() { # run-dir, extra args...
@@ -44,9 +33,6 @@ train_bg() { # output file, run-dir, extra args...
     assert_output --partial "--epochs"
     assert_output --partial "--nproc-per-node"
     assert_output --partial "--save-every"
-    run "$BIN/cifar-eval" --help
-    assert_success
-    assert_output --partial "--json"
 }
 
 @test "bad usage exits 2 with a message" {
@@ -55,7 +41,8 @@ train_bg() { # output file, run-dir, extra args...
     assert_output --partial "--epochs"
     run "$BIN/cifar-train" --schedule wiggly "$LMDB"
     assert_failure 2
-    run "$BIN/cifar-eval" --device tpu x.safetensors
+    assert_output --partial "(const, step, cosine)"
+    run "$BIN/cifar-train" --device tpu "$LMDB"
     assert_failure 2
 }
 
@@ -87,9 +74,10 @@ train_bg() { # output file, run-dir, extra args...
 }
 
 @test "PyTorch loads the snapshot into the seed model with strict=True" {
-    "$PY" -c 'import torch' 2>/dev/null || skip "python3-torch not installed"
-    [ -f "${SEED_DIR:-$BATS_TEST_DIRNAME/../../shared/seed}/resnet.py" ] ||
-        skip "the seed's resnet.py is not in ../shared/seed beside this checkout (set SEED_DIR)"
+    "$PY" -c 'import torch' 2>/dev/null || skip_because "python3-torch is not installed for $PY"
+    seed=${SEED_DIR:-$BATS_TEST_DIRNAME/../../shared/seed}
+    [ -f "$seed/resnet.py" ] ||
+        skip_because "the seed's resnet.py is not in $seed (../shared/seed beside this checkout; set SEED_DIR)"
     final=$(train "$BATS_TEST_TMPDIR/run" --epochs 1 | tail -1)
     run "$PY" "$BATS_TEST_DIRNAME/check_safetensors_torch.py" "$final"
     assert_success
@@ -118,17 +106,21 @@ train_bg() { # output file, run-dir, extra args...
     [ "$(wc -l < "$dir/metrics.jsonl")" -eq 3 ]
 }
 
-@test "SIGKILL at a random moment, rerun: weights bit-identical to an uninterrupted run" {
-    ref=$(train "$BATS_TEST_TMPDIR/ref" --epochs 4 --save-every 1 | tail -1)
+@test "SIGKILL at a random moment, rerun: the lock is free again, weights bit-identical to an uninterrupted run" {
+    ref=$(train "$BATS_TEST_TMPDIR/ref" --epochs 16 --save-every 1 | tail -1)
     dir="$BATS_TEST_TMPDIR/killed"
-    train_bg /dev/null "$dir" --epochs 4 --save-every 1
+    train_bg /dev/null "$dir" --epochs 16 --save-every 1
     pid=$!
-    sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 1.0 + rand() * 3 }')"
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" || true
-    resumed=$(train "$dir" --epochs 4 --save-every 1 | tail -1)
-    [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
-    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 4 ]
+    random_moment "$dir" 12   # at least 4 epochs before the end: it still runs
+    kill -9 "$pid"
+    status=0
+    wait "$pid" || status=$?
+    [ "$status" -eq 137 ]
+    grep -q "^pid $pid on host " "$dir/lock"   # the dead holder's record stays, its lock does not
+    run --separate-stderr train "$dir" --epochs 16 --save-every 1
+    assert_success
+    [ "$(data_checksum "${lines[-1]}")" = "$(data_checksum "$ref")" ]
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 16 ]
     [ -z "$(ls "$dir" | grep tmp-)" ]
 }
 
@@ -171,11 +163,19 @@ train_bg() { # output file, run-dir, extra args...
 @test "a snapshot of another model is refused with a clear message" {
     dir="$BATS_TEST_TMPDIR/run"
     train "$dir" --epochs 1 >/dev/null
-    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$BATS_TEST_TMPDIR/small.json"
+    small_model "$BATS_TEST_TMPDIR/small.json"
     run train "$dir" --epochs 2 --model "$BATS_TEST_TMPDIR/small.json"
     assert_failure 1
     assert_output --partial "another model"
     assert_output --partial "--run-dir"
+    # both shapes: the snapshot's (the seed's network) and this run's
+    assert_output --partial 'the snapshot has data 16x16x3/10 and model {"n_channels":[16,32,64]'
+    assert_output --partial 'this run has data 16x16x3/10 and model {"n_channels":[8,16]'
+    # as a rank of a job (here torchrun's variables, world size 1): the permanent status
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+        run train "$dir" --epochs 2 --model "$BATS_TEST_TMPDIR/small.json"
+    assert_failure 3
+    assert_output --partial "another model"
 }
 
 @test "--model trains another shape; basic blocks when bottlenecks is null" {
@@ -197,34 +197,6 @@ train_bg() { # output file, run-dir, extra args...
     [ "$(data_checksum "$good")" = "$sum" ]
 }
 
-@test "cifar-eval: bad snapshot and wrong dataset shape are clear errors" {
-    echo "garbage" > "$BATS_TEST_TMPDIR/bad.safetensors"
-    run "$BIN/cifar-eval" "$BATS_TEST_TMPDIR/bad.safetensors"
-    assert_failure 1
-    assert_output --partial "bad.safetensors"
-    final=$(train "$BATS_TEST_TMPDIR/run" --epochs 1 | tail -1)
-    "$BIN/cifar-synth" "$BATS_TEST_TMPDIR/other" --train 16 --test 16 --size 12 >/dev/null
-    "$BIN/cifar-prep" --quiet "$BATS_TEST_TMPDIR/other" >/dev/null
-    run "$BIN/cifar-eval" --data "$BATS_TEST_TMPDIR/other/cifar10.lmdb" "$final"
-    assert_failure 1
-    assert_output --partial "12x12x3"
-}
-
-@test "cifar-eval --json reports per-class accuracy and a confusion matrix that sum up" {
-    final=$(train "$BATS_TEST_TMPDIR/run" --epochs 1 | tail -1)
-    run "$BIN/cifar-eval" --quiet --json "$final"
-    assert_success
-    echo "$output" | "$PY" -c '
-import json, sys
-r = json.load(sys.stdin)
-total = sum(sum(row) for row in r["confusion"])
-diag = sum(r["confusion"][i][i] for i in range(len(r["confusion"])))
-assert total == r["images"] == 128, total
-assert diag == r["correct"], (diag, r["correct"])
-assert len(r["per_class"]) == 10
-'
-}
-
 @test "a snapshot written by a newer cifar-train stops the run and is kept as it is" {
     dir="$BATS_TEST_TMPDIR/run"
     latest=$(train "$dir" --epochs 2 --save-every 1 | tail -1)
@@ -236,4 +208,39 @@ assert len(r["per_class"]) == 10
     assert_output --partial "newer version"
     [ "$(sha256sum < "$latest")" = "$before" ]
     [ "$(ls "$dir"/snapshot-*.safetensors | wc -l)" -eq 2 ]
+}
+
+@test "a second trainer on a busy run folder is refused at once; the first finishes with one metrics line per epoch" {
+    dir="$BATS_TEST_TMPDIR/run"
+    LMDB="$BIG/cifar10.lmdb" train_bg "$BATS_TEST_TMPDIR/first.out" "$dir" --epochs 4 --save-every 1
+    first=$!
+    wait_until 100 grep -q "^pid $first on host " "$dir/lock"
+    run --separate-stderr train "$dir" --epochs 4 --save-every 1
+    kill -0 "$first"   # the refusal came while the first one ran
+    assert_failure 1
+    echo "$stderr"
+    [[ "$stderr" == *"$dir: the run folder is in use by another cifar-train (pid $first on host $(hostname) since "* ]]
+    [ "$(echo "$stderr" | wc -l)" -eq 1 ]
+    # readers are not blocked: cifar-eval on a snapshot of the busy folder
+    wait_until 300 compgen -G "$dir/snapshot-*.safetensors"
+    run "$BIN/cifar-eval" --quiet --json "$(ls "$dir"/snapshot-*.safetensors | head -1)"
+    assert_success
+    wait "$first"
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 4 ]
+    for e in 1 2 3 4; do [ "$(grep -c "^{\"epoch\":$e," "$dir/metrics.jsonl")" -eq 1 ]; done
+    # free again: a rerun finds nothing left to do
+    LMDB="$BIG/cifar10.lmdb" run --separate-stderr train "$dir" --epochs 4 --save-every 1
+    assert_success
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 4 ]
+}
+
+@test "--device auto falls back to the CPU with one line naming why; --device cuda is refused" {
+    [ ! -e /dev/nvidia0 ] || skip_because "a GPU is present: the fallback is not exercised"
+    run --separate-stderr "$BIN/cifar-train" --epochs 1 --batch-size 64 --threads 1 \
+        --run-dir "$BATS_TEST_TMPDIR/run" "$LMDB"
+    assert_success
+    [ "$(echo "$stderr" | grep -c 'no usable GPU (.*): running on the CPU')" -eq 1 ] || { echo "$stderr"; false; }
+    run --separate-stderr "$BIN/cifar-train" --device cuda --epochs 1 --run-dir "$BATS_TEST_TMPDIR/run2" "$LMDB"
+    assert_failure 1
+    [[ "$stderr" == *"--device cuda: "* ]]
 }

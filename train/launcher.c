@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "util/check.h"
+#include "util/options.h"
 
 extern char **environ;
 
@@ -41,13 +42,8 @@ void launch_options_init(LaunchOptions *o) {
 
 static int parse_int_arg(const char *name, const char *v, int lo, int hi, int *out, char *err,
                          size_t errlen) {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-        snprintf(err, errlen, "%s %s: expected an integer in %d..%d", name, v, lo, hi);
-        return -1;
-    }
+    long long x = 0;
+    if (option_parse_int(name + 2, v, lo, hi, &x, err, errlen) != 0) return -1;
     *out = (int)x;
     return 0;
 }
@@ -261,13 +257,14 @@ typedef struct {
     int *reaped, *status;
     int first_failed;   /* local rank of the first failure, -1 none */
     int first_status;
+    int permanent;      /* local rank of the first permanent failure, -1 none */
     int interrupted;    /* the launcher's signal, 0 none */
 } Group;
 
 static const char *const worker_vars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK",
-    "TORCHELASTIC_MAX_RESTARTS", NULL};
+    "TORCHELASTIC_MAX_RESTARTS", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, FAILURE_NOTES_VAR, NULL};
 
 static int is_worker_var(const char *entry) {
     for (int k = 0; worker_vars[k]; k++) {
@@ -300,6 +297,9 @@ static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_
     WORKER_VAR("CIFAR_RESTART_COUNT=%d", attempt);
     WORKER_VAR("TORCHELASTIC_RESTART_COUNT=%d", attempt);
     WORKER_VAR("TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts);
+    WORKER_VAR("%s=%d", PERMANENT_STATUS_VAR, EXIT_STATUS_PERMANENT);
+    if (o->run_dir_locked) WORKER_VAR("%s=%d", RUN_DIR_LOCKED_VAR, (int)getpid());
+    if (o->failure_notes[0]) WORKER_VAR("%s=%s", FAILURE_NOTES_VAR, o->failure_notes);
 #undef WORKER_VAR
     env[k] = NULL;
     return env;
@@ -362,6 +362,13 @@ static double launcher_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A worker's own verdict that no restart can help (check.h): bad usage, or
+ * EXIT_STATUS_PERMANENT (bad configuration, refused snapshot, bad data). */
+static int status_is_permanent(int status) {
+    return WIFEXITED(status) &&
+           (WEXITSTATUS(status) == EXIT_STATUS_USAGE || WEXITSTATUS(status) == EXIT_STATUS_PERMANENT);
+}
+
 /* Reap whatever ended; records and logs the first failure. Returns workers left. */
 static int group_poll(Group *g, const LaunchOptions *o, int stopping) {
     int left = 0;
@@ -376,6 +383,7 @@ static int group_poll(Group *g, const LaunchOptions *o, int stopping) {
         g->reaped[r] = 1;
         g->status[r] = got < 0 ? (1 << 8) : st; /* ECHILD: someone else reaped it */
         int ok = WIFEXITED(g->status[r]) && WEXITSTATUS(g->status[r]) == 0;
+        if (status_is_permanent(g->status[r]) && g->permanent < 0) g->permanent = r;
         if (!ok && !stopping && g->first_failed < 0) {
             char how[96];
             describe_status(g->status[r], how, sizeof how);
@@ -423,6 +431,23 @@ static void group_watch(Group *g, const LaunchOptions *o) {
 
 /* ------------------------------------------------------------ launcher_run */
 
+/* The workers' notes of permanent failures (check.h): an unlinked file in
+ * $TMPDIR, so that nothing is left behind even if the launcher is SIGKILLed. The
+ * workers inherit the descriptor and open it anew by its /proc/self/fd name
+ * (their own open file, for flock). -1 and none (every rank then prints its
+ * own) if it cannot be made. */
+static int failure_notes_create(char *name, size_t len) {
+    const char *tmp = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cifar-failures-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    name[0] = '\0';
+    if (fd < 0) return -1;
+    unlink(path);
+    snprintf(name, len, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
 int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     if (argc < 1 || argv[0] == NULL) {
         log_error("launcher: no worker command");
@@ -456,11 +481,13 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     g.status = xcalloc((size_t)nproc, sizeof *g.status);
     SavedSignals saved;
     launcher_signals_install(&saved);
+    int notes_fd = failure_notes_create(o.failure_notes, sizeof o.failure_notes);
     int result = 1;
     for (int attempt = 0; attempt <= o.max_restarts; attempt++) {
         char run_id[64];
         launcher_run_id(run_id, sizeof run_id, attempt);
         g.first_failed = -1;
+        g.permanent = -1;
         g.interrupted = 0;
         if (group_spawn(&g, &o, port, attempt, run_id, argv) != 0) {
             g.first_failed = -2; /* stop those already started */
@@ -477,6 +504,12 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
             break;
         }
         if (g.first_failed == -2) break;
+        if (g.permanent >= 0) {
+            log_error("giving up at once: rank %d exited with code %d, a failure no restart can "
+                      "fix (its message is above)", o.node_rank * nproc + g.permanent,
+                      WEXITSTATUS(g.status[g.permanent]));
+            break;
+        }
         if (attempt < o.max_restarts) {
             log_error("restarting the group (%d/%d)", attempt + 1, o.max_restarts);
             continue;
@@ -489,6 +522,7 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
         result = 1;
     }
     launcher_signals_restore(&saved);
+    if (notes_fd >= 0) close(notes_fd);
     free(g.pid);
     free(g.reaped);
     free(g.status);

@@ -13,7 +13,10 @@
  * Each worker gets RANK = node_rank * N + local_rank, LOCAL_RANK, WORLD_SIZE =
  * nnodes * N, LOCAL_WORLD_SIZE = N, MASTER_ADDR, MASTER_PORT, CIFAR_RUN_ID (new
  * for every attempt: "<launcher pid>-<random>-a<attempt>"), CIFAR_RESTART_COUNT
- * and TORCHELASTIC_RESTART_COUNT; it runs in its own process group and gets
+ * and TORCHELASTIC_RESTART_COUNT, CIFAR_PERMANENT_EXIT_STATUS (check.h: a failure
+ * no restart can fix exits with it, and the launcher then gives up at once) and
+ * CIFAR_RUN_DIR_LOCKED_BY when run_dir_locked, CIFAR_FAILURE_NOTES (check.h: a
+ * permanent failure met by every rank is printed once); it runs in its own process group and gets
  * SIGTERM if the launcher dies (PR_SET_PDEATHSIG; launcher_run must then run on
  * the main thread, which it does in cifar-train).
  *
@@ -39,7 +42,13 @@ typedef struct {
     int given;               /* a launcher option was on the command line */
     const char *exe;         /* program the workers exec; NULL: /proc/self/exe */
     int (*count_gpus)(void); /* NULL: launcher_count_gpus */
+    int run_dir_locked;      /* the caller holds the run folder's lock: tell the workers */
+    char failure_notes[256]; /* set by launcher_run: the workers' CIFAR_FAILURE_NOTES file */
 } LaunchOptions;
+
+/* Set in the workers' environment to the launcher's pid when it holds the run
+ * folder's lock (run_dir_lock): their rank 0 must not take it again. */
+#define RUN_DIR_LOCKED_VAR "CIFAR_RUN_DIR_LOCKED_BY"
 
 void launch_options_init(LaunchOptions *o);
 
@@ -60,7 +69,8 @@ int launcher_count_gpus(void);
 
 /* Run argv (launcher options already removed; argv[0] is kept as the workers'
  * argv[0]) as this node's workers until they all exit 0 (returns 0), restarts
- * run out (logs the first failed rank and its exit code or signal, returns 1), or
+ * run out or a worker fails permanently (exit status 2 or EXIT_STATUS_PERMANENT:
+ * no restart; logs the first failed rank and its exit code or signal, returns 1), or
  * the launcher gets SIGINT/SIGTERM (workers are stopped, returns 128 + signal).
  * Bad options return 2 with a message. No worker outlives the call. */
 int launcher_run(const LaunchOptions *opt, int argc, char **argv);

@@ -9,11 +9,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "util/check.h"
 #include "util/omp_env.h"
 #include "dist/comm.h"
+#include "io/checkpoint.h"
 #include "launcher.h"
 #include "train.h"
+
+/* The launcher of node 0 holds the run folder's lock for the whole job, across
+ * restarts; its workers inherit the descriptor (so the lock outlives the
+ * launcher until the last of them exits) and know not to take it again. */
+static void launcher_lock_run_dir(LaunchOptions *lo, const TrainOptions *o) {
+    if (lo->node_rank != 0) return;
+    int fd = run_dir_lock(o->run_dir);
+    CHECK_STDIO(fcntl(fd, F_SETFD, 0) == 0, o->run_dir); /* inherited by the workers */
+    lo->run_dir_locked = 1;
+}
+
+/* A worker whose launcher (its parent) holds the run folder's lock. */
+static int run_dir_locked_by_parent(void) {
+    const char *v = getenv(RUN_DIR_LOCKED_VAR);
+    return v && atoi(v) == (int)getppid();
+}
+
+/* A worker of a distributed job (our launcher, torchrun, srun, mpirun) tells a
+ * permanent failure apart from one a restart may fix (README "Exit statuses");
+ * a process training alone keeps exit 1 for both. */
+static void worker_exit_statuses(const DistEnv *env) {
+    char status[16];
+    snprintf(status, sizeof status, "%d", EXIT_STATUS_PERMANENT);
+    if (env->from_env) CHECK_STDIO(setenv(PERMANENT_STATUS_VAR, status, 0) == 0, PERMANENT_STATUS_VAR);
+}
 
 /* The workers get our argv, plus the data path when it came from stdin (they
  * have no stdin of their own to read it from). */
@@ -48,9 +77,11 @@ int main(int argc, char **argv) {
                       "machine only\n---> HINT: start CPU ranks on several machines with MPI: "
                       "mpirun -np N --hostfile H cifar-train ... (or srun --mpi=pmix cifar-train ...)",
                       lo.nnodes);
+        launcher_lock_run_dir(&lo, &o);
         return launch_workers(&lo, &o, argc, argv);
     }
     log_set_quiet(o.quiet);
+    worker_exit_statuses(&env);
     train_install_signal_handlers();
-    return train_worker(&o, &env);
+    return train_worker(&o, &env, run_dir_locked_by_parent());
 }

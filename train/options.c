@@ -8,6 +8,7 @@
 
 #include "util/check.h"
 #include "io/fsutil.h"
+#include "util/options.h"
 #include "train.h"
 
 static const char *usage_text =
@@ -31,7 +32,7 @@ static const char *usage_text =
     "  --model FILE.json      network shape with the seed's Config fields (default: the seed's)\n"
     "\n"
     "Snapshots:\n"
-    "  --run-dir DIR          snapshots and metrics.jsonl (default ./run)\n"
+    "  --run-dir DIR          snapshots and metrics.jsonl (default ./run); one job at a time\n"
     "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
     "  --keep K               keep the newest K snapshots (default 3, 0 = all)\n"
     "\n"
@@ -51,10 +52,14 @@ static const char *usage_text =
     "  --node-rank R          this node's index (default 0)\n"
     "  --master-addr A        rank 0's host (default 127.0.0.1)\n"
     "  --master-port P        rank 0's port (default: a free one on a single node)\n"
-    "  --max-restarts N       restart the group up to N times after a failure (default 3)\n"
+    "  --max-restarts N       restart the group up to N times after a failure (default 3),\n"
+    "                         never after a permanent one (exit status 2 or 3)\n"
     "\n"
     "  --quiet                no progress output\n"
-    "  -h, --help             this help\n";
+    "  -h, --help             this help\n"
+    "\n"
+    "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
+    "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N.\n";
 
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
@@ -88,30 +93,7 @@ static const struct option long_options[] = {
     {0, 0, 0, 0},
 };
 
-static long long parse_int(const char *opt, const char *text, long long lo, long long hi) {
-    char *end;
-    long long v = strtoll(text, &end, 10);
-    if (end == text || *end != '\0' || v < lo || v > hi)
-        die_usage("--%s: expected an integer in [%lld, %lld], got '%s'", opt, lo, hi, text);
-    return v;
-}
-
-static double parse_real(const char *opt, const char *text, double lo, double hi) {
-    char *end;
-    double v = strtod(text, &end);
-    if (end == text || *end != '\0' || !isfinite(v) || v < lo || v > hi)
-        die_usage("--%s: expected a number in [%g, %g], got '%s'", opt, lo, hi, text);
-    return v;
-}
-
-static int parse_choice(const char *opt, const char *text, const char *const *names, int n) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(text, names[i]) == 0) return i;
-    die_usage("--%s: unknown value '%s'", opt, text);
-}
-
 static const char *const schedule_names[] = {"const", "step", "cosine"};
-static const char *const device_names[] = {"auto", "cpu", "cuda"};
 static const char *const normalize_names[] = {"dataset", "imagenet"};
 static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
 
@@ -151,27 +133,27 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
         const char *name = c >= 256 ? long_options[c - 256].name : "";
         switch (c) {
-        case OPT_EPOCHS: o->epochs = (int)parse_int(name, optarg, 1, 1000000); break;
-        case OPT_SAVE_EVERY: o->save_every = (int)parse_int(name, optarg, 1, 1000000); break;
-        case OPT_BATCH: o->batch_size = (int)parse_int(name, optarg, 1, 65536); break;
-        case OPT_LR: o->lr = parse_real(name, optarg, 0, 100); break;
-        case OPT_MOMENTUM: o->momentum = parse_real(name, optarg, 0, 1); break;
+        case OPT_EPOCHS: o->epochs = (int)option_int(name, optarg, 1, 1000000); break;
+        case OPT_SAVE_EVERY: o->save_every = (int)option_int(name, optarg, 1, 1000000); break;
+        case OPT_BATCH: o->batch_size = (int)option_int(name, optarg, 1, 65536); break;
+        case OPT_LR: o->lr = option_real(name, optarg, 0, 100); break;
+        case OPT_MOMENTUM: o->momentum = option_real(name, optarg, 0, 1); break;
         case OPT_NESTEROV: o->nesterov = 1; break;
-        case OPT_WD: o->weight_decay = parse_real(name, optarg, 0, 1); break;
-        case OPT_SCHEDULE: o->schedule = (Schedule)parse_choice(name, optarg, schedule_names, 3); break;
-        case OPT_WARMUP: o->warmup_epochs = parse_real(name, optarg, 0, 1e6); break;
-        case OPT_SMOOTH: o->label_smoothing = parse_real(name, optarg, 0, 0.999); break;
-        case OPT_SEED: o->seed = (uint64_t)parse_int(name, optarg, 0, (1LL << 62)); break;
-        case OPT_THREADS: o->threads = (int)parse_int(name, optarg, 1, 1024); break;
+        case OPT_WD: o->weight_decay = option_real(name, optarg, 0, 1); break;
+        case OPT_SCHEDULE: o->schedule = (Schedule)option_choice(name, optarg, schedule_names, 3); break;
+        case OPT_WARMUP: o->warmup_epochs = option_real(name, optarg, 0, 1e6); break;
+        case OPT_SMOOTH: o->label_smoothing = option_real(name, optarg, 0, 0.999); break;
+        case OPT_SEED: o->seed = (uint64_t)option_int(name, optarg, 0, (1LL << 62)); break;
+        case OPT_THREADS: o->threads = (int)option_int(name, optarg, 1, 1024); break;
         case OPT_RUN_DIR: o->run_dir = optarg; break;
-        case OPT_DEVICE: o->device = (DeviceChoice)parse_choice(name, optarg, device_names, 3); break;
+        case OPT_DEVICE: o->device = (DeviceChoice)option_choice(name, optarg, device_choice_names, 3); break;
         case OPT_NORMALIZE:
-            o->normalize = (NormalizeChoice)parse_choice(name, optarg, normalize_names, 2);
+            o->normalize = (NormalizeChoice)option_choice(name, optarg, normalize_names, 2);
             break;
-        case OPT_KEEP: o->keep = (int)parse_int(name, optarg, 0, 1000000); break;
+        case OPT_KEEP: o->keep = (int)option_int(name, optarg, 0, 1000000); break;
         case OPT_MODEL: o->model_file = optarg; break;
         case OPT_PRECISION:
-            o->precision = (Precision)parse_choice(name, optarg, precision_names, 3);
+            o->precision = (Precision)option_choice(name, optarg, precision_names, 3);
             break;
         case OPT_DETERMINISTIC: o->deterministic = 1; break;
         case OPT_QUIET: o->quiet = 1; break;

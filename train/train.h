@@ -5,10 +5,10 @@
 #include <stdint.h>
 
 #include "dist/comm.h"
+#include "nn/device.h"
 #include "nn/engine.h"
 
 typedef enum { SCHEDULE_CONST, SCHEDULE_STEP, SCHEDULE_COSINE } Schedule;
-typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
 typedef enum { NORMALIZE_DATASET, NORMALIZE_IMAGENET } NormalizeChoice;
 
 typedef struct {
@@ -45,8 +45,10 @@ const char *schedule_name(Schedule s);
 /* lr at a (fractional) epoch position. */
 double train_lr_at(const TrainOptions *o, double epoch_pos);
 
-/* The worker: one rank of the job (or the whole job when alone). Returns the exit status. */
-int train_worker(const TrainOptions *o, const DistEnv *env);
+/* The worker: one rank of the job (or the whole job when alone). Returns the exit status.
+ * Rank 0 takes the run folder's lock (run_dir_lock) unless `locked`: the
+ * launcher that started it holds it for the whole job. */
+int train_worker(const TrainOptions *o, const DistEnv *env, int locked);
 
 /* Set by SIGINT/SIGTERM: finish the step, snapshot, exit. */
 extern volatile int g_train_stop_signal;

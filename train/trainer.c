@@ -17,6 +17,7 @@
 #include "util/progress.h"
 #include "data/sampler.h"
 #include "io/snapshot.h"
+#include "test_hooks.h"
 #include "train.h"
 
 volatile int g_train_stop_signal;
@@ -41,20 +42,20 @@ typedef struct {
     Dataset *ds;
     DatasetInfo info;
     HostSplit train, test; /* read in place from the dataset's map */
-    int64_t n_train, n_test;
 } TrainData;
 
 static void train_data_load(TrainData *d, const char *path) {
     memset(d, 0, sizeof *d);
-    d->ds = dataset_open_for_job(path);
+    char err[512];
+    d->ds = dataset_open(path, err, sizeof err);
+    if (!d->ds) die_permanent("%s: %s", path, err);
+    dataset_prepare_for_job(d->ds, path);
     d->info = *dataset_info(d->ds);
-    d->train = dataset_split_for_job(d->ds, path, "train");
-    d->test = dataset_split_for_job(d->ds, path, "test");
-    d->n_train = d->train.count;
-    d->n_test = d->test.count;
-    if (d->n_train == 0) die("%s: the dataset has no \"train\" split (or it is empty)", path);
+    host_split_load(d->ds, path, "train", 1, &d->train);
+    host_split_load(d->ds, path, "test", 0, &d->test);
 }
 
+/* The splits' arrays belong to the dataset. */
 static void train_data_free(TrainData *d) { dataset_close(d->ds); }
 
 /* ---- model and normalisation ---- */
@@ -65,10 +66,10 @@ static void build_model(Model *m, const TrainOptions *o, const DatasetInfo *info
     if (o->model_file) {
         size_t len;
         char *text = fs_read_file(o->model_file, 1 << 20, &len);
-        if (!text) die("%s: cannot read the model file: %s", o->model_file, strerror(errno));
+        if (!text) die_permanent("%s: cannot read the model file: %s", o->model_file, strerror(errno));
         char err[256];
         if (model_config_parse_json(text, &cfg, err, sizeof err) != 0)
-            die("%s: %s", o->model_file, err);
+            die_permanent("%s: %s", o->model_file, err);
         free(text);
     }
     cfg.img_channels = info->channels;
@@ -76,7 +77,7 @@ static void build_model(Model *m, const TrainOptions *o, const DatasetInfo *info
     cfg.img_width = info->width;
     cfg.num_classes = info->num_classes;
     char err[256];
-    if (model_build(m, &cfg, err, sizeof err) != 0) die("model: %s", err);
+    if (model_build(m, &cfg, err, sizeof err) != 0) die_permanent("model: %s", err);
 }
 
 static void normalisation(const TrainOptions *o, const DatasetInfo *info, float *mean, float *std) {
@@ -99,47 +100,6 @@ static void normalisation(const TrainOptions *o, const DatasetInfo *info, float 
         mean[c] = train->mean[c];
         std[c] = train->std[c] > 1e-6f ? train->std[c] : 1.0f;
     }
-}
-
-/* ---- engine and communicator ---- */
-
-/* --comm, else `fallback` (the device's and launcher's choice); the GPU engine
- * all-reduces device memory (NCCL only), the CPU engine host memory (shm, mpi). */
-static CommKind comm_kind_for(const TrainOptions *o, const DistEnv *env, CommKind fallback) {
-    if (env->world_size == 1) return COMM_SINGLE;
-    CommKind k = o->comm >= 0 ? (CommKind)o->comm : fallback;
-    int gpu = fallback == COMM_NCCL;
-    if (gpu != (k == COMM_NCCL))
-        die_usage("--comm %s: %s trains with %s", comm_kind_name(k), gpu ? "the GPU" : "the CPU",
-                  gpu ? "--comm nccl (or --device cpu for shm/mpi)" : "--comm shm or mpi");
-    return k;
-}
-
-static Engine *create_engine(const TrainOptions *o, EngineConfig *ec, const DistEnv *env, Comm **comm) {
-    int gpus = o->device == DEVICE_CPU ? 0 : engine_cuda_device_count();
-    if (o->device == DEVICE_CUDA && gpus == 0) {
-        char err[256] = "no usable CUDA device";
-        engine_create_cuda(ec, err, sizeof err);
-        die("--device cuda: %s", err);
-    }
-    if (gpus > 0) {
-        ec->device = env->local_rank % gpus;
-        char err[256];
-        Engine *e = engine_create_cuda(ec, err, sizeof err);
-        if (!e) die("--device cuda: %s", err);
-        *comm = comm_create(comm_kind_for(o, env, COMM_NCCL), env);
-        e->cfg.comm = *comm; /* NCCL needs the device the engine selected */
-        return e;
-    }
-    if (o->device == DEVICE_AUTO && env->rank == 0) {
-        const char *why = cuda_library_error();
-        log_info("no usable GPU (%s): training on the CPU, %d thread%s per process",
-                 why ? why : "no NVIDIA driver or no GPU visible", ec->threads,
-                 ec->threads == 1 ? "" : "s");
-    }
-    *comm = comm_create(comm_kind_for(o, env, env->mpi_launched ? COMM_MPI : COMM_SHM), env);
-    ec->comm = *comm;
-    return engine_create_cpu(ec);
 }
 
 /* ---- metrics ---- */
@@ -201,33 +161,6 @@ static void metrics_truncate(const char *run_dir, int64_t epochs) {
     free(text);
 }
 
-/* ---- fault-injection hooks for the test suite (off unless the variable is set) ---- */
-
-typedef struct {
-    int64_t die_after_steps; /* CIFAR_TEST_DIE_AFTER_STEPS: SIGKILL self after this many steps */
-    int die_rank;            /* CIFAR_TEST_DIE_RANK: only this rank dies (-1: any) */
-    int die_attempts;        /* CIFAR_TEST_DIE_ATTEMPTS: only while the restart count is below */
-    int64_t nan_after_steps; /* CIFAR_TEST_NAN_AFTER_STEPS: a NaN weight after this step */
-    int64_t sigint_after_steps; /* CIFAR_TEST_SIGINT_AFTER_STEPS: SIGINT self after this step */
-    const char *hash_dir;    /* CIFAR_TEST_PARAM_HASH_DIR: per-rank hash of the params per step */
-} TestHooks;
-
-static int64_t env_i64(const char *var, int64_t fallback) {
-    const char *v = getenv(var);
-    return v && *v ? strtoll(v, NULL, 10) : fallback;
-}
-
-static TestHooks test_hooks_from_env(void) {
-    TestHooks h;
-    h.die_after_steps = env_i64("CIFAR_TEST_DIE_AFTER_STEPS", 0);
-    h.die_rank = (int)env_i64("CIFAR_TEST_DIE_RANK", -1);
-    h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
-    h.nan_after_steps = env_i64("CIFAR_TEST_NAN_AFTER_STEPS", 0);
-    h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
-    h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
-    return h;
-}
-
 /* ---- the worker ---- */
 
 typedef struct {
@@ -247,7 +180,7 @@ typedef struct {
 } Worker;
 
 static int64_t steps_per_epoch(const Worker *w) {
-    int64_t per_rank = sampler_per_rank(w->data.n_train, w->env->world_size);
+    int64_t per_rank = sampler_per_rank(w->data.train.count, w->env->world_size);
     return (per_rank + w->o->batch_size - 1) / w->o->batch_size;
 }
 
@@ -258,7 +191,7 @@ static void refuse_non_finite(const Worker *w) {
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < counts[b]; i++)
             if (!isfinite(bufs[b][i]))
-                die("the weights became %s at step %" PRId64 ": no snapshot written ---> HINT: lower "
+                die_permanent("the weights became %s at step %" PRId64 ": no snapshot written ---> HINT: lower "
                     "--lr; the last good snapshot is kept",
                     isnan(bufs[b][i]) ? "NaN" : "infinite", w->progress.step);
 }
@@ -286,68 +219,12 @@ static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
     snapshot_prune(w->o->run_dir, w->o->keep);
 }
 
-/* Rank 0 picks the newest valid snapshot; a corrupt one is reported and the
- * previous one used; one of another model or dataset stops the run. Returns the
- * snapshot's step number, or -1 to start afresh. */
-static int64_t choose_snapshot(Worker *w) {
-    int count = 0;
-    char **paths = snapshot_list(w->o->run_dir, &count);
-    int64_t chosen = -1;
+static void resume_or_init(Worker *w) {
     char shape[64];
     checkpoint_dataset_shape(&w->model.cfg, shape, sizeof shape);
-    for (int i = 0; i < count && chosen < 0; i++) {
-        ModelConfig cfg = w->model.cfg;
-        CheckpointInfo info;
-        char err[512];
-        Snapshot *s = checkpoint_open(paths[i], &cfg, &info, err, sizeof err);
-        /* A newer program's snapshot is good data we cannot read: retraining
-         * would write over it under the same name. */
-        if (!s && strstr(err, "newer version"))
-            die("%s: %s ---> HINT: resume with the newer cifar-train, or use another --run-dir",
-                paths[i], err);
-        if (!s) {
-            log_warn("%s: skipping this snapshot: %s", paths[i], err);
-            continue;
-        }
-        if (!model_config_equal(&cfg, &w->model.cfg) || strcmp(info.dataset_shape, shape) != 0)
-            die("%s: the snapshot is of another model or dataset (%s, model %s); this run has %s "
-                "---> HINT: use another --run-dir, or the same --model and data",
-                paths[i], info.dataset_shape, info.model_json, shape);
-        if (checkpoint_load_state(s, &w->model, &w->state, err, sizeof err) != 0) {
-            log_warn("%s: skipping this snapshot: %s", paths[i], err);
-        } else {
-            chosen = info.progress.step;
-            w->progress = info.progress;
-        }
-        snapshot_free(s);
-        checkpoint_info_free(&info);
-    }
-    snapshot_list_free(paths, count);
-    return chosen;
-}
-
-static void load_agreed_snapshot(Worker *w, int64_t step) {
-    char path[4096], err[512];
-    snapshot_path_for(w->o->run_dir, step, path, sizeof path);
-    ModelConfig cfg = w->model.cfg;
-    CheckpointInfo info;
-    Snapshot *s = checkpoint_open(path, &cfg, &info, err, sizeof err);
-    if (!s || checkpoint_load_state(s, &w->model, &w->state, err, sizeof err) != 0)
-        die("%s: %s", path, err);
-    w->progress = info.progress;
-    snapshot_free(s);
-    checkpoint_info_free(&info);
-}
-
-static void resume_or_init(Worker *w) {
-    int64_t step = -1;
-    if (w->env->rank == 0) {
-        fs_remove_stale_temps(w->o->run_dir);
-        step = choose_snapshot(w);
-    }
-    comm_broadcast_host(w->comm, &step, sizeof step, 0);
-    if (step >= 0 && w->env->rank != 0) load_agreed_snapshot(w, step);
-    if (step < 0) {
+    int resumed = checkpoint_resume(w->o->run_dir, &w->model, shape, w->comm, &w->state, &w->progress);
+    int64_t snapshot_step = w->progress.step;
+    if (!resumed) {
         memset(&w->progress, 0, sizeof w->progress);
         model_init(&w->model, w->state.params, w->state.buffers, w->o->seed);
         memset(w->state.momentum, 0, w->model.num_params * sizeof(float));
@@ -362,16 +239,16 @@ static void resume_or_init(Worker *w) {
     }
     w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
     if (w->env->rank == 0) {
-        if (step >= 0)
+        if (resumed)
             log_info("resuming from %s/snapshot-%06" PRId64 ".safetensors: %" PRId64
                      " epochs done, step %" PRId64,
-                     w->o->run_dir, step, w->progress.epochs, w->progress.step);
+                     w->o->run_dir, snapshot_step, w->progress.epochs, w->progress.step);
         metrics_truncate(w->o->run_dir, w->progress.epochs);
     }
 }
 
 static void evaluate(Worker *w, double *loss, double *acc) {
-    int64_t n = w->data.n_test;
+    int64_t n = w->data.test.count;
     *loss = *acc = 0;
     if (n == 0) return;
     const int world = w->env->world_size, rank = w->env->rank, b = w->o->batch_size;
@@ -401,35 +278,10 @@ static int agree_stop(Worker *w, int64_t step) {
     return flag > 0;
 }
 
-/* Test hook: a NaN weight, so the next forward pass really produces a NaN loss. */
-static void poison_weights(Worker *w) {
-    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
-    w->state.params[0] = NAN;
-    w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
-}
-
-/* FNV-1a of the parameters, appended as "step hash" to HASH_DIR/rank-R.txt. */
-static void record_param_hash(Worker *w) {
-    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, NULL);
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char *p = (const unsigned char *)w->state.params;
-    for (size_t i = 0; i < w->model.num_params * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/rank-%d.txt", w->hooks.hash_dir, w->env->rank);
-    FILE *f = fopen(path, "a");
-    CHECK_STDIO(f != NULL, path);
-    fprintf(f, "%" PRId64 " %016" PRIx64 "\n", w->progress.step, h);
-    CHECK_STDIO(fclose(f) == 0, path);
-}
-
 static void run_test_hooks(Worker *w) {
-    const TestHooks *h = &w->hooks;
-    if (h->die_after_steps && w->progress.step >= h->die_after_steps &&
-        (h->die_rank < 0 || h->die_rank == w->env->rank) && w->env->restart_count < h->die_attempts)
-        raise(SIGKILL);
-    if (h->nan_after_steps && w->progress.step == h->nan_after_steps) poison_weights(w);
-    if (h->sigint_after_steps && w->progress.step == h->sigint_after_steps) raise(SIGINT);
-    if (h->hash_dir) record_param_hash(w);
+    TestHookPoint at = {w->engine, &w->state, w->model.num_params, w->progress.step, w->env->rank,
+                        w->env->restart_count};
+    test_hooks_after_step(&w->hooks, &at);
 }
 
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
@@ -437,8 +289,8 @@ typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     const TrainOptions *o = w->o;
     const int world = w->env->world_size;
-    sampler_epoch(o->seed, epoch, w->data.n_train, w->env->rank, world, w->perm, w->mine);
-    w->per_rank = sampler_per_rank(w->data.n_train, world);
+    sampler_epoch(o->seed, epoch, w->data.train.count, w->env->rank, world, w->perm, w->mine);
+    w->per_rank = sampler_per_rank(w->data.train.count, world);
     Progress bar;
     char label[64];
     snprintf(label, sizeof label, "epoch %" PRId64 "/%d", epoch + 1, o->epochs);
@@ -453,7 +305,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         float loss = w->engine->ops->train_step(w->engine, w->mine + first, n, epoch,
                                                 w->progress.step, lr, &correct);
         if (!isfinite(loss))
-            die("the loss became %s at epoch %" PRId64 " step %" PRId64
+            die_permanent("the loss became %s at epoch %" PRId64 " step %" PRId64
                 " ---> HINT: lower --lr; the last good snapshot is kept",
                 isnan(loss) ? "NaN" : "infinite", epoch + 1, s);
         w->progress.step++;
@@ -516,8 +368,6 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     train_data_load(&w->data, o->data_path);
     build_model(&w->model, o, &w->data.info);
     normalisation(o, &w->data.info, w->mean, w->std);
-    if (env->rank == 0 && fs_mkdirs(o->run_dir, 0755) != 0)
-        die("%s: cannot create the run folder: %s", o->run_dir, strerror(errno));
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
     ec.model = &w->model;
@@ -537,11 +387,13 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     ec.threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
     ec.precision = o->precision;
     ec.deterministic = o->deterministic;
-    w->engine = create_engine(o, &ec, env, &w->comm);
+    w->engine = device_engine_create(o->device, &ec, env->local_rank, env->local_world_size,
+                                     env->rank == 0);
+    w->comm = device_comm_create(w->engine, env, o->comm);
     train_state_alloc(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
-    w->perm = xmalloc((size_t)w->data.n_train * sizeof(int64_t));
-    w->mine = xmalloc((size_t)sampler_per_rank(w->data.n_train, env->world_size) * sizeof(int64_t));
+    w->perm = xmalloc((size_t)w->data.train.count * sizeof(int64_t));
+    w->mine = xmalloc((size_t)sampler_per_rank(w->data.train.count, env->world_size) * sizeof(int64_t));
     w->steps_per_epoch = steps_per_epoch(w);
     w->hooks = test_hooks_from_env();
 }
@@ -557,7 +409,9 @@ static void worker_free(Worker *w) {
     free(w->mine);
 }
 
-int train_worker(const TrainOptions *o, const DistEnv *env) {
+int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
+    /* First, before anything is read or removed in the folder. */
+    int lock_fd = env->rank == 0 && !locked ? run_dir_lock(o->run_dir) : -1;
     Worker w;
     worker_setup(&w, o, env);
     resume_or_init(&w);
@@ -565,7 +419,7 @@ int train_worker(const TrainOptions *o, const DistEnv *env) {
     if (w.env->rank == 0) {
         log_info("training %s: %d epochs from %" PRId64 ", %" PRId64 " images, %d process%s x "
                  "batch %d, %zu parameters, device %s, comm %s",
-                 o->data_path, o->epochs, w.progress.epochs, w.data.n_train, env->world_size,
+                 o->data_path, o->epochs, w.progress.epochs, w.data.train.count, env->world_size,
                  env->world_size == 1 ? "" : "es", o->batch_size, w.model.num_params,
                  w.engine->ops->name, comm_kind_name(comm_kind(w.comm)));
     }
@@ -597,5 +451,6 @@ int train_worker(const TrainOptions *o, const DistEnv *env) {
         fflush(stdout);
     }
     worker_free(&w);
+    if (lock_fd >= 0) close(lock_fd);
     return stopped ? 128 + (g_train_stop_signal ? g_train_stop_signal : SIGTERM) : 0;
 }

@@ -659,31 +659,6 @@ static void map_unguard(Dataset *ds) {
     ds->guard = 0;
 }
 
-Dataset *dataset_open_for_job(const char *path) {
-    char err[512];
-    Dataset *ds = dataset_open(path, err, sizeof err);
-    if (!ds) die("%s: %s", path, err);
-    dataset_prepare_for_job(ds, path);
-    return ds;
-}
-
-HostSplit dataset_split_for_job(Dataset *ds, const char *path, const char *name) {
-    HostSplit s;
-    memset(&s, 0, sizeof s);
-    if (!dataset_split(ds, name)) return s;
-    const char *copy = getenv("CIFAR_DATA_IN_MEMORY");
-    DatasetAccess how = copy && strcmp(copy, "1") == 0 ? DATASET_COPY : DATASET_IN_PLACE;
-    char err[512];
-    double t0 = now_seconds();
-    if (dataset_map_split(ds, name, how, &s, err, sizeof err)) die("%s: %s", path, err);
-    log_info("%s: split \"%s\": %lld records %s (%.1f MB of pixels, %s) in %.3f s", path, name,
-             (long long)s.count, how == DATASET_COPY ? "copied to memory" : "read in place",
-             (double)s.count * (double)dataset_record_bytes(ds) / 1e6,
-             dataset_has_checksums(ds) ? "checksums verified" : "no checksums",
-             now_seconds() - t0);
-    return s;
-}
-
 /* ------------------------------------------------------------------ writing */
 
 typedef struct {

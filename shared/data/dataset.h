@@ -114,11 +114,6 @@ int dataset_has_checksums(const Dataset *ds);
  * a file truncated under the job ends it (SIGBUS) with one line naming the file
  * and exit status 1, not a core dump. */
 void dataset_prepare_for_job(Dataset *ds, const char *path);
-/* dataset_open (or die "<path>: <reason>"), then dataset_prepare_for_job. */
-Dataset *dataset_open_for_job(const char *path);
-/* dataset_map_split of split `name` (count 0 when the dataset has none), in place
- * unless CIFAR_DATA_IN_MEMORY=1; dies "<path>: <reason>" on a bad record. */
-HostSplit dataset_split_for_job(Dataset *ds, const char *path, const char *name);
 
 /* The CRC-32C stored with a version-2 record (label bytes, then pixels). */
 uint32_t dataset_record_crc(const uint8_t label_le[4], const uint8_t *pixels, size_t nbytes);

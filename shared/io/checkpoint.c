@@ -2,11 +2,16 @@
 #include "io/checkpoint.h"
 
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "io/fsutil.h"
 #include "util/check.h"
 
 #define MOMENTUM_TENSOR "optimizer.momentum"
@@ -262,4 +267,117 @@ int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, 
         memset(st->momentum, 0, m->num_params * sizeof(float));
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ resume choice */
+
+/* The snapshot is of another model or dataset: both shapes, and stop. */
+static void refuse_foreign_snapshot(const char *path, const CheckpointInfo *info, const Model *m,
+                                    const char *dataset_shape) {
+    char *mine = model_config_to_json(&m->cfg);
+    die_permanent("%s: the snapshot is of another model or dataset: the snapshot has data %s and "
+                  "model %s; this run has data %s and model %s ---> HINT: use another --run-dir, "
+                  "or the same --model and data",
+                  path, info->dataset_shape, info->model_json, dataset_shape, mine);
+}
+
+/* Load the snapshot at path into st and progress: 0, or -1 with a reason in err
+ * (the file is unusable: truncated, corrupt, wrong tensors). A snapshot of
+ * another model or dataset, or of a newer program, stops the run. */
+static int resume_from(const char *path, const Model *m, const char *dataset_shape, TrainState *st,
+                       TrainProgress *progress, char *err, size_t errlen) {
+    ModelConfig cfg = m->cfg;
+    CheckpointInfo info;
+    Snapshot *s = checkpoint_open(path, &cfg, &info, err, errlen);
+    /* A newer program's snapshot is good data we cannot read: retraining would
+     * write over it under the same name. */
+    if (!s && strstr(err, "newer version"))
+        die_permanent("%s: %s ---> HINT: resume with the newer cifar-train, or use another --run-dir",
+                      path, err);
+    if (!s) return -1;
+    if (!model_config_equal(&cfg, &m->cfg) || strcmp(info.dataset_shape, dataset_shape) != 0)
+        refuse_foreign_snapshot(path, &info, m, dataset_shape);
+    int rc = checkpoint_load_state(s, m, st, err, errlen);
+    if (rc == 0) *progress = info.progress;
+    snapshot_free(s);
+    checkpoint_info_free(&info);
+    return rc;
+}
+
+/* Rank 0: the step of the newest snapshot that loads, or -1. */
+static int64_t choose_snapshot(const char *run_dir, const Model *m, const char *dataset_shape,
+                               TrainState *st, TrainProgress *progress) {
+    fs_remove_stale_temps(run_dir);
+    int count = 0;
+    char **paths = snapshot_list(run_dir, &count);
+    int64_t chosen = -1;
+    for (int i = 0; i < count && chosen < 0; i++) {
+        char err[512];
+        if (resume_from(paths[i], m, dataset_shape, st, progress, err, sizeof err) == 0)
+            chosen = progress->step;
+        else
+            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+    }
+    snapshot_list_free(paths, count);
+    return chosen;
+}
+
+int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
+                      TrainState *st, TrainProgress *progress) {
+    int64_t step = -1;
+    if (comm_rank(comm) == 0) step = choose_snapshot(run_dir, m, dataset_shape, st, progress);
+    comm_broadcast_host(comm, &step, sizeof step, 0);
+    if (step < 0) return 0;
+    if (comm_rank(comm) != 0) {
+        char path[4096], err[512];
+        snapshot_path_for(run_dir, step, path, sizeof path);
+        if (resume_from(path, m, dataset_shape, st, progress, err, sizeof err) != 0)
+            die("%s: %s (the snapshot rank 0 chose)", path, err);
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ run folder lock */
+
+/* What the lock file says about its holder, for the refusal message. */
+static void lock_holder(int fd, char *buf, size_t len) {
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    if (n <= 0) {
+        snprintf(buf, len, "holder unknown");
+        return;
+    }
+    buf[n] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+static void lock_record_holder(int fd, const char *path) {
+    char host[256] = "?", line[512];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    char when[32] = "?";
+    if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int n = snprintf(line, sizeof line, "pid %d on host %s since %s\n", (int)getpid(), host, when);
+    CHECK_STDIO(ftruncate(fd, 0) == 0, path);
+    CHECK_STDIO(pwrite(fd, line, (size_t)n, 0) == n, path);
+}
+
+int run_dir_lock(const char *run_dir) {
+    if (fs_mkdirs(run_dir, 0755) != 0)
+        die("%s: cannot create the run folder: %s", run_dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lock", run_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    CHECK_STDIO(fd >= 0, path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        CHECK_STDIO(errno == EWOULDBLOCK, path);
+        char holder[256];
+        lock_holder(fd, holder, sizeof holder);
+        die("%s: the run folder is in use by another cifar-train (%s) ---> HINT: wait for it to "
+            "finish or stop it, or use another --run-dir",
+            run_dir, holder);
+    }
+    lock_record_holder(fd, path);
+    return fd;
 }

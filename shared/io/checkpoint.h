@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist/comm.h"
 #include "nn/model.h"
 #include "io/snapshot.h"
 
@@ -65,6 +66,25 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
  * shape against the model. momentum may be absent (zeroed). 0, or -1 + reason. */
 int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
                           size_t errlen);
+
+/* The resume choice of a run folder, the same on every rank: rank 0 takes the
+ * newest snapshot that loads (a corrupt one is reported and the previous one
+ * used; temporaries of a killed writer are removed first) and broadcasts its
+ * step over comm; the other ranks load that one. A snapshot of another model or
+ * dataset (its shape "HxWxC/K" against dataset_shape), or of a newer program, is
+ * a permanent failure: training would write over it. On resume *st and
+ * *progress hold the snapshot's state and 1 is returned; 0 when there is none
+ * (nothing is touched). */
+int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
+                      TrainState *st, TrainProgress *progress);
+
+/* The exclusive lock of a run folder: one writer (cifar-train job) at a time.
+ * An flock on RUN_DIR/lock held while the returned descriptor is open (the
+ * kernel drops it when the holder dies, SIGKILL included: no stale lock); the
+ * file records the holder (pid, host, start time) for the message a second
+ * writer gets. The descriptor is close-on-exec. Creates the folder. A busy
+ * folder ends the process with exit 1 naming the folder and the holder. */
+int run_dir_lock(const char *run_dir);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,12 @@
 /* check.c: error reporting shared by every stage (see check.h). */
 #include "util/check.h"
 
+#include <fcntl.h>
 #include <lmdb.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 static const char *g_program = "cifar";
 static int g_quiet;
@@ -68,14 +71,50 @@ void check_fail(const char *file, int line, const char *what, const char *reason
     exit(1);
 }
 
+/* 1 when `line` is already in the launcher's notes file (another rank of the
+ * job met the same permanent failure and printed it); otherwise it is added
+ * and 0 returned. Any trouble with the file: 0 (print rather than lose it). */
+static int already_noted(const char *line) {
+    const char *path = getenv(FAILURE_NOTES_VAR);
+    if (!path || !*path) return 0;
+    int fd = open(path, O_RDWR | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int seen = 0;
+    if (flock(fd, LOCK_EX) == 0) {
+        static char notes[65536];
+        ssize_t n = pread(fd, notes, sizeof notes - 1, 0);
+        notes[n > 0 ? n : 0] = '\0';
+        for (const char *p = notes; !seen && (p = strstr(p, line)) != NULL; p++)
+            seen = (p == notes || p[-1] == '\n') && p[strlen(line)] == '\n';
+        if (!seen) {
+            ssize_t w = write(fd, line, strlen(line));
+            w = write(fd, "\n", 1);
+            (void)w;
+        }
+    }
+    close(fd); /* drops the lock */
+    return seen;
+}
+
 void die_status(int status, const char *fmt, ...) {
+    char line[4096];
     va_list ap;
     va_start(ap, fmt);
-    log_v("", fmt, ap);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    int permanent = status != EXIT_STATUS_FAILURE && status == exit_status_permanent();
+    if (!permanent || !already_noted(line)) log_error("%s", line);
     g_failing = status != 0;
     check_run_cleanup();
     exit(status);
+}
+
+int exit_status_permanent(void) {
+    const char *v = getenv(PERMANENT_STATUS_VAR);
+    char *end = NULL;
+    long status = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end != '\0' || status < 1 || status > 125) return EXIT_STATUS_FAILURE;
+    return (int)status;
 }
 
 const char *check_hint_for_errno(int err) {

@@ -40,7 +40,27 @@ void check_fail(const char *file, int line, const char *what, const char *reason
 void die_status(int status, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 #define die(...) die_status(1, __VA_ARGS__)
 /* Bad command-line usage: exit status 2. */
-#define die_usage(...) die_status(2, __VA_ARGS__)
+#define die_usage(...) die_status(EXIT_STATUS_USAGE, __VA_ARGS__)
+
+/* Exit statuses (README "Exit statuses"). A failure is permanent when rerunning
+ * the same command unchanged fails the same way: a bad configuration (--model,
+ * --device cuda without a GPU, a diverging --lr), a refused snapshot (another
+ * model or dataset, a newer format), bad data. The launcher restarts workers
+ * after other failures, never after these. */
+#define EXIT_STATUS_FAILURE 1   /* failed; a rerun may succeed (I/O, memory, a lost peer) */
+#define EXIT_STATUS_USAGE 2     /* bad command line: permanent */
+#define EXIT_STATUS_PERMANENT 3 /* a permanent failure, in a worker of a distributed job */
+/* The variable that asks for EXIT_STATUS_PERMANENT (set by the launcher for its
+ * workers, and by cifar-train for itself when it runs as a rank of a job);
+ * without it a permanent failure exits 1 like any other. */
+#define PERMANENT_STATUS_VAR "CIFAR_PERMANENT_EXIT_STATUS"
+int exit_status_permanent(void);
+/* A file the launcher shares with its workers: every rank that meets the same
+ * permanent failure (bad data, a bad --model) would print the same line; the
+ * first one prints it and notes it there, the others stay silent. */
+#define FAILURE_NOTES_VAR "CIFAR_FAILURE_NOTES"
+/* Report a permanent failure and exit with exit_status_permanent(). */
+#define die_permanent(...) die_status(exit_status_permanent(), __VA_ARGS__)
 
 /* An optional hook run once before check_fail/die exit: commands use it to remove
  * half-written output (a temporary LMDB, a temporary snapshot). */

@@ -1,0 +1,72 @@
+# helpers.bash: what every bats suite shares. Each suite starts with
+#     bats_require_minimum_version 1.5.0
+#     load helpers
+# and gets bats-support, bats-assert, $BIN and $PY, and the functions below.
+
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
+PY=${PYTHON_TORCH:-/usr/bin/python3}
+
+# The FNV-1a checksum of a snapshot's whole data section (every tensor, momentum
+# included): equal checksums mean bit-identical weights and optimizer state.
+data_checksum() { # snapshot
+    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
+}
+
+# A synthetic dataset in DIR and its LMDB (DIR/cifar10.lmdb); args go to cifar-synth.
+make_dataset() { # dir, cifar-synth args...
+    local dir=$1
+    shift
+    "$BIN/cifar-synth" "$dir" "$@" >/dev/null
+    "$BIN/cifar-prep" --quiet "$dir" >/dev/null
+}
+
+# A network small enough for tests that train many times.
+small_model() { # file
+    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$1"
+}
+
+# Processes whose command line mentions this test's temporary folder (pgrep's
+# status 1 means none; 2 and 3 are errors and fail the caller).
+leftover_processes() {
+    pgrep -f "$BATS_TEST_TMPDIR" || [ $? -eq 1 ]
+}
+no_leftover_processes() { [ -z "$(leftover_processes)" ]; }
+
+# Poll a command every 0.1 s: succeeds as soon as it does, fails with a message
+# after `tenths` tries.
+wait_until() { # tenths, command...
+    local tries=$1
+    shift
+    for _ in $(seq "$tries"); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    echo "still false after $tries tries: $*"
+    return 1
+}
+
+# At least n lines in a run folder's metrics.jsonl (n epochs done).
+epochs_done() { # run-dir, n
+    [ -f "$1/metrics.jsonl" ] && [ "$(wc -l < "$1/metrics.jsonl")" -ge "$2" ]
+}
+
+# A random moment of a run: after a random count of epochs in [1, most], and a
+# random fraction of 50 ms more; the chosen point is printed.
+random_moment() { # run-dir, most
+    local n at
+    n=$((RANDOM % $2 + 1))
+    wait_until 600 epochs_done "$1" "$n"
+    at=$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.3f", 0.05 * rand() }')
+    sleep "$at"
+    echo "# the moment: $n epoch(s) done, then $at s"
+}
+
+# Skip a test and say why where the TAP output shows it (bats' `skip` alone is
+# easily missed in a summary of passes).
+skip_because() { # reason
+    echo "# SKIP: $BATS_TEST_DESCRIPTION: $1" >&3
+    skip "$1"
+}

@@ -1,0 +1,58 @@
+/* test_hooks.c: see test_hooks.h. */
+#include "test_hooks.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "util/check.h"
+
+static int64_t env_i64(const char *var, int64_t fallback) {
+    const char *v = getenv(var);
+    return v && *v ? strtoll(v, NULL, 10) : fallback;
+}
+
+TestHooks test_hooks_from_env(void) {
+    TestHooks h;
+    h.die_after_steps = env_i64("CIFAR_TEST_DIE_AFTER_STEPS", 0);
+    h.die_rank = (int)env_i64("CIFAR_TEST_DIE_RANK", -1);
+    h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
+    h.nan_after_steps = env_i64("CIFAR_TEST_NAN_AFTER_STEPS", 0);
+    h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
+    h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
+    return h;
+}
+
+/* A NaN weight, so the next forward pass really produces a NaN loss. */
+static void poison_weights(const TestHookPoint *at) {
+    TrainState *st = at->state;
+    at->engine->ops->state_to_host(at->engine, st->params, st->buffers, st->momentum);
+    st->params[0] = NAN;
+    at->engine->ops->state_from_host(at->engine, st->params, st->buffers, st->momentum);
+}
+
+/* FNV-1a of the parameters, appended as "step hash" to DIR/rank-R.txt. */
+static void record_param_hash(const char *dir, const TestHookPoint *at) {
+    TrainState *st = at->state;
+    at->engine->ops->state_to_host(at->engine, st->params, st->buffers, NULL);
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)st->params;
+    for (size_t i = 0; i < at->num_params * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank-%d.txt", dir, at->rank);
+    FILE *f = fopen(path, "a");
+    CHECK_STDIO(f != NULL, path);
+    fprintf(f, "%" PRId64 " %016" PRIx64 "\n", at->step, h);
+    CHECK_STDIO(fclose(f) == 0, path);
+}
+
+void test_hooks_after_step(const TestHooks *h, const TestHookPoint *at) {
+    if (h->die_after_steps && at->step >= h->die_after_steps &&
+        (h->die_rank < 0 || h->die_rank == at->rank) && at->restart_count < h->die_attempts)
+        raise(SIGKILL);
+    if (h->nan_after_steps && at->step == h->nan_after_steps) poison_weights(at);
+    if (h->sigint_after_steps && at->step == h->sigint_after_steps) raise(SIGINT);
+    if (h->hash_dir) record_param_hash(h->hash_dir, at);
+}
