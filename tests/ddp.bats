@@ -117,12 +117,6 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     assert_gave_up_at_once 'another model or dataset'
 }
 
-@test "a permanent failure on every rank (--nnodes 2 on the CPU): one attempt" {
-    run --separate-stderr "$BIN/cifar-train" --quiet --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
-        --master-port 29591 --nproc-per-node 2 --threads 1 --run-dir "$BATS_TEST_TMPDIR/run" --epochs 1 "$LMDB"
-    assert_gave_up_at_once 'CPU workers on several nodes'   # both workers met it
-}
-
 @test "the launcher holds the run folder's lock across restarts; a second launcher is refused" {
     dir="$BATS_TEST_TMPDIR/run"
     CIFAR_TEST_DIE_AFTER_STEPS=8 CIFAR_TEST_DIE_RANK=0 ddp_bg "$dir" --epochs 30 --save-every 1

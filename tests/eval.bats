@@ -157,9 +157,9 @@ assert r["split"] == "test" and r["snapshot"] == sys.argv[1], r
     run --separate-stderr "$BIN/cifar-eval" "$SNAP"
     assert_success
     [ "$(echo "$stderr" | grep -c 'no usable GPU (.*): running on the CPU')" -eq 1 ] || { echo "$stderr"; false; }
-    run --separate-stderr "$BIN/cifar-eval" --device cuda "$SNAP"
+    run --separate-stderr "$BIN/cifar-eval" --quiet --device cuda "$SNAP"
     assert_failure 1
-    [[ "$stderr" == "cifar-eval: --device cuda: "* ]]
+    [[ "$stderr" == "cifar-eval: --device cuda: "* ]] || { echo "$stderr"; false; }
     [ -z "$output" ]
 }
 
