@@ -85,6 +85,9 @@ static inline const char *nccl_check_hint(ncclResult_t r) {
     case ncclRemoteError:
         return "a peer or the network failed: check that every rank is alive and NCCL_SOCKET_IFNAME (NCCL_DEBUG=INFO tells more)";
     case ncclInvalidUsage:
+        return "NCCL refused the call: with \"Duplicate GPU detected\" (NCCL_DEBUG=WARN) two ranks share one GPU "
+               "(more processes per node than GPUs: lower --nproc-per-node or check CUDA_VISIBLE_DEVICES); "
+               "else check WORLD_SIZE and that every rank runs the same command";
     case ncclInvalidArgument:
         return "NCCL was called inconsistently across ranks: check WORLD_SIZE and that every rank runs the same command";
     default:

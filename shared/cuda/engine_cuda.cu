@@ -111,6 +111,7 @@ static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     net_backward(g->net, g->params, g->batch_y, n, e->cfg.label_smoothing, g->grads, g->loss,
                  g->correct);
     if (fuse_sgd) sgd_step(e, g);
+    cuda_deferred_flush(g->ctx); /* nothing deferred may outlive a captured step */
 }
 
 typedef struct {
@@ -124,20 +125,34 @@ static void capture_body(void *p) {
     train_body(a->e, a->g, a->n, a->fuse_sgd);
 }
 
-/* One line with the kernels of the captured step (make bench-gpu reads it). */
-static void graph_report(cudaGraph_t graph) {
+/* Kernel nodes of a graph, those of its child graphs included (cuDNN or cuBLAS may
+ * capture their work as child graphs). */
+static size_t graph_count_kernels(cudaGraph_t graph, size_t *nodes_out) {
     size_t count = 0, kernels = 0;
     CHECK_CUDA(cudaGraphGetNodes(graph, NULL, &count));
     cudaGraphNode_t *nodes = (cudaGraphNode_t *)xcalloc(count ? count : 1, sizeof *nodes);
     CHECK_CUDA(cudaGraphGetNodes(graph, nodes, &count));
+    *nodes_out += count;
     for (size_t i = 0; i < count; i++) {
         cudaGraphNodeType type;
         CHECK_CUDA(cudaGraphNodeGetType(nodes[i], &type));
-        kernels += type == cudaGraphNodeTypeKernel;
+        if (type == cudaGraphNodeTypeKernel) {
+            kernels++;
+        } else if (type == cudaGraphNodeTypeGraph) {
+            cudaGraph_t child = NULL;
+            CHECK_CUDA(cudaGraphChildGraphNodeGetGraph(nodes[i], &child));
+            kernels += graph_count_kernels(child, nodes_out);
+        }
     }
     free(nodes);
+    return kernels;
+}
+
+/* One line with the kernels of the captured step (make bench-gpu reads it). */
+static void graph_report(cudaGraph_t graph) {
+    size_t nodes = 0, kernels = graph_count_kernels(graph, &nodes);
     log_info("cuda engine: CUDA graph of one step: %zu kernels per step (%zu graph nodes)", kernels,
-             count);
+             nodes);
 }
 
 /* Capture the full-batch step into g->graph. On any failure (a CUDA, cuDNN or
@@ -179,14 +194,15 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     return 1;
 }
 
-/* Mean of the gradients over the processes: NCCL works on device memory (its own
- * stream: ours must be finished first); other communicators on host memory. */
+/* Mean of the gradients over the processes. NCCL: on device memory, enqueued on
+ * the engine's own stream after the backward already queued there (no host
+ * synchronisation; comm_allreduce_mean_on_stream returns once it is done, under the
+ * collective timeout). Other communicators work on host memory. */
 static void grads_allreduce(Engine *e, GpuEngine *g) {
     Comm *c = e->cfg.comm;
     size_t np = e->cfg.model->num_params;
-    cuda_ctx_sync(g->ctx);
     if (comm_kind(c) == COMM_NCCL) {
-        comm_allreduce_mean(c, g->grads, np);
+        comm_allreduce_mean_on_stream(c, g->grads, np, cuda_ctx_stream(g->ctx));
     } else {
         cuda_download(g->ctx, g->h_scratch, g->grads, np * sizeof(float));
         comm_allreduce_mean(c, g->h_scratch, np);
@@ -246,6 +262,7 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_batch_cuda(g->ctx, &spec, g->test_px, g->test_lab, g->idx, n, g->batch_x, g->batch_y, NULL);
     net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
+    cuda_deferred_flush(g->ctx);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
                             g->correct, predictions ? g->pred : NULL);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -297,9 +314,8 @@ static void cuda_broadcast_buffers(Engine *e, int root) {
     Comm *c = e->cfg.comm;
     size_t bytes = e->cfg.model->num_buffers * sizeof(float);
     if (!c || comm_world_size(c) == 1) return;
-    cuda_ctx_sync(g->ctx);
-    if (comm_kind(c) == COMM_NCCL) {
-        comm_broadcast(c, g->buffers, bytes, root);
+    if (comm_kind(c) == COMM_NCCL) { /* on the engine's stream, after the steps queued there */
+        comm_broadcast_on_stream(c, g->buffers, bytes, root, cuda_ctx_stream(g->ctx));
     } else {
         cuda_download(g->ctx, g->h_scratch, g->buffers, bytes);
         comm_broadcast(c, g->h_scratch, bytes, root);
@@ -373,6 +389,22 @@ static void *host_pinned(size_t bytes) {
     return p;
 }
 
+/* NCCL refuses two ranks on one GPU ("Duplicate GPU detected", ncclInvalidUsage)
+ * after every rank has started: with more processes on this node than GPUs, say so
+ * before anything is allocated. Returns 1 with the reason in err. */
+static int gpus_too_few(int count, char *err, size_t errlen) {
+    DistEnv env;
+    char why[256] = "";
+    if (dist_env_read(&env, why, sizeof why) != 0 || env.world_size <= 1) return 0;
+    if (env.local_world_size <= count) return 0;
+    snprintf(err, errlen,
+             "%d processes on this node but only %d GPU%s visible: NCCL cannot put two ranks on one "
+             "GPU (it stops with \"Duplicate GPU detected\"); use --nproc-per-node %d or fewer, or "
+             "make more GPUs visible (CUDA_VISIBLE_DEVICES)",
+             env.local_world_size, count, count == 1 ? "" : "s", count);
+    return 1;
+}
+
 static const EngineOps cuda_engine_ops = {
     "cuda",
     cuda_train_step,
@@ -404,6 +436,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
         snprintf(err, errlen, "batch size must be at least 1, got %d", cfg->max_batch);
         return NULL;
     }
+    if (gpus_too_few(count, err, errlen)) return NULL;
     split_check_labels(&cfg->train, "train", m->fc_out);
     split_check_labels(&cfg->test, "test", m->fc_out);
 

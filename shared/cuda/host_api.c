@@ -130,6 +130,15 @@ void comm_allreduce_mean(Comm *c, float *buf, size_t n) { host()->comm_allreduce
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     host()->comm_broadcast(c, buf, bytes, root);
 }
+void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
+    host()->comm_allreduce_mean_on_stream(c, dev_buf, n, cuda_stream);
+}
+void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream) {
+    host()->comm_broadcast_on_stream(c, dev_buf, bytes, root, cuda_stream);
+}
+int dist_env_read(DistEnv *env, char *err, size_t errlen) {
+    return host()->dist_env_read(env, err, errlen);
+}
 
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
     return host()->engine_augment_spec(e, epoch, train);

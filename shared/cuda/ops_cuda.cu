@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/bn_nhwc.h"
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
 #include "nn/xent_row.h"
@@ -26,8 +27,21 @@ struct CudaCtx {
     cudnnHandle_t cudnn;
     cublasHandle_t cublas;
     void *cublas_ws;
-    cudnnTensorDescriptor_t bn_x, bn_p; /* reused by every batch-norm call */
-    float *colsum_scratch;              /* COLSUM_SCRATCH_FLOATS */
+    /* batch norm scratch (bn_nhwc.h), used by one BN at a time in stream order */
+    double *bn_partial;      /* BN_MAX_CHUNKS x BN_SUMS x BN_MAX_C */
+    unsigned *bn_counters;   /* one per channel tile, 0 between kernels */
+    float *bn_aff;           /* 3 x BN_MAX_C: affine or backward coefficients */
+    float *bn_dsum;          /* BN_MAX_C: column sum of the latest BN backward's dx */
+    float *colsum_scratch;   /* COLSUM_SCRATCH_FLOATS */
+    /* The op table's deferred work (ops_cuda.h, "deferred conv bias"): a conv output
+     * still without its bias, and the conv output gradient whose column sum (the
+     * conv bias gradient) bn_dsum holds. */
+    float *pend_y;
+    const float *pend_bias;
+    size_t pend_rows;
+    int pend_c;
+    const float *dsum_for;
+    int dsum_c;
     float *loss_dev;                    /* one float, for the synchronous loss */
     int *correct_dev;                   /* one int */
 };
@@ -58,11 +72,15 @@ extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     CHECK_CUBLAS(cublasSetMathMode(ctx->cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx->cublas_ws = cuda_alloc(CUBLAS_WORKSPACE_BYTES);
     CHECK_CUBLAS(cublasSetWorkspace(ctx->cublas, ctx->cublas_ws, CUBLAS_WORKSPACE_BYTES));
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&ctx->bn_x));
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&ctx->bn_p));
+    ctx->bn_partial = (double *)cuda_alloc((size_t)BN_MAX_CHUNKS * BN_SUMS * BN_MAX_C * sizeof(double));
+    ctx->bn_counters = (unsigned *)cuda_alloc(BN_MAX_C / BN_TILE * sizeof(unsigned));
+    ctx->bn_aff = (float *)cuda_alloc((size_t)3 * BN_MAX_C * sizeof(float));
+    ctx->bn_dsum = (float *)cuda_alloc((size_t)BN_MAX_C * sizeof(float));
+    cuda_memset_async(ctx, ctx->bn_counters, 0, BN_MAX_C / BN_TILE * sizeof(unsigned));
     ctx->colsum_scratch = (float *)cuda_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float));
     ctx->loss_dev = (float *)cuda_alloc(sizeof(float));
     ctx->correct_dev = (int *)cuda_alloc(sizeof(int));
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
     return ctx;
 }
 
@@ -72,8 +90,10 @@ extern "C" void cuda_ctx_free(CudaCtx *ctx) {
     cuda_free(ctx->colsum_scratch);
     cuda_free(ctx->loss_dev);
     cuda_free(ctx->correct_dev);
-    CHECK_CUDNN(cudnnDestroyTensorDescriptor(ctx->bn_x));
-    CHECK_CUDNN(cudnnDestroyTensorDescriptor(ctx->bn_p));
+    cuda_free(ctx->bn_partial);
+    cuda_free(ctx->bn_counters);
+    cuda_free(ctx->bn_aff);
+    cuda_free(ctx->bn_dsum);
     CHECK_CUBLAS(cublasDestroy(ctx->cublas));
     cuda_free(ctx->cublas_ws);
     CHECK_CUDNN(cudnnDestroy(ctx->cudnn));
@@ -84,7 +104,10 @@ extern "C" void cuda_ctx_free(CudaCtx *ctx) {
 extern "C" int cuda_ctx_device(const CudaCtx *ctx) { return ctx->device; }
 extern "C" int cuda_ctx_deterministic(const CudaCtx *ctx) { return ctx->deterministic; }
 extern "C" void *cuda_ctx_stream(const CudaCtx *ctx) { return (void *)ctx->stream; }
-extern "C" void cuda_ctx_sync(CudaCtx *ctx) { CHECK_CUDA(cudaStreamSynchronize(ctx->stream)); }
+extern "C" void cuda_ctx_sync(CudaCtx *ctx) {
+    cuda_deferred_flush(ctx);
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
+}
 
 extern "C" void *cuda_alloc(size_t bytes) {
     void *p = NULL;
@@ -98,12 +121,14 @@ extern "C" void cuda_free(void *ptr) {
 }
 
 extern "C" void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes) {
+    cuda_deferred_flush(ctx);
     if (bytes == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
 }
 
 extern "C" void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes) {
+    cuda_deferred_flush(ctx);
     if (bytes == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
@@ -241,6 +266,48 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
     if (!total) return;
     bias_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, bias, y, add);
     CHECK_CUDA_LAST();
+}
+
+/* ------------------------------------------------------ deferred conv bias */
+
+extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
+    ctx->dsum_for = NULL;
+    if (!ctx->pend_y) return;
+    float *y = ctx->pend_y;
+    ctx->pend_y = NULL;
+    bias_apply(ctx, ctx->pend_rows, ctx->pend_c, ctx->pend_bias, y, 1);
+}
+
+extern "C" void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c) {
+    cuda_deferred_flush(ctx);
+    if (!bias) return;
+    ctx->pend_y = y;
+    ctx->pend_bias = bias;
+    ctx->pend_rows = rows;
+    ctx->pend_c = c;
+}
+
+extern "C" const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c) {
+    if (ctx->pend_y && ctx->pend_y == x && ctx->pend_rows == rows && ctx->pend_c == c) {
+        ctx->pend_y = NULL;
+        ctx->dsum_for = NULL;
+        return ctx->pend_bias;
+    }
+    cuda_deferred_flush(ctx);
+    return NULL;
+}
+
+extern "C" void cuda_dsum_note(CudaCtx *ctx, const float *dx, int c) {
+    cuda_deferred_flush(ctx);
+    ctx->dsum_for = dx;
+    ctx->dsum_c = c;
+}
+
+extern "C" int cuda_dsum_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
+    int hit = ctx->dsum_for && ctx->dsum_for == dy && ctx->dsum_c == c;
+    cuda_deferred_flush(ctx);
+    if (hit && dbias) batchnorm2d_dsum_copy_cuda(ctx, c, dbias);
+    return hit;
 }
 
 /* ----------------------------------------------------------------- mean pool */
@@ -414,101 +481,219 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* The real shape: n images of hw pixels, c channels, NHWC, described to cuDNN as
- * (N=n, C=c, H=hw, W=1): the same memory and, in spatial mode, the same reduction
- * over n*hw values per channel. cuDNN's inference batch norm refuses N above 65535
- * (PyTorch guards the same limit), so a larger n is folded into H: N = n/f, H = hw*f
- * for the smallest factor f of n that brings N under the limit (the memory and the
- * reduction stay the same). Used for training, inference and backward alike. */
-#define BN_MAX_N 65535
+/* Our own NHWC kernels (bn_nhwc.h has the arithmetic and the reduction order): two
+ * launches per batch norm, forward or backward, any number of rows, deterministic,
+ * ReLU / residual add / a deferred conv bias fused in. The reduction's last block per
+ * channel tile finalises the statistics: the blocks of a tile count themselves in
+ * ctx->bn_counters (one unsigned per tile, back to 0 when the tile is done, so graph
+ * replays start clean) after a __threadfence() that makes their partials visible
+ * (the CUDA Programming Guide's "last block" reduction pattern). */
 
-static void bn_describe(CudaCtx *ctx, int n, int hw, int c) {
-    int f = 1;
-    if (n > BN_MAX_N) {
-        for (f = (n + BN_MAX_N - 1) / BN_MAX_N; f < n; f++)
-            if (n % f == 0) break;
+struct BnFwdArgs {
+    const float *x, *bias, *gamma, *beta;
+    float *save_mean, *save_invstd, *running_mean, *running_var, *aff;
+    float momentum, eps;
+};
+
+struct BnBwdArgs {
+    const float *x, *y, *dy, *gamma, *save_mean, *save_invstd;
+    float *dgamma, *dbeta, *k, *dsum;
+};
+
+/* The per-lane sums of one (chunk, channel) block, the lanes added in order into
+ * partial[chunk][K][c]; then, in the tile's last block, the chunks added and fin(ch,
+ * totals) called. Lane and final work are bn_nhwc.h's functions. */
+template <int K, class Lane, class Final>
+__device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
+                               unsigned *counters, Lane lane_sums, Final fin) {
+    __shared__ double sh[K][BN_LANES][BN_TILE + 1];
+    __shared__ int is_last;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int ch = blockIdx.x * BN_TILE + tx, p = blockIdx.y;
+    double s[K];
+    for (int k = 0; k < K; k++) s[k] = 0.0;
+    if (ch < c) lane_sums(ch, p, ty, s);
+    for (int k = 0; k < K; k++) sh[k][ty][tx] = s[k];
+    __syncthreads();
+    if (ty == 0 && ch < c) {
+        for (int k = 0; k < K; k++) {
+            double t = 0.0;
+            for (int l = 0; l < BN_LANES; l++) t += sh[k][l][tx];
+            partial[((size_t)p * K + k) * c + ch] = t;
+        }
+        __threadfence(); /* the partials reach device memory before the count */
     }
-    if ((int64_t)hw * f > INT32_MAX) die("batch norm over %d x %d rows: too large for cuDNN", n, hw);
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n / f, c,
-                                           hw * f, 1));
-    CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->bn_p, ctx->bn_x, CUDNN_BATCHNORM_SPATIAL));
+    __syncthreads();
+    if (tx == 0 && ty == 0) is_last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int k = 0; k < K; k++) s[k] = 0.0;
+    if (ch < c)
+        for (int q = ty; q < chunks; q += BN_LANES)
+            for (int k = 0; k < K; k++) s[k] += __ldcg(&partial[((size_t)q * K + k) * c + ch]);
+    for (int k = 0; k < K; k++) sh[k][ty][tx] = s[k];
+    __syncthreads();
+    if (ty == 0 && ch < c) {
+        double t[K];
+        for (int k = 0; k < K; k++) {
+            t[k] = 0.0;
+            for (int l = 0; l < BN_LANES; l++) t[k] += sh[k][l][tx];
+        }
+        fin(ch, t);
+    }
+    if (tx == 0 && ty == 0) counters[blockIdx.x] = 0;
 }
 
-static double bn_eps(float eps) {
-    double e = (double)eps;
-    return e < CUDNN_BN_MIN_EPSILON ? CUDNN_BN_MIN_EPSILON : e;
+__global__ void bn_fwd_reduce_kernel(int64_t rows, int c, int chunks, BnFwdArgs a, double *partial,
+                                     unsigned *counters) {
+    bn_reduce_tile<2>(
+        rows, c, chunks, partial, counters,
+        [&](int ch, int p, int lane, double *s) { bn_fwd_lane(a.x, a.bias, rows, c, chunks, ch, p, lane, s); },
+        [&](int ch, const double *t) {
+            bn_fwd_final(rows, c, ch, a.x, a.bias, t, a.gamma, a.beta, a.momentum, a.eps, a.save_mean,
+                         a.save_invstd, a.running_mean, a.running_var, a.aff);
+        });
 }
 
-/* cuDNN's running update is running = (1-f)*running + f*batch with the unbiased
- * batch variance, f = exponentialAverageFactor: PyTorch's rule with f = momentum.
- * resultSaveInvVariance is 1/sqrt(var+eps), i.e. save_invstd. */
+__global__ void bn_bwd_reduce_kernel(int64_t rows, int c, int chunks, BnBwdArgs a, double *partial,
+                                     unsigned *counters) {
+    bn_reduce_tile<3>(
+        rows, c, chunks, partial, counters,
+        [&](int ch, int p, int lane, double *s) {
+            bn_bwd_lane(a.x, a.y, a.dy, a.save_mean, rows, c, chunks, ch, p, lane, s);
+        },
+        [&](int ch, const double *t) {
+            bn_bwd_final(rows, c, ch, t, a.gamma, a.save_mean, a.save_invstd, a.dgamma, a.dbeta, a.k,
+                         a.dsum);
+        });
+}
+
+__global__ void bn_eval_final_kernel(int c, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var, float eps,
+                                     float *aff) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch < c) bn_eval_final(c, ch, gamma, beta, running_mean, running_var, eps, aff);
+}
+
+__global__ void bn_fwd_apply_kernel(size_t total, int c, float *x, const float *bias,
+                                    const float *aff, const float *z, int mode, float *y) {
+    GRID_STRIDE(i, total) bn_fwd_apply((int64_t)i, c, x, bias, aff, z, mode, y);
+}
+
+__global__ void bn_bwd_apply_kernel(size_t total, int c, const float *x, const float *y,
+                                    const float *dy, const float *k, float *dx) {
+    GRID_STRIDE(i, total) bn_bwd_apply((int64_t)i, c, x, y, dy, k, dx);
+}
+
+/* rows = n*hw, checked against the scratch the context holds. */
+static int64_t bn_rows(int n, int hw, int c) {
+    if (n < 1 || hw < 1 || c < 1) die("batch norm over %d x %d rows of %d channels: empty", n, hw, c);
+    if (c > BN_MAX_C) die("batch norm over %d channels: the CUDA kernels take at most %d", c, BN_MAX_C);
+    return (int64_t)n * hw;
+}
+
+static dim3 bn_grid(int64_t rows, int c) {
+    return dim3((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)bn_chunks(rows));
+}
+
+/* Training forward: the reduction, then y by mode (x_bias: a deferred conv bias,
+ * added to x as it is read and written back into x). */
+static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *x_bias,
+                         const float *gamma, const float *beta, const float *z, int mode, float *y,
+                         float *save_mean, float *save_invstd, float *running_mean,
+                         float *running_var, float momentum, float eps) {
+    int64_t rows = bn_rows(n, hw, c);
+    BnFwdArgs a = {x, x_bias, gamma, beta, save_mean, save_invstd, running_mean, running_var,
+                   ctx->bn_aff, momentum, eps};
+    bn_fwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
+        rows, c, bn_chunks(rows), a, ctx->bn_partial, ctx->bn_counters);
+    CHECK_CUDA_LAST();
+    size_t total = (size_t)rows * c;
+    bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        total, c, (float *)x, x_bias, ctx->bn_aff, z, mode, y);
+    CHECK_CUDA_LAST();
+}
+
 extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                               const float *gamma, const float *beta, float *y,
-                                               float *save_mean, float *save_invstd,
-                                               float *running_mean, float *running_var,
-                                               float momentum, float eps) {
-    const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, n, hw, c);
-    CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
-        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
-        beta, (double)momentum, running_mean, running_var, bn_eps(eps), save_mean, save_invstd));
+                                               const float *x_bias, const float *gamma,
+                                               const float *beta, float *y, float *save_mean,
+                                               float *save_invstd, float *running_mean,
+                                               float *running_var, float momentum, float eps) {
+    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, NULL, BN_PLAIN, y, save_mean, save_invstd,
+                 running_mean, running_var, momentum, eps);
+}
+
+extern "C" void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                    const float *x, const float *x_bias,
+                                                    const float *gamma, const float *beta, float *y,
+                                                    float *save_mean, float *save_invstd,
+                                                    float *running_mean, float *running_var,
+                                                    float momentum, float eps) {
+    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, NULL, BN_RELU, y, save_mean, save_invstd,
+                 running_mean, running_var, momentum, eps);
+}
+
+extern "C" void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                        const float *x, const float *x_bias,
+                                                        const float *gamma, const float *beta,
+                                                        const float *z, float *y, float *save_mean,
+                                                        float *save_invstd, float *running_mean,
+                                                        float *running_var, float momentum,
+                                                        float eps) {
+    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, z, BN_ADD_RELU, y, save_mean, save_invstd,
+                 running_mean, running_var, momentum, eps);
 }
 
 extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                              const float *gamma, const float *beta,
-                                              const float *running_mean, const float *running_var,
-                                              float eps, float *y) {
-    const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, n, hw, c);
-    CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
-        beta, running_mean, running_var, bn_eps(eps)));
+                                              const float *x_bias, const float *gamma,
+                                              const float *beta, const float *running_mean,
+                                              const float *running_var, float eps, float *y) {
+    int64_t rows = bn_rows(n, hw, c);
+    bn_eval_final_kernel<<<(unsigned)((c + 127) / 128), 128, 0, ctx->stream>>>(
+        c, gamma, beta, running_mean, running_var, eps, ctx->bn_aff);
+    CHECK_CUDA_LAST();
+    size_t total = (size_t)rows * c;
+    bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        total, c, (float *)x, x_bias, ctx->bn_aff, NULL, BN_PLAIN, y);
+    CHECK_CUDA_LAST();
 }
 
-/* The epsilon is not used when the saved statistics are given; it must still be a
- * valid value. */
+/* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
+ * column sum of dx (the gradient of a conv bias in front) is left in ctx->bn_dsum. */
+static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta) {
+    int64_t rows = bn_rows(n, hw, c);
+    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, ctx->bn_dsum};
+    bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
+        rows, c, bn_chunks(rows), a, ctx->bn_partial, ctx->bn_counters);
+    CHECK_CUDA_LAST();
+    if (!dx) return;
+    size_t total = (size_t)rows * c;
+    bn_bwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, x, y, dy,
+                                                                             ctx->bn_aff, dx);
+    CHECK_CUDA_LAST();
+}
+
 extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                           const float *gamma, const float *save_mean,
                                           const float *save_invstd, const float *dy, float *dx,
                                           float *dgamma, float *dbeta) {
-    const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, n, hw, c);
-    CHECK_CUDNN(cudnnBatchNormalizationBackward(
-        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, ctx->bn_x, x, ctx->bn_x, dy,
-        ctx->bn_x, dx, ctx->bn_p, gamma, dgamma, dbeta, bn_eps(1e-5f), save_mean, save_invstd));
+    bn_backward_run(ctx, n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
 }
 
-/* BN then ReLU (NaN passes), and relu(BN(x) + z) through tmp. */
-extern "C" void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
-                                                    const float *x, const float *gamma,
-                                                    const float *beta, float *y, float *save_mean,
-                                                    float *save_invstd, float *running_mean,
-                                                    float *running_var, float momentum, float eps) {
-    batchnorm2d_forward_train_cuda(ctx, n, hw, c, x, gamma, beta, y, save_mean, save_invstd,
-                                   running_mean, running_var, momentum, eps);
-    relu_forward_cuda(ctx, (size_t)n * hw * c, y, y);
-}
-
-extern "C" void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
-                                                        const float *x, const float *gamma,
-                                                        const float *beta, const float *z,
-                                                        float *tmp, float *y, float *save_mean,
-                                                        float *save_invstd, float *running_mean,
-                                                        float *running_var, float momentum,
-                                                        float eps) {
-    batchnorm2d_forward_train_cuda(ctx, n, hw, c, x, gamma, beta, tmp, save_mean, save_invstd,
-                                   running_mean, running_var, momentum, eps);
-    add_relu_forward_cuda(ctx, (size_t)n * hw * c, tmp, z, y);
-}
-
-/* The ReLU mask is applied to dy in place (the executor's contract allows it),
- * then cuDNN's BN backward reads it; dx must not alias dy. */
 extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                                const float *y, const float *gamma,
                                                const float *save_mean, const float *save_invstd,
-                                               float *dy, float *dx, float *dgamma, float *dbeta) {
-    relu_backward_cuda(ctx, (size_t)n * hw * c, y, dy, dy);
-    batchnorm2d_backward_cuda(ctx, n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+                                               const float *dy, float *dx, float *dgamma,
+                                               float *dbeta) {
+    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+}
+
+extern "C" void batchnorm2d_dsum_copy_cuda(CudaCtx *ctx, int c, float *dbias) {
+    if (c > BN_MAX_C) die("batch norm over %d channels: the CUDA kernels take at most %d", c, BN_MAX_C);
+    cuda_copy_d2d_async(ctx, dbias, ctx->bn_dsum, (size_t)c * sizeof(float));
 }
 
 /* --------------------------------------------------------------- convolution */
@@ -798,6 +983,7 @@ extern "C" void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_b
 }
 
 extern "C" const ConvSpec *conv_cuda_spec(const ConvCuda *cv) { return &cv->cs; }
+extern "C" size_t conv_cuda_out_pixels(const ConvCuda *cv) { return (size_t)cv->oh * cv->ow; }
 
 extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
                                   const float *weight_krsc, const float *bias, float *y, void *ws,

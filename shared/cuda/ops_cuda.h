@@ -82,6 +82,8 @@ ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, i
  * descriptor or queries a workspace size. */
 void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes);
 const ConvSpec *conv_cuda_spec(const ConvCuda *cv);
+/* Output pixels per image (oh * ow). */
+size_t conv_cuda_out_pixels(const ConvCuda *cv);
 void conv_cuda_free(ConvCuda *cv);
 /* Workspace bytes the chosen algorithms need at max_n (forward and backward). */
 size_t conv_cuda_workspace_bytes(const ConvCuda *cv);
@@ -102,39 +104,64 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                           const float *weight, const float *dy, float *dx, float *dweight,
                           float *dbias);
 
-/* ---- batch norm (cuDNN, spatial mode; the same formulas as ops.h) ----
- * The real shape: n images of hw pixels and c channels (rows = n*hw), NHWC; any n
- * (cuDNN's N limit is handled inside). dx must not alias dy. */
+/* ---- batch norm (our NHWC kernels, bn_nhwc.h; the same formulas as ops.h) ----
+ * The real shape: n images of hw pixels and c channels (rows = n*hw, any number),
+ * NHWC, c <= BN_MAX_C (4096). Two kernel launches each, deterministic. x_bias: NULL,
+ * or a per-channel bias that the caller has not yet added to x (a deferred conv
+ * bias): the BN uses x + x_bias and writes x + x_bias back into x. */
 void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                    const float *gamma, const float *beta, float *y,
-                                    float *save_mean, float *save_invstd, float *running_mean,
-                                    float *running_var, float momentum, float eps);
+                                    const float *x_bias, const float *gamma, const float *beta,
+                                    float *y, float *save_mean, float *save_invstd,
+                                    float *running_mean, float *running_var, float momentum,
+                                    float eps);
 void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                   const float *gamma, const float *beta,
+                                   const float *x_bias, const float *gamma, const float *beta,
                                    const float *running_mean, const float *running_var,
                                    float eps, float *y);
+/* Training BN then ReLU (NaN passes); relu(BN(x) + z). */
+void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *x_bias, const float *gamma,
+                                         const float *beta, float *y, float *save_mean,
+                                         float *save_invstd, float *running_mean,
+                                         float *running_var, float momentum, float eps);
+void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                             const float *x_bias, const float *gamma,
+                                             const float *beta, const float *z, float *y,
+                                             float *save_mean, float *save_invstd,
+                                             float *running_mean, float *running_var,
+                                             float momentum, float eps);
+/* dx, dgamma, dbeta (dx may be dy; NULL dx: only dgamma and dbeta); the relu form
+ * masks dy by y > 0 (y: the ReLU output) on the fly. Both leave the column sum of
+ * dx (the bias gradient of a conv whose output is x) in the context: */
 void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                const float *gamma, const float *save_mean,
                                const float *save_invstd, const float *dy, float *dx,
                                float *dgamma, float *dbeta);
-/* Training BN then ReLU; relu(BN(x) + z) with the BN output in tmp. */
-void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                         const float *gamma, const float *beta, float *y,
-                                         float *save_mean, float *save_invstd,
-                                         float *running_mean, float *running_var, float momentum,
-                                         float eps);
-void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                             const float *gamma, const float *beta,
-                                             const float *z, float *tmp, float *y,
-                                             float *save_mean, float *save_invstd,
-                                             float *running_mean, float *running_var,
-                                             float momentum, float eps);
-/* ReLU backward (y: the ReLU output) then BN backward; dy is overwritten with the
- * masked gradient, dx must not alias dy. */
 void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                     const float *y, const float *gamma, const float *save_mean,
-                                    const float *save_invstd, float *dy, float *dx, float *dgamma,
-                                    float *dbeta);
+                                    const float *save_invstd, const float *dy, float *dx,
+                                    float *dgamma, float *dbeta);
+/* dbias[0..c) = that column sum (asynchronous copy). */
+void batchnorm2d_dsum_copy_cuda(CudaCtx *ctx, int c, float *dbias);
+
+/* ---- deferred conv bias (the op table, net_cuda.cu) ----
+ * Every conv of the network feeds a batch norm, so the CUDA table does not add the
+ * conv bias in a pass of its own: conv_forward defers it (cuda_bias_defer), and the
+ * next table op, if it is a BN of that very output, takes it (cuda_bias_take) and
+ * folds it into its read (writing x + bias back). In backward, a BN records that its
+ * dx's column sum is ready (cuda_dsum_note), and the conv backward that follows with
+ * that dx as dy copies it (cuda_dsum_take) instead of summing dy again. Any other op,
+ * cuda_ctx_sync, cuda_upload and cuda_download first flush what is deferred (the bias
+ * pass runs then), so every op's contract holds whatever the order of calls. */
+void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c);
+/* The deferred bias when x (rows x c) is its conv output (then no longer deferred);
+ * else everything deferred is flushed and NULL returned. */
+const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
+void cuda_dsum_note(CudaCtx *ctx, const float *dx, int c);
+/* 1 (and dbias written, when non-NULL) when dy is the noted dx; everything deferred
+ * is flushed either way. */
+int cuda_dsum_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
+void cuda_deferred_flush(CudaCtx *ctx);
 
 /* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
  * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define CUDA_HOST_API_VERSION 1
+#define CUDA_HOST_API_VERSION 2
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 
@@ -40,6 +40,10 @@ typedef struct {
     int (*comm_world_size)(const Comm *c);
     void (*comm_allreduce_mean)(Comm *c, float *buf, size_t n);
     void (*comm_broadcast)(Comm *c, void *buf, size_t bytes, int root);
+    void (*comm_allreduce_mean_on_stream)(Comm *c, float *dev_buf, size_t n, void *cuda_stream);
+    void (*comm_broadcast_on_stream)(Comm *c, void *dev_buf, size_t bytes, int root,
+                                     void *cuda_stream);
+    int (*dist_env_read)(DistEnv *env, char *err, size_t errlen);
     /* engine.h */
     AugmentSpec (*engine_augment_spec)(const Engine *e, int64_t epoch, int train);
 } CudaHostApi;
