@@ -69,7 +69,7 @@ typedef void (*FinalFn)(void *a, int ch, const double *t);
 
 /* bn_reduce_tile of ops_cuda.cu: K sums per channel. */
 static void emulate_reduce(int K, int64_t rows, int c, void *a, LaneFn lane_fn, FinalFn fin) {
-    int chunks = bn_chunks(rows);
+    int chunks = bn_chunks(rows, c);
     double *partial = xcalloc((size_t)chunks * K * c, sizeof(double));
     for (int p = 0; p < chunks; p++)
         for (int ch = 0; ch < c; ch++) {
@@ -105,7 +105,7 @@ typedef struct {
 
 static void fwd_lane(const void *p, int ch, int chunk, int lane, double *s) {
     const BnCase *a = p;
-    bn_fwd_lane(a->x, a->bias, a->rows, a->c, bn_chunks(a->rows), ch, chunk, lane, s);
+    bn_fwd_lane(a->x, a->bias, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s);
 }
 
 static void fwd_final(void *p, int ch, const double *t) {
@@ -116,7 +116,7 @@ static void fwd_final(void *p, int ch, const double *t) {
 
 static void bwd_lane(const void *p, int ch, int chunk, int lane, double *s) {
     const BnCase *a = p;
-    bn_bwd_lane(a->x, a->y, a->dy, a->save_mean, a->rows, a->c, bn_chunks(a->rows), ch, chunk, lane, s);
+    bn_bwd_lane(a->x, a->y, a->dy, a->save_mean, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s);
 }
 
 static void bwd_final(void *p, int ch, const double *t) {
@@ -256,11 +256,12 @@ static void test_backward(int64_t rows, int c, int relu) {
 /* The chunking covers every row once, whatever the row count. */
 static void test_chunks(void) {
     static const int64_t counts[] = {1, 7, 2047, 2048, 2049, 100000, 262144, 262145, 1048576, 5000001};
+    static const int chans[] = {1, 64, 513, BN_MAX_C};
     int ok = 1;
-    for (size_t t = 0; t < sizeof counts / sizeof *counts; t++) {
-        int64_t rows = counts[t], covered = 0, prev = 0;
-        int chunks = bn_chunks(rows);
-        ok &= chunks >= 1 && chunks <= BN_MAX_CHUNKS;
+    for (size_t t = 0; t < sizeof counts / sizeof *counts * 4; t++) {
+        int64_t rows = counts[t / 4], covered = 0, prev = 0;
+        int c = chans[t % 4], chunks = bn_chunks(rows, c);
+        ok &= chunks >= 1 && chunks <= BN_MAX_CHUNKS && (int64_t)chunks * c <= BN_PARTIALS;
         for (int p = 0; p < chunks; p++) {
             int64_t r0, r1;
             bn_chunk_rows(rows, chunks, p, &r0, &r1);
@@ -270,8 +271,12 @@ static void test_chunks(void) {
         }
         ok &= covered == rows;
     }
-    EXPECT(ok, "bn_chunk_rows covers every row exactly once");
-    printf("%s bn chunks cover every row exactly once\n", ok ? "ok  " : "FAIL");
+    EXPECT(ok, "bn_chunk_rows covers every row exactly once, within the scratch");
+    printf("%s bn chunks cover every row exactly once, within the scratch\n", ok ? "ok  " : "FAIL");
+    ok = 1; /* the channel of element i, 32-bit path and 64-bit path */
+    for (int64_t i = 0xfffffff0LL; i < 0x100000010LL; i++) ok &= bn_channel(i, 70) == (int)(i % 70);
+    EXPECT(ok, "bn_channel on both sides of 2^32");
+    printf("%s bn_channel on both sides of 2^32\n", ok ? "ok  " : "FAIL");
 }
 
 int main(void) {

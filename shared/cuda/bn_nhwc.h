@@ -38,17 +38,29 @@
 #define BN_TILE 32            /* channels per block */
 #define BN_LANES 8            /* row lanes per block */
 #define BN_ROWS_PER_CHUNK 2048 /* rows one block sums (about) */
-#define BN_MAX_CHUNKS 128
+#define BN_MAX_CHUNKS 1024
 #define BN_MAX_C 4096          /* channels the scratch is sized for */
 #define BN_SUMS 3              /* accumulators per channel (backward: dy, dy*(x-m), x-m) */
+/* Partial sums per accumulator the scratch holds: chunks * c <= this. */
+#define BN_PARTIALS ((int64_t)128 * BN_MAX_C)
 
 /* Element-wise modes of the forward pass. */
 enum { BN_PLAIN = 0, BN_RELU = 1, BN_ADD_RELU = 2 };
 
-BN_HD int bn_chunks(int64_t rows) {
+/* Chunks of rows x c (c <= BN_MAX_C): a function of the shape only, so the reduction
+ * order, and the results, are the same on every GPU. */
+BN_HD int bn_chunks(int64_t rows, int c) {
     int64_t p = (rows + BN_ROWS_PER_CHUNK - 1) / BN_ROWS_PER_CHUNK;
-    if (p > BN_MAX_CHUNKS) p = BN_MAX_CHUNKS;
+    int64_t cap = BN_PARTIALS / (c > 0 ? c : 1);
+    if (cap > BN_MAX_CHUNKS) cap = BN_MAX_CHUNKS;
+    if (p > cap) p = cap;
     return p < 1 ? 1 : (int)p;
+}
+
+/* Channel index of element i of an NHWC tensor (32-bit arithmetic when it fits:
+ * a 64-bit remainder is many instructions on a GPU). */
+BN_HD int bn_channel(int64_t i, int c) {
+    return i <= 0xffffffffLL ? (int)((uint32_t)i % (uint32_t)c) : (int)(i % c);
 }
 
 /* Rows [*r0, *r1) of chunk p of `chunks`. */
@@ -161,7 +173,7 @@ BN_HD void bn_bwd_final(int64_t rows, int c, int ch, const double *s, const floa
  * then by mode nothing, ReLU, or + z and ReLU. */
 BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const float *aff,
                         const float *z, int mode, float *y) {
-    int ch = (int)(i % c);
+    int ch = bn_channel(i, c);
     float v = bn_in(x, bias, i, ch);
     if (bias) x[i] = v;
     float t = v * aff[ch] + aff[c + ch];
@@ -173,7 +185,7 @@ BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const flo
 /* Backward element i: dx = k1*g + k2*x + k3 (dx may be dy). */
 BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const float *dy,
                         const float *k, float *dx) {
-    int ch = (int)(i % c);
+    int ch = bn_channel(i, c);
     float g = y ? (y[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
     dx[i] = k[ch] * g + k[c + ch] * x[i] + k[2 * c + ch];
 }

@@ -28,7 +28,7 @@ struct CudaCtx {
     cublasHandle_t cublas;
     void *cublas_ws;
     /* batch norm scratch (bn_nhwc.h), used by one BN at a time in stream order */
-    double *bn_partial;      /* BN_MAX_CHUNKS x BN_SUMS x BN_MAX_C */
+    double *bn_partial;      /* BN_SUMS x BN_PARTIALS (chunks x sums x c, bn_chunks) */
     unsigned *bn_counters;   /* one per channel tile, 0 between kernels */
     float *bn_aff;           /* 3 x BN_MAX_C: affine or backward coefficients */
     float *bn_dsum;          /* BN_MAX_C: column sum of the latest BN backward's dx */
@@ -72,7 +72,7 @@ extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     CHECK_CUBLAS(cublasSetMathMode(ctx->cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx->cublas_ws = cuda_alloc(CUBLAS_WORKSPACE_BYTES);
     CHECK_CUBLAS(cublasSetWorkspace(ctx->cublas, ctx->cublas_ws, CUBLAS_WORKSPACE_BYTES));
-    ctx->bn_partial = (double *)cuda_alloc((size_t)BN_MAX_CHUNKS * BN_SUMS * BN_MAX_C * sizeof(double));
+    ctx->bn_partial = (double *)cuda_alloc((size_t)BN_PARTIALS * BN_SUMS * sizeof(double));
     ctx->bn_counters = (unsigned *)cuda_alloc(BN_MAX_C / BN_TILE * sizeof(unsigned));
     ctx->bn_aff = (float *)cuda_alloc((size_t)3 * BN_MAX_C * sizeof(float));
     ctx->bn_dsum = (float *)cuda_alloc((size_t)BN_MAX_C * sizeof(float));
@@ -594,7 +594,7 @@ static int64_t bn_rows(int n, int hw, int c) {
 }
 
 static dim3 bn_grid(int64_t rows, int c) {
-    return dim3((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)bn_chunks(rows));
+    return dim3((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)bn_chunks(rows, c));
 }
 
 /* Training forward: the reduction, then y by mode (x_bias: a deferred conv bias,
@@ -607,7 +607,7 @@ static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, con
     BnFwdArgs a = {x, x_bias, gamma, beta, save_mean, save_invstd, running_mean, running_var,
                    ctx->bn_aff, momentum, eps};
     bn_fwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
-        rows, c, bn_chunks(rows), a, ctx->bn_partial, ctx->bn_counters);
+        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     CHECK_CUDA_LAST();
     size_t total = (size_t)rows * c;
     bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
@@ -667,7 +667,7 @@ static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, 
     int64_t rows = bn_rows(n, hw, c);
     BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, ctx->bn_dsum};
     bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
-        rows, c, bn_chunks(rows), a, ctx->bn_partial, ctx->bn_counters);
+        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     CHECK_CUDA_LAST();
     if (!dx) return;
     size_t total = (size_t)rows * c;
