@@ -186,6 +186,7 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     }
     if (why[0]) {
         (void)cudaGetLastError(); /* capture errors are not sticky: clear them */
+        cuda_deferred_drop(g->ctx); /* deferred work of the discarded capture */
         log_warn("cuda engine: CUDA graph capture failed (%s); running every step eagerly", why);
         g->graph_enabled = 0;
         return 0;

@@ -278,6 +278,11 @@ extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
     bias_apply(ctx, ctx->pend_rows, ctx->pend_c, ctx->pend_bias, y, 1);
 }
 
+extern "C" void cuda_deferred_drop(CudaCtx *ctx) {
+    ctx->pend_y = NULL;
+    ctx->dsum_for = NULL;
+}
+
 extern "C" void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c) {
     cuda_deferred_flush(ctx);
     if (!bias) return;
@@ -763,7 +768,18 @@ static cudnnMathType_t conv_chosen_math(const CudaCtx *ctx, cudnnMathType_t m) {
     return ctx->tf32 ? m : CUDNN_FMA_MATH;
 }
 
+/* cuDNN's tensor descriptors take int dimensions and at most 2^31-1 elements
+ * (the cuDNN API reference on cudnnSetTensor4dDescriptor): refuse larger batches
+ * with the reason rather than a bad-parameter status. */
+static void conv_check_elements(const ConvCuda *cv, int n) {
+    int64_t in = (int64_t)n * cv->h * cv->w * cv->cs.cin, out = (int64_t)n * cv->oh * cv->ow * cv->cs.cout;
+    if (in > INT32_MAX || out > INT32_MAX)
+        die("convolution on %d images of %dx%dx%d: %lld elements, more than cuDNN's 2^31-1 per tensor: "
+            "lower --batch-size", n, cv->h, cv->w, cv->cs.cin, (long long)(in > out ? in : out));
+}
+
 static void conv_set_batch_desc(ConvCuda *cv, int n) {
+    conv_check_elements(cv, n);
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->xd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cin,
                                            cv->h, cv->w));
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->yd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cout,
@@ -958,8 +974,24 @@ extern "C" void conv_cuda_free(ConvCuda *cv) {
 extern "C" size_t conv_cuda_workspace_bytes(const ConvCuda *cv) { return cv->ws_bytes; }
 extern "C" const char *conv_cuda_describe(const ConvCuda *cv) { return cv->desc; }
 
+/* A pass whose chosen algorithm does not fit at this batch size falls back to its
+ * workspace-free, deterministic default; that one must be supported and fit too. */
+static void conv_check_fallback(const ConvCuda *cv, int n, const char *pass, size_t need, size_t ws_bytes) {
+    if (need <= ws_bytes) return;
+    char last[256] = "", reason[512];
+    cudnnGetLastErrorString(last, sizeof last);
+    snprintf(reason, sizeof reason,
+             "conv %dx%d stride %d on %dx%dx%dx%d: neither the chosen %s algorithm nor its "
+             "fallback fits the %zu-byte workspace%s%s",
+             cv->cs.k, cv->cs.k, cv->cs.stride, n, cv->h, cv->w, cv->cs.cin, pass, ws_bytes,
+             last[0] ? ": " : "", last);
+    check_fail(__FILE__, __LINE__, "cuDNN convolution", reason,
+               "use the full batch size (a multiple of --batch-size), or another cuDNN version");
+}
+
 /* Point the descriptors at batch n; keep the chosen algorithms when their
- * workspace still fits, else use the workspace-free ones. */
+ * workspace still fits, else use the workspace-free ones (checked). Host calls only:
+ * conv_cuda_prepare runs it before a CUDA graph capture. */
 static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
     if (n == cv->cur_n) return;
     if (n < 1 || n > cv->max_n)
@@ -969,13 +1001,21 @@ static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
     cv->cur_fwd = cv->fwd;
     cv->cur_bwd_data = cv->bwd_data;
     cv->cur_bwd_filter = cv->bwd_filter;
-    if (conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd) > ws_bytes)
+    if (conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd) > ws_bytes) {
         cv->cur_fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+        conv_check_fallback(cv, n, "forward", conv_ws_fwd(ctx, cv, cv->cur_fwd, cv->math_fwd), ws_bytes);
+    }
     if (!cv->backward) return;
-    if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes)
+    if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes) {
         cv->cur_bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    if (conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) > ws_bytes)
+        conv_check_fallback(cv, n, "backward-data",
+                            conv_ws_bwd_data(ctx, cv, cv->cur_bwd_data, cv->math_bwd_data), ws_bytes);
+    }
+    if (conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) > ws_bytes) {
         cv->cur_bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+        conv_check_fallback(cv, n, "backward-filter",
+                            conv_ws_bwd_filter(ctx, cv, cv->cur_bwd_filter, cv->math_bwd_filter), ws_bytes);
+    }
 }
 
 extern "C" void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {

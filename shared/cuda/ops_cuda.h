@@ -162,6 +162,9 @@ void cuda_dsum_note(CudaCtx *ctx, const float *dx, int c);
  * is flushed either way. */
 int cuda_dsum_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
 void cuda_deferred_flush(CudaCtx *ctx);
+/* Forget what is deferred without running it: after a failed CUDA graph capture,
+ * whose work is discarded as a whole. */
+void cuda_deferred_drop(CudaCtx *ctx);
 
 /* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
  * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers
