@@ -1,9 +1,18 @@
 /* ops_cuda.cu: see ops_cuda.h. The CPU reference is ops_cpu.c; tests/test_ops_cuda.c
  * compares every op here with it.
  *
- * Determinism: no atomics anywhere; every reduction (bias gradients, the loss) runs
- * in a fixed order, so results repeat exactly for a given GPU, batch size and set
- * of cuDNN algorithms. */
+ * Determinism: no floating-point atomics; every reduction (batch-norm statistics,
+ * bias gradients, the loss) runs in a fixed order, so results repeat exactly for a
+ * given batch size and set of cuDNN algorithms (the batch-norm order does not even
+ * depend on the GPU: bn_nhwc.h). The only atomic is the batch norm's integer count
+ * of finished blocks, which picks the block that finalises, not the order of a sum.
+ *
+ * Streams: every kernel, copy and library call is queued on ctx->stream (cuDNN and
+ * cuBLAS are bound to it at creation; cublasSetStream before cublasSetWorkspace,
+ * because setting the stream resets the workspace). Nothing here allocates, frees
+ * or synchronises between cuda_ctx_create and cuda_ctx_free except the functions
+ * documented as synchronous and the conv plans' creation, so a training step can be
+ * captured into a CUDA graph. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
