@@ -21,7 +21,9 @@
  * touches a descriptor. With several processes the gradient all-reduce runs between
  * the graph and the SGD kernel. Partial batches run eagerly. If the capture fails,
  * one line says why and the engine runs eagerly from then on; CIFAR_CUDA_GRAPH=0
- * disables the graph. */
+ * disables the graph. CIFAR_CUDA_PHASES=1 (make bench-gpu) runs every step eagerly
+ * with CUDA events between augment, forward, loss+backward and the update, and logs
+ * the split of the GPU time when the engine is destroyed. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,11 @@
 #include "nn/engine.h"
 #include "nn/model.h"
 #include "nn/net.h"
+
+/* The phases of a training step timed with CUDA events (CIFAR_CUDA_PHASES=1). */
+enum { PHASE_AUGMENT, PHASE_FORWARD, PHASE_BACKWARD, PHASE_UPDATE, PHASE_COUNT };
+static const char *const phase_names[PHASE_COUNT] = {"augment", "forward", "loss+backward",
+                                                     "all-reduce+sgd"};
 
 /* Per-step scalars read by the kernels at run time (so a graph can be replayed). */
 typedef struct {
@@ -68,6 +75,11 @@ typedef struct {
     /* CUDA graph of the full-batch step */
     int graph_enabled, graph_fused_sgd, full_steps;
     cudaGraphExec_t graph;
+    /* CIFAR_CUDA_PHASES=1: per-phase GPU time of the eager steps (no CUDA graph) */
+    int phases;
+    cudaEvent_t ev[PHASE_COUNT + 1];
+    double phase_ms[PHASE_COUNT];
+    int64_t phase_steps;
 } GpuEngine;
 
 /* ---------------------------------------------------------------- staging */
@@ -103,13 +115,47 @@ static void sgd_step(Engine *e, GpuEngine *g) {
 
 /* Everything of one training step that depends only on device memory: the batch
  * from g->idx, forward, loss, backward, and the SGD update when fused. */
+/* Phase boundary i (0 .. PHASE_COUNT) of an eager step, when phases are timed. */
+static void phase_mark(GpuEngine *g, int i) {
+    if (!g->phases) return;
+    cuda_deferred_flush(g->ctx); /* the phase's own deferred work belongs to it */
+    CHECK_CUDA(cudaEventRecord(g->ev[i], (cudaStream_t)cuda_ctx_stream(g->ctx)));
+}
+
+/* After the step's synchronisation: add the phases' times. */
+static void phase_collect(GpuEngine *g) {
+    if (!g->phases) return;
+    for (int i = 0; i < PHASE_COUNT; i++) {
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, g->ev[i], g->ev[i + 1]));
+        g->phase_ms[i] += ms;
+    }
+    g->phase_steps++;
+}
+
+static void phase_report(const GpuEngine *g) {
+    if (!g->phases || !g->phase_steps) return;
+    double total = 0.0;
+    for (int i = 0; i < PHASE_COUNT; i++) total += g->phase_ms[i];
+    char line[512];
+    int at = snprintf(line, sizeof line, "cuda engine: GPU time per step over %lld eager steps: %.3f ms",
+                      (long long)g->phase_steps, total / g->phase_steps);
+    for (int i = 0; i < PHASE_COUNT && at < (int)sizeof line; i++)
+        at += snprintf(line + at, sizeof line - at, ", %s %.1f%%", phase_names[i],
+                       total > 0 ? 100.0 * g->phase_ms[i] / total : 0.0);
+    log_info("%s", line);
+}
+
 static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     AugmentSpec spec = engine_augment_spec(e, 0, 1);
     augment_batch_cuda(g->ctx, &spec, g->train_px, g->train_lab, g->idx, n, g->batch_x, g->batch_y,
                        &g->args->epoch);
+    phase_mark(g, PHASE_FORWARD);
     net_forward(g->net, g->params, g->buffers, 1, g->batch_x, n);
+    phase_mark(g, PHASE_BACKWARD);
     net_backward(g->net, g->params, g->batch_y, n, e->cfg.label_smoothing, g->grads, g->loss,
                  g->correct);
+    phase_mark(g, PHASE_UPDATE);
     if (fuse_sgd) sgd_step(e, g);
     cuda_deferred_flush(g->ctx); /* nothing deferred may outlive a captured step */
 }
@@ -237,15 +283,18 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
         CHECK_CUDA(cudaGraphLaunch(g->graph, s));
         fuse_sgd = g->graph_fused_sgd;
     } else {
+        phase_mark(g, PHASE_AUGMENT);
         train_body(e, g, n, fuse_sgd);
     }
     if (!fuse_sgd) {
         if (world > 1) grads_allreduce(e, g);
         sgd_step(e, g);
     }
+    if (!g->graph) phase_mark(g, PHASE_COUNT);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(g->h_correct, g->correct, sizeof(int), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
+    if (!g->graph) phase_collect(g);
     if (correct) *correct = *g->h_correct;
     return *g->h_loss;
 }
@@ -327,6 +376,9 @@ static void cuda_broadcast_buffers(Engine *e, int root) {
 static void cuda_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     cuda_ctx_sync(g->ctx);
+    phase_report(g);
+    if (g->phases)
+        for (int i = 0; i <= PHASE_COUNT; i++) CHECK_CUDA(cudaEventDestroy(g->ev[i]));
     if (g->graph) CHECK_CUDA(cudaGraphExecDestroy(g->graph));
     net_free(g->net);
     cuda_free(g->staging);
@@ -450,6 +502,12 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     g->ctx = cuda_ctx_create(cfg->device, g->tf32, cfg->deterministic);
     const char *ge = getenv("CIFAR_CUDA_GRAPH");
     g->graph_enabled = !(ge && strcmp(ge, "0") == 0);
+    const char *ph = getenv("CIFAR_CUDA_PHASES");
+    g->phases = ph && strcmp(ph, "1") == 0;
+    if (g->phases) { /* a replayed graph cannot be split into phases: eager steps only */
+        g->graph_enabled = 0;
+        for (int i = 0; i <= PHASE_COUNT; i++) CHECK_CUDA(cudaEventCreate(&g->ev[i]));
+    }
 
     size_t np = m->num_params, nbuf = m->num_buffers;
     g->params = (float *)cuda_alloc(np * sizeof(float));
