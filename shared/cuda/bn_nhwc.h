@@ -115,26 +115,35 @@ BN_HD void bn_bwd_lane(const float *x, const float *y, const float *dy, const fl
     s[2] = a3;
 }
 
-/* Per channel, from the totals of bn_fwd_lane: the saved and running statistics and
- * the affine y = v*aff[ch] + aff[c+ch] (ops_cpu_impl.h's opsi_bn_train_affine). */
+/* y = v*scale + (beta - mean*scale): the per-channel affine a BN applies. */
+BN_HD void bn_set_affine(int c, int ch, double scale, double mean, float beta, float *aff) {
+    aff[ch] = (float)scale;
+    aff[c + ch] = (float)((double)beta - mean * scale);
+}
+
+/* PyTorch's running update, with the unbiased batch variance. */
+BN_HD void bn_running_update(int64_t rows, double mean, double var, float momentum, float *rm,
+                             float *rv) {
+    double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
+    *rm = (float)((1.0 - momentum) * *rm + momentum * mean);
+    *rv = (float)((1.0 - momentum) * *rv + momentum * unbiased);
+}
+
+/* Per channel, from the totals of bn_fwd_lane (sums of v - shift and its square,
+ * shift = the first row's v): the saved and running statistics and the affine
+ * (ops_cpu_impl.h's opsi_bn_train_affine, the same formulas). */
 BN_HD void bn_fwd_final(int64_t rows, int c, int ch, const float *x, const float *bias,
                         const double *s, const float *gamma, const float *beta, float momentum,
                         float eps, float *save_mean, float *save_invstd, float *running_mean,
                         float *running_var, float *aff) {
-    double shift = (double)bn_in(x, bias, ch, ch);
-    double dm = s[0] / rows;
-    double mean = shift + dm;
+    double dm = s[0] / rows, mean = (double)bn_in(x, bias, ch, ch) + dm;
     double var = s[1] / rows - dm * dm;
-    if (var < 0) var = 0;
+    var = var < 0 ? 0 : var; /* NaN stays NaN */
     double invstd = 1.0 / sqrt(var + (double)eps);
     save_mean[ch] = (float)mean;
     save_invstd[ch] = (float)invstd;
-    double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
-    running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mean);
-    running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
-    double scale = (double)gamma[ch] * invstd;
-    aff[ch] = (float)scale;
-    aff[c + ch] = (float)((double)beta[ch] - mean * scale);
+    bn_running_update(rows, mean, var, momentum, &running_mean[ch], &running_var[ch]);
+    bn_set_affine(c, ch, (double)gamma[ch] * invstd, mean, beta[ch], aff);
 }
 
 /* Inference: the affine from the running statistics. */
@@ -142,8 +151,7 @@ BN_HD void bn_eval_final(int c, int ch, const float *gamma, const float *beta,
                          const float *running_mean, const float *running_var, float eps,
                          float *aff) {
     double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)eps);
-    aff[ch] = (float)scale;
-    aff[c + ch] = (float)((double)beta[ch] - (double)running_mean[ch] * scale);
+    bn_set_affine(c, ch, scale, (double)running_mean[ch], beta[ch], aff);
 }
 
 /* Per channel, from the totals of bn_bwd_lane: dgamma, dbeta, the coefficients
