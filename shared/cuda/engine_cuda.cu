@@ -257,6 +257,15 @@ static void grads_allreduce(Engine *e, GpuEngine *g) {
     }
 }
 
+/* The kernels read the split at these indices unchecked: check them here (n <= the
+ * batch size, a negligible cost) so a bad sampler is an error, not a wild read. */
+static void idx_check(const int64_t *idx, int n, int64_t count, const char *split) {
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= count)
+            die("cuda engine: sample index %lld is outside the %s split of %lld records (internal error)",
+                (long long)idx[i], split, (long long)count);
+}
+
 static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                              float lr, int *correct) {
     GpuEngine *g = (GpuEngine *)e->impl;
@@ -265,6 +274,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
         die("cuda engine: batch of %d images, but the engine was created for at most %d", n,
             e->cfg.max_batch);
     if (e->cfg.train.count == 0) die("cuda engine: a training step on an engine without a training split");
+    idx_check(idx, n, e->cfg.train.count, "training");
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     g->h_args->epoch = epoch;
     g->h_args->lr = lr;
@@ -307,6 +317,7 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     if (n < 1 || n > e->cfg.max_batch)
         die("cuda engine: eval batch of %d images, but the engine was created for at most %d", n,
             e->cfg.max_batch);
+    idx_check(idx, n, e->cfg.test.count, "test");
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     AugmentSpec spec = engine_augment_spec(e, 0, 0);

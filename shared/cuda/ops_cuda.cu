@@ -499,9 +499,10 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
  * launches per batch norm, forward or backward, any number of rows, deterministic,
  * ReLU / residual add / a deferred conv bias fused in. The reduction's last block per
  * channel tile finalises the statistics: the blocks of a tile count themselves in
- * ctx->bn_counters (one unsigned per tile, back to 0 when the tile is done, so graph
- * replays start clean) after a __threadfence() that makes their partials visible
- * (the CUDA Programming Guide's "last block" reduction pattern). */
+ * ctx->bn_counters (one unsigned per tile, atomicInc back to 0 by the tile's last
+ * block, so graph replays start clean) after a __threadfence() that makes their
+ * partials visible (the CUDA Programming Guide's "last block" reduction pattern,
+ * its threadFenceReduction sample). */
 
 struct BnFwdArgs {
     const float *x, *bias, *gamma, *beta;
@@ -538,7 +539,9 @@ __device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
         __threadfence(); /* the partials reach device memory before the count */
     }
     __syncthreads();
-    if (tx == 0 && ty == 0) is_last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+    /* atomicInc wraps to 0 on the tile's last block: the counter is ready for the
+     * next launch (or graph replay) without a store of its own */
+    if (tx == 0 && ty == 0) is_last = atomicInc(&counters[blockIdx.x], gridDim.y - 1) == gridDim.y - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
@@ -556,7 +559,6 @@ __device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
         }
         fin(ch, t);
     }
-    if (tx == 0 && ty == 0) counters[blockIdx.x] = 0;
 }
 
 __global__ void bn_fwd_reduce_kernel(int64_t rows, int c, int chunks, BnFwdArgs a, double *partial,

@@ -143,11 +143,14 @@ timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,
 
 # ---------------------------------------------------------------- 2. unit test
 say "== 2. test_ops_cuda [$(elapsed)]"
-if stage "$T_TEST" "$BUILD/cuda/tests/test_ops_cuda" >"$out/test_ops_cuda.log" 2>&1; then
-    if grep -q "no GPU, skipped" "$out/test_ops_cuda.log"; then fail "test_ops_cuda skipped: no GPU seen"; else pass "test_ops_cuda"; fi
+# --gpu-only: a test that sees no usable GPU exits 77 (its SKIP line says why), a failure here.
+stage "$T_TEST" "$BUILD/cuda/tests/test_ops_cuda" --gpu-only >"$out/test_ops_cuda.log" 2>&1
+rc=$?
+if [ $rc = 0 ]; then
+    pass "test_ops_cuda"
 else
-    fail "test_ops_cuda (see test_ops_cuda.log)"
-    grep FAIL "$out/test_ops_cuda.log" | head -20 | tee -a "$summary"
+    fail "test_ops_cuda exited $rc (see test_ops_cuda.log)"
+    grep -E 'FAIL|SKIP' "$out/test_ops_cuda.log" | head -20 | tee -a "$summary"
 fi
 
 # ---------------------------------------------------------------- 2b. NCCL, one rank
