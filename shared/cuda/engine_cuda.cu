@@ -228,7 +228,7 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
                 snprintf(why, sizeof why, "cudaGraphInstantiate: %s", cudaGetErrorString(rc));
             }
         }
-        if (graph) (void)cudaGraphDestroy(graph);
+        if (graph) CHECK_CUDA(cudaGraphDestroy(graph));
     }
     if (why[0]) {
         (void)cudaGetLastError(); /* capture errors are not sticky: clear them */
