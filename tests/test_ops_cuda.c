@@ -1,9 +1,9 @@
 /* test_ops_cuda: every op of the CUDA op table (net_cuda.cu) against the CPU table
  * on op_cases.h's case table (forward and backward, within each case's tolerance),
- * NaN through the GPU ReLU, the conv in ops.h's contract form (fp32 and tf32); the
- * augmentation kernel
- * bit for bit; then the whole CUDA engine against the CPU engine on two tiny
- * networks (bottleneck and basic blocks): a few SGD steps (the second full batch is
+ * NaN through the GPU ReLU, the conv in ops.h's contract form (fp32 and tf32), our
+ * batch-norm kernels repeatable bit for bit; the augmentation kernel bit for bit;
+ * then the whole CUDA engine against the CPU engine on two tiny networks
+ * (bottleneck and basic blocks): a few SGD steps (the second full batch is
  * captured as a CUDA graph, the third replays it, the fourth is a partial batch),
  * then the weights, BN buffers, momentum and an evaluation compared.
  *
@@ -205,6 +205,45 @@ static void test_elementwise(CudaCtx *ctx) {
     cuda_free(gn); cuda_free(gz);
     cuda_free(ga); cuda_free(gb); cuda_free(gr);
     free(a); free(b); free(r); free(y);
+}
+
+/* Our batch-norm kernels twice on the same input, into fresh buffers: bit-identical
+ * (fixed reduction order), and the second launch finalises too (the per-tile block
+ * counters are back at 0 after each launch, as graph replays need). */
+static void test_bn_repeatable(CudaCtx *ctx) {
+    const int n = 50, hw = 1000, c = 40; /* 50,000 rows: several chunks; c across two tiles */
+    size_t nx = (size_t)n * hw * c;
+    float *x = rand_vec(nx, -2, 3), *dy = rand_vec(nx, -1, 1), *g = rand_vec(c, 0.5f, 1.5f);
+    float *b = rand_vec(c, -0.5f, 0.5f);
+    float *gx = dev_from(ctx, x, nx), *gdy = dev_from(ctx, dy, nx), *gg = dev_from(ctx, g, c);
+    float *gb = dev_from(ctx, b, c);
+    float *out[2][6];
+    for (int run = 0; run < 2; run++) {
+        float *y = cuda_alloc(nx * sizeof(float)), *dx = cuda_alloc(nx * sizeof(float));
+        float *m = cuda_alloc(c * sizeof(float)), *inv = cuda_alloc(c * sizeof(float));
+        float *rm = cuda_alloc(c * sizeof(float)), *rv = cuda_alloc(c * sizeof(float));
+        float *dg = cuda_alloc(c * sizeof(float)), *db = cuda_alloc(c * sizeof(float));
+        float *dev[] = {y, dx, m, inv, rm, rv, dg, db};
+        for (int i = 0; i < 8; i++) cuda_memset_async(ctx, dev[i], 0, (i < 2 ? nx : (size_t)c) * sizeof(float));
+        batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, NULL, gg, gb, y, m, inv, rm, rv, 0.1f, 1e-5f);
+        batchnorm2d_relu_backward_cuda(ctx, n, hw, c, gx, y, gg, m, inv, gdy, dx, dg, db);
+        out[run][0] = host_from(ctx, y, nx);
+        out[run][1] = host_from(ctx, dx, nx);
+        out[run][2] = host_from(ctx, m, c);
+        out[run][3] = host_from(ctx, inv, c);
+        out[run][4] = host_from(ctx, dg, c);
+        out[run][5] = host_from(ctx, db, c);
+        for (int i = 0; i < 8; i++) cuda_free(dev[i]);
+    }
+    int same = 1, finalized = 0;
+    for (int k = 0; k < 6; k++) same &= memcmp(out[0][k], out[1][k], (k < 2 ? nx : (size_t)c) * sizeof(float)) == 0;
+    for (int ch = 0; ch < c; ch++) finalized += out[1][3][ch] > 0.0f; /* invstd > 0 once finalised */
+    expect_true("batch norm (ours) twice: bit-identical y, dx, statistics and gradients", same);
+    expect_true("batch norm (ours): the second launch finalises every channel", finalized == c);
+    for (int run = 0; run < 2; run++)
+        for (int k = 0; k < 6; k++) free(out[run][k]);
+    cuda_free(gx); cuda_free(gdy); cuda_free(gg); cuda_free(gb);
+    free(x); free(dy); free(g); free(b);
 }
 
 static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
@@ -423,6 +462,7 @@ int main(int argc, char **argv) {
     test_conv(ctx, (ConvSpec){16, 32, 3, 2, 1}, 4, 8, 8, 1e-4f, "3x3/2 (ops.h contract form)");
     test_op_cases(ctx);
     test_elementwise(ctx);
+    test_bn_repeatable(ctx);
     test_augment(ctx, 3, 4, 1);
     test_augment(ctx, 1, 2, 1);
     test_augment(ctx, 3, 0, 0);
