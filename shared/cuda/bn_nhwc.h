@@ -31,13 +31,17 @@
 
 #ifdef __CUDACC__
 #define BN_HD static inline __host__ __device__
+/* Row loops unrolled so that a thread has several loads in flight (the sums are
+ * still added one row after the other: unrolling does not reorder them). */
+#define BN_UNROLL _Pragma("unroll 8")
 #else
 #define BN_HD static inline
+#define BN_UNROLL
 #endif
 
 #define BN_TILE 32            /* channels per block */
 #define BN_LANES 8            /* row lanes per block */
-#define BN_ROWS_PER_CHUNK 2048 /* rows one block sums (about) */
+#define BN_ROWS_PER_CHUNK 512  /* rows one block sums (about): 64 per lane */
 #define BN_MAX_CHUNKS 1024
 #define BN_MAX_C 4096          /* channels the scratch is sized for */
 #define BN_SUMS 3              /* accumulators per channel (backward: dy, dy*(x-m), x-m) */
@@ -85,6 +89,7 @@ BN_HD void bn_fwd_lane(const float *x, const float *bias, int64_t rows, int c, i
     bn_chunk_rows(rows, chunks, p, &r0, &r1);
     const double shift = (double)bn_in(x, bias, ch, ch);
     double s1 = 0.0, s2 = 0.0;
+    BN_UNROLL
     for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
         double d = (double)bn_in(x, bias, r * c + ch, ch) - shift;
         s1 += d;
@@ -102,6 +107,7 @@ BN_HD void bn_bwd_lane(const float *x, const float *y, const float *dy, const fl
     bn_chunk_rows(rows, chunks, p, &r0, &r1);
     const double mean = (double)save_mean[ch];
     double a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    BN_UNROLL
     for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
         int64_t i = r * c + ch;
         float g = y ? (y[i] > 0.0f ? dy[i] : 0.0f) : dy[i];

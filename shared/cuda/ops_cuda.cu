@@ -547,6 +547,7 @@ __device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
     __threadfence();
     for (int k = 0; k < K; k++) s[k] = 0.0;
     if (ch < c)
+#pragma unroll 8
         for (int q = ty; q < chunks; q += BN_LANES)
             for (int k = 0; k < K; k++) s[k] += __ldcg(&partial[((size_t)q * K + k) * c + ch]);
     for (int k = 0; k < K; k++) sh[k][ty][tx] = s[k];
