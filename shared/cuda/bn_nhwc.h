@@ -31,11 +31,15 @@
 
 #ifdef __CUDACC__
 #define BN_HD static inline __host__ __device__
-/* Row loops unrolled so that a thread has several loads in flight (the sums are
- * still added one row after the other: unrolling does not reorder them). */
-#define BN_UNROLL _Pragma("unroll 8")
 #else
 #define BN_HD static inline
+#endif
+/* Row loops unrolled in the device code so that a thread has several loads in
+ * flight (the sums are still added one row after the other: unrolling does not
+ * reorder them). Nothing for the host compilers, which do not know the pragma. */
+#ifdef __CUDA_ARCH__
+#define BN_UNROLL _Pragma("unroll 8")
+#else
 #define BN_UNROLL
 #endif
 
