@@ -294,10 +294,21 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
     free(px); free(lab); free(out);
 }
 
+/* The bias of a conv (every conv feeds a batch norm here): its gradient is 0 in
+ * exact arithmetic, rounding noise on both devices (the CPU sums its float dx, the
+ * GPU's table computes the sum from the BN's double sums), so only weight decay
+ * moves it for sure. */
+static int is_conv_bias(const char *name) {
+    size_t len = strlen(name);
+    return strstr(name, "conv") && len > 5 && strcmp(name + len - 5, ".bias") == 0;
+}
+
 /* Per state_dict tensor of `kind`: the change from base (NULL: from 0) on the GPU
- * against the CPU's, as a relative L2 error with an absolute floor (conv biases in
- * front of a BN get gradients that are rounding noise). Comparing changes, not
- * values, keeps a wrong gradient from hiding behind the size of the weights. */
+ * against the CPU's, as a relative L2 error with an absolute floor per element: 1e-5,
+ * 1e-4 for conv biases (rounding noise of about 1e-7 to 1e-6 per step around the
+ * weight decay's 5e-5; a wrong bias gradient, of the order of the other gradients,
+ * still fails). Comparing changes, not values, keeps a wrong gradient from hiding
+ * behind the size of the weights. */
 static void expect_tensors(const char *what, const Model *m, TensorKind kind, const float *got,
                            const float *want, const float *base, double rel) {
     double worst = 0.0;
@@ -312,7 +323,8 @@ static void expect_tensors(const char *what, const Model *m, TensorKind kind, co
             num += (dg - dw) * (dg - dw);
             den += dw * dw;
         }
-        double err = sqrt(num) / (sqrt(den) + 1e-5 * sqrt((double)ti->numel));
+        double floor = is_conv_bias(ti->name) ? 1e-4 : 1e-5;
+        double err = sqrt(num) / (sqrt(den) + floor * sqrt((double)ti->numel));
         if (!(err <= worst)) {
             worst = err;
             worst_name = ti->name;
