@@ -6,9 +6,10 @@
  *
  * Conv biases are deferred (ops_cuda.h, "deferred conv bias"): conv_forward leaves
  * the bias to the batch norm that reads its output (no bias pass), and a BN
- * backward's dx column sum is the next conv backward's bias gradient (no column-sum
- * passes). Every other op flushes what is deferred first, so the table keeps
- * net_ops.h's contracts for any sequence of calls. */
+ * backward waits for the conv backward that follows to write that conv's bias
+ * gradient (the column sum of its dx) directly (no column-sum passes, no copy).
+ * Every other op flushes what is deferred first, so the table keeps net_ops.h's
+ * contracts for any sequence of calls. */
 #include <string.h>
 
 #include "cuda/cuda_check.h"
@@ -69,7 +70,8 @@ static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const 
 static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
                              const float *dy, float *dx, float *dweight, float *dbias, void *ws,
                              size_t ws_bytes) {
-    int folded = cuda_dsum_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
+    /* the BN backward that produced dy writes this conv's bias gradient itself */
+    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
     conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, folded ? NULL : dbias, ws,
                        ws_bytes);
 }
@@ -121,9 +123,12 @@ static void nc_bn_backward(void *ctx, int n, int hw, int c, const float *x, cons
                            const float *save_mean, const float *save_invstd, const float *dy,
                            float *dx, float *dgamma, float *dbeta) {
     cuda_deferred_flush(CTX(ctx));
-    batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
-                              dbeta);
-    if (dx) cuda_dsum_note(CTX(ctx), dx, c);
+    if (dx) /* launched by the conv backward that follows (or the next op) */
+        cuda_bn_backward_defer(CTX(ctx), n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx,
+                               dgamma, dbeta);
+    else
+        batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx,
+                                  dgamma, dbeta);
 }
 
 static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x, const float *y,
@@ -131,9 +136,12 @@ static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x,
                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
                                 float *dbeta) {
     cuda_deferred_flush(CTX(ctx));
-    batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
-                                   dgamma, dbeta);
-    if (dx) cuda_dsum_note(CTX(ctx), dx, c);
+    if (dx)
+        cuda_bn_backward_defer(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                               dgamma, dbeta);
+    else
+        batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy,
+                                       dx, dgamma, dbeta);
 }
 
 static void nc_relu_forward(void *ctx, size_t count, const float *x, float *y) {

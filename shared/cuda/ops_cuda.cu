@@ -30,6 +30,13 @@
 /* cuBLAS needs a fixed workspace to be captured into a CUDA graph. */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
+/* A batch-norm backward waiting to be launched (cuda_bn_backward_defer). */
+typedef struct {
+    int active, n, hw, c;
+    const float *x, *y, *gamma, *save_mean, *save_invstd, *dy;
+    float *dx, *dgamma, *dbeta;
+} BnBwdPending;
+
 struct CudaCtx {
     int device, tf32, deterministic;
     cudaStream_t stream;
@@ -40,17 +47,16 @@ struct CudaCtx {
     double *bn_partial;      /* BN_SUMS x BN_PARTIALS (chunks x sums x c, bn_chunks) */
     unsigned *bn_counters;   /* one per channel tile, 0 between kernels */
     float *bn_aff;           /* 3 x BN_MAX_C: affine or backward coefficients */
-    float *bn_dsum;          /* BN_MAX_C: column sum of the latest BN backward's dx */
+    float *bn_dsum;          /* BN_MAX_C: column sum of a BN backward's dx, when no conv wants it */
     float *colsum_scratch;   /* COLSUM_SCRATCH_FLOATS */
     /* The op table's deferred work (ops_cuda.h, "deferred conv bias"): a conv output
-     * still without its bias, and the conv output gradient whose column sum (the
-     * conv bias gradient) bn_dsum holds. */
+     * still without its bias, and a BN backward not yet launched (it waits for the
+     * conv backward that follows, to write that conv's bias gradient directly). */
     float *pend_y;
     const float *pend_bias;
     size_t pend_rows;
     int pend_c;
-    const float *dsum_for;
-    int dsum_c;
+    BnBwdPending pend_bwd;
     float *loss_dev;                    /* one float, for the synchronous loss */
     int *correct_dev;                   /* one int */
 };
@@ -279,8 +285,21 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
 
 /* ------------------------------------------------------ deferred conv bias */
 
+static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum);
+
+/* Launch the deferred BN backward; its dx column sum goes to dsum (a conv bias
+ * gradient) or, NULL, to the context's scratch. */
+static void bn_backward_launch(CudaCtx *ctx, float *dsum) {
+    BnBwdPending b = ctx->pend_bwd;
+    ctx->pend_bwd.active = 0;
+    bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy, b.dx,
+                    b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+}
+
 extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
-    ctx->dsum_for = NULL;
+    if (ctx->pend_bwd.active) bn_backward_launch(ctx, NULL);
     if (!ctx->pend_y) return;
     float *y = ctx->pend_y;
     ctx->pend_y = NULL;
@@ -289,7 +308,7 @@ extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
 
 extern "C" void cuda_deferred_drop(CudaCtx *ctx) {
     ctx->pend_y = NULL;
-    ctx->dsum_for = NULL;
+    ctx->pend_bwd.active = 0;
 }
 
 extern "C" void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c) {
@@ -302,26 +321,31 @@ extern "C" void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_
 }
 
 extern "C" const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c) {
-    if (ctx->pend_y && ctx->pend_y == x && ctx->pend_rows == rows && ctx->pend_c == c) {
+    if (ctx->pend_y && ctx->pend_y == x && ctx->pend_rows == rows && ctx->pend_c == c &&
+        !ctx->pend_bwd.active) {
         ctx->pend_y = NULL;
-        ctx->dsum_for = NULL;
         return ctx->pend_bias;
     }
     cuda_deferred_flush(ctx);
     return NULL;
 }
 
-extern "C" void cuda_dsum_note(CudaCtx *ctx, const float *dx, int c) {
+extern "C" void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                       const float *y, const float *gamma, const float *save_mean,
+                                       const float *save_invstd, const float *dy, float *dx,
+                                       float *dgamma, float *dbeta) {
     cuda_deferred_flush(ctx);
-    ctx->dsum_for = dx;
-    ctx->dsum_c = c;
+    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta};
+    ctx->pend_bwd = b;
 }
 
-extern "C" int cuda_dsum_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
-    int hit = ctx->dsum_for && ctx->dsum_for == dy && ctx->dsum_c == c;
+extern "C" int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
+    if (ctx->pend_bwd.active && ctx->pend_bwd.dx == dy && ctx->pend_bwd.c == c && !ctx->pend_y) {
+        bn_backward_launch(ctx, dbias);
+        return 1;
+    }
     cuda_deferred_flush(ctx);
-    if (hit && dbias) batchnorm2d_dsum_copy_cuda(ctx, c, dbias);
-    return hit;
+    return 0;
 }
 
 /* ----------------------------------------------------------------- mean pool */
@@ -677,12 +701,12 @@ extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c
 }
 
 /* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
- * column sum of dx (the gradient of a conv bias in front) is left in ctx->bn_dsum. */
+ * column sum of dx (the gradient of a conv bias in front) goes to dsum. */
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
-                            const float *dy, float *dx, float *dgamma, float *dbeta) {
+                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum) {
     int64_t rows = bn_rows(n, hw, c);
-    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, ctx->bn_dsum};
+    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
     bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
         rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     CHECK_CUDA_LAST();
@@ -697,7 +721,8 @@ extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, co
                                           const float *gamma, const float *save_mean,
                                           const float *save_invstd, const float *dy, float *dx,
                                           float *dgamma, float *dbeta) {
-    bn_backward_run(ctx, n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+    bn_backward_run(ctx, n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                    ctx->bn_dsum);
 }
 
 extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -705,13 +730,10 @@ extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int 
                                                const float *save_mean, const float *save_invstd,
                                                const float *dy, float *dx, float *dgamma,
                                                float *dbeta) {
-    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                    ctx->bn_dsum);
 }
 
-extern "C" void batchnorm2d_dsum_copy_cuda(CudaCtx *ctx, int c, float *dbias) {
-    if (c > BN_MAX_C) die("batch norm over %d channels: the CUDA kernels take at most %d", c, BN_MAX_C);
-    cuda_copy_d2d_async(ctx, dbias, ctx->bn_dsum, (size_t)c * sizeof(float));
-}
 
 /* --------------------------------------------------------------- convolution */
 

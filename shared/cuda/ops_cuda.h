@@ -131,8 +131,7 @@ void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
                                              float *running_mean, float *running_var,
                                              float momentum, float eps);
 /* dx, dgamma, dbeta (dx may be dy; NULL dx: only dgamma and dbeta); the relu form
- * masks dy by y > 0 (y: the ReLU output) on the fly. Both leave the column sum of
- * dx (the bias gradient of a conv whose output is x) in the context: */
+ * masks dy by y > 0 (y: the ReLU output) on the fly. */
 void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                const float *gamma, const float *save_mean,
                                const float *save_invstd, const float *dy, float *dx,
@@ -141,26 +140,31 @@ void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const fl
                                     const float *y, const float *gamma, const float *save_mean,
                                     const float *save_invstd, const float *dy, float *dx,
                                     float *dgamma, float *dbeta);
-/* dbias[0..c) = that column sum (asynchronous copy). */
-void batchnorm2d_dsum_copy_cuda(CudaCtx *ctx, int c, float *dbias);
 
 /* ---- deferred conv bias (the op table, net_cuda.cu) ----
  * Every conv of the network feeds a batch norm, so the CUDA table does not add the
  * conv bias in a pass of its own: conv_forward defers it (cuda_bias_defer), and the
  * next table op, if it is a BN of that very output, takes it (cuda_bias_take) and
- * folds it into its read (writing x + bias back). In backward, a BN records that its
- * dx's column sum is ready (cuda_dsum_note), and the conv backward that follows with
- * that dx as dy copies it (cuda_dsum_take) instead of summing dy again. Any other op,
- * cuda_ctx_sync, cuda_upload and cuda_download first flush what is deferred (the bias
- * pass runs then), so every op's contract holds whatever the order of calls. */
+ * folds it into its read (writing x + bias back). In backward, a BN backward with a
+ * dx is deferred (cuda_bn_backward_defer) until the next op: when that is the conv
+ * backward taking this dx as dy (cuda_bn_backward_take), the BN kernels write the
+ * column sum of dx, the conv bias gradient, straight into that conv's dbias, and the
+ * conv backward sums nothing. Any other op, cuda_ctx_sync, cuda_upload and
+ * cuda_download first flush what is deferred (the bias pass, the BN backward), so
+ * every op's contract holds whatever the order of calls. */
 void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c);
 /* The deferred bias when x (rows x c) is its conv output (then no longer deferred);
  * else everything deferred is flushed and NULL returned. */
 const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
-void cuda_dsum_note(CudaCtx *ctx, const float *dx, int c);
-/* 1 (and dbias written, when non-NULL) when dy is the noted dx; everything deferred
- * is flushed either way. */
-int cuda_dsum_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
+/* batchnorm2d_relu_backward_cuda (y non-NULL) or batchnorm2d_backward_cuda (y NULL),
+ * launched later. */
+void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta);
+/* When dy is the deferred BN backward's dx (c channels): launches it with the column
+ * sum of dx written to dbias (when non-NULL) and returns 1; else flushes
+ * everything deferred and returns 0. */
+int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
 void cuda_deferred_flush(CudaCtx *ctx);
 /* Forget what is deferred without running it: after a failed CUDA graph capture,
  * whose work is discarded as a whole. */
