@@ -131,7 +131,7 @@ CUDA_OBJS =
 ifeq ($(CUDA),1)
 CFLAGS += -DCIFAR_CUDA -I$(CUDA_INC) -I$(CUDA_HOME)/include
 NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -I$(CUDA_INC) -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp,-fPIC \
-          --expt-relaxed-constexpr -Werror all-warnings
+          --expt-relaxed-constexpr -Werror all-warnings -MMD -MP
 CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c) shared/nn/net.c) \
             $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
 CUDA_SO = $(BIN)/libcifar-cuda.so
@@ -161,8 +161,11 @@ eval_SRC = $(wildcard eval/*.c)
 synth_SRC = pipelines/cifar-synth.c
 unpack_SRC = pipelines/cifar-unpack.c
 
-TEST_SRC = $(wildcard tests/test_*.c)
+# test_comm_nccl needs the NCCL of a CUDA build and a GPU: built in CUDA builds
+# only, run by make test-gpu (and tests/gpu/run.sh), not by test-unit.
+TEST_SRC = $(filter-out tests/test_comm_nccl.c,$(wildcard tests/test_*.c))
 TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
+GPU_TEST_BINS =
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
 .PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
@@ -191,9 +194,10 @@ $(CUDA_SO): $(CUDA_OBJS)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDA_LIBS)
 
-# The CUDA op tests link the library itself (and hand it the callbacks).
-$(OBJ)/tests/test_ops_cuda: $(OBJ)/tests/test_ops_cuda.o $(LIB) $(CUDA_SO)
-	$(CC) $(LDFLAGS) -o $@ $(OBJ)/tests/test_ops_cuda.o $(LIB) $(LDLIBS) \
+# The CUDA op and NCCL tests link the library itself (and hand it the callbacks).
+GPU_TEST_BINS = $(OBJ)/tests/test_comm_nccl
+$(OBJ)/tests/test_ops_cuda $(OBJ)/tests/test_comm_nccl: $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB) $(CUDA_SO)
+	$(CC) $(LDFLAGS) -o $@ $(OBJ)/tests/$*.o $(LIB) $(LDLIBS) \
 	    -L$(BIN) -Wl,-rpath,$(abspath $(BIN)) -lcifar-cuda
 endif
 
@@ -257,7 +261,7 @@ test: deps-check
 	@$(MAKE) --no-print-directory all test-bins
 	@$(MAKE) --no-print-directory test-unit test-bats
 
-test-bins: $(TEST_BINS)
+test-bins: $(TEST_BINS) $(GPU_TEST_BINS)
 
 test-unit: $(TEST_BINS) $(CUDA_SO) $(MPI_SO)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; CIFAR_MPI_LIB=$(abspath $(MPI_SO)) $$t; done
@@ -265,11 +269,12 @@ ifeq ($(CUDA),1)
 	@echo "== tests/check_cuda_so.sh"; tests/check_cuda_so.sh $(CUDA_SO)
 endif
 
-# The GPU op cases and the GPU engine against the CPU (tests/test_ops_cuda.c); exits
+# The GPU op cases and the GPU engine against the CPU (tests/test_ops_cuda.c), then
+# NCCL with one rank (tests/test_comm_nccl.c); exits
 # 77 with one line saying why when no GPU is usable (or in a CPU-only build).
-test-gpu: $(TEST_BINS) $(CUDA_SO)
+test-gpu: $(TEST_BINS) $(GPU_TEST_BINS) $(CUDA_SO)
 ifeq ($(CUDA),1)
-	@$(OBJ)/tests/test_ops_cuda --gpu-only
+	@$(OBJ)/tests/test_ops_cuda --gpu-only && $(OBJ)/tests/test_comm_nccl
 else
 	@echo "test-gpu: SKIP: CPU-only build (CUDA=$(CUDA)): no GPU code to test"; exit 77
 endif

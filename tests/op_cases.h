@@ -2,7 +2,8 @@
  * backends through the executor's op table (net_ops.h), so that "this op on that
  * device agrees with the reference" is written once:
  *   - test_ops.c: every CPU instruction-set variant against the baseline;
- *   - test_ops_cuda.c: the CUDA table against the CPU table.
+ *   - test_ops_cuda.c: the CUDA table against the CPU table (the conv -> BN pairs
+ *     exercise the CUDA table's deferred conv bias and its folded gradient).
  * (The CPU ops in double against finite differences stay in test_ops.c.)
  * Each case builds its inputs once on the host (fixed pseudo-random values), runs
  * on the reference and on the backend under test, and compares every output with
@@ -45,6 +46,9 @@ typedef enum {
     OPC_LINEAR,        /* forward and backward */
     OPC_XENT,          /* loss, hits, dlogits */
     OPC_SGD,           /* param, momentum */
+    OPC_CONV_BN,       /* conv -> bn+relu train -> bn+relu backward -> conv backward (the
+                        * executor's pairing: the CUDA table's deferred conv bias) */
+    OPC_CONV_BN_EVAL,  /* conv -> bn eval */
 } OpKind;
 
 typedef struct {
@@ -55,7 +59,7 @@ typedef struct {
     const char *label;
 } OpCase;
 
-#define OPC_MAX_TENSORS 10
+#define OPC_MAX_TENSORS 16
 
 /* The host side of one run: inputs shared by both backends, outputs per backend. */
 typedef struct {
@@ -121,6 +125,20 @@ static void opc_make_inputs(const OpCase *c, OpcRun *r) {
         opc_host_rand(r, (size_t)s->cout * s->cin * s->k * s->k, -0.5f, 0.5f);  /* weight (KCRS) */
         opc_host_rand(r, (size_t)s->cout, -0.5f, 0.5f);                        /* bias */
         opc_host_rand(r, (size_t)c->n * oh * ow * s->cout, -1, 1);             /* dy */
+        break;
+    }
+    case OPC_CONV_BN:
+    case OPC_CONV_BN_EVAL: {
+        const ConvSpec *s = &c->cs;
+        int oh = conv_out_size(c->hw, s->k, s->stride, s->pad), ow = conv_out_size(c->k, s->k, s->stride, s->pad);
+        opc_host_rand(r, (size_t)c->n * c->hw * c->k * s->cin, -1, 1);         /* x */
+        opc_host_rand(r, (size_t)s->cout * s->cin * s->k * s->k, -0.5f, 0.5f);  /* weight (KCRS) */
+        opc_host_rand(r, (size_t)s->cout, -0.5f, 0.5f);                        /* conv bias */
+        opc_host_rand(r, (size_t)c->n * oh * ow * s->cout, -1, 1);             /* dy of the BN+ReLU */
+        opc_host_rand(r, (size_t)s->cout, 0.5f, 1.5f);                         /* gamma */
+        opc_host_rand(r, (size_t)s->cout, -0.5f, 0.5f);                        /* beta */
+        opc_host_rand(r, (size_t)s->cout, -0.2f, 0.2f);                        /* running mean */
+        opc_host_rand(r, (size_t)s->cout, 0.5f, 1.5f);                         /* running var */
         break;
     }
     case OPC_BN_TRAIN:
@@ -192,6 +210,57 @@ static void opc_run_conv(const OpCase *c, const OpBackend *b, OpcRun *r) {
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) b->ops->release(b->ctx, dev[i]);
     b->ops->release(b->ctx, ws);
     b->ops->conv_plan_free(b->ctx, plan);
+}
+
+/* A conv and the BN that reads its output, forward (training: and backward), as the
+ * executor pairs them. */
+static void opc_run_conv_bn(const OpCase *c, const OpBackend *b, OpcRun *r) {
+    const ConvSpec *s = &c->cs;
+    const NetOps *o = b->ops;
+    int oh = conv_out_size(c->hw, s->k, s->stride, s->pad), ow = conv_out_size(c->k, s->k, s->stride, s->pad);
+    size_t wn = r->in_n[1], ny = r->in_n[3], nc = (size_t)s->cout;
+    void *plan = o->conv_plan(b->ctx, s, c->n, c->hw, c->k, c->op == OPC_CONV_BN);
+    size_t ws_bytes = o->conv_workspace_bytes(b->ctx, plan);
+    void *ws = o->alloc(b->ctx, ws_bytes ? ws_bytes : 1);
+    float *x = opc_dev_in(b, r, 0), *wk = opc_dev_in(b, r, 1), *bias = opc_dev_in(b, r, 2);
+    float *dy = opc_dev_in(b, r, 3), *g = opc_dev_in(b, r, 4), *be = opc_dev_in(b, r, 5);
+    float *rm = opc_dev_in(b, r, 6), *rv = opc_dev_in(b, r, 7), *w = opc_dev_zero(b, wn);
+    float *conv_out = opc_dev_zero(b, ny), *y = opc_dev_zero(b, ny);
+    o->conv_weight_import(b->ctx, plan, wk, w);
+    o->conv_forward(b->ctx, plan, c->n, x, w, bias, conv_out, ws, ws_bytes);
+    if (c->op == OPC_CONV_BN_EVAL) {
+        o->bn_eval(b->ctx, c->n, oh * ow, s->cout, conv_out, g, be, rm, rv, 1e-5f, y);
+        opc_take(b, r, "y", y, ny);
+        opc_take(b, r, "conv out", conv_out, ny);
+    } else {
+        float *mean = opc_dev_zero(b, nc), *inv = opc_dev_zero(b, nc), *dc = opc_dev_zero(b, ny);
+        float *dg = opc_dev_zero(b, nc), *db = opc_dev_zero(b, nc), *dx = opc_dev_zero(b, r->in_n[0]);
+        float *dwd = opc_dev_zero(b, wn), *dw = opc_dev_zero(b, wn), *dbias = opc_dev_zero(b, nc);
+        o->bn_relu_train(b->ctx, c->n, oh * ow, s->cout, conv_out, g, be, y, mean, inv, rm, rv, 0.1f,
+                         1e-5f);
+        o->bn_relu_backward(b->ctx, c->n, oh * ow, s->cout, conv_out, y, g, mean, inv, dy, dc, dg, db);
+        o->conv_backward(b->ctx, plan, c->n, x, w, dc, dx, dwd, dbias, ws, ws_bytes);
+        o->conv_weight_export(b->ctx, plan, dwd, dw);
+        opc_take(b, r, "y", y, ny);
+        opc_take(b, r, "conv out", conv_out, ny);
+        opc_take(b, r, "save_mean", mean, nc);
+        opc_take(b, r, "save_invstd", inv, nc);
+        opc_take(b, r, "running_mean", rm, nc);
+        opc_take(b, r, "running_var", rv, nc);
+        opc_take(b, r, "bn dx", dc, ny);
+        opc_take(b, r, "dgamma", dg, nc);
+        opc_take(b, r, "dbeta", db, nc);
+        opc_take(b, r, "conv dx", dx, r->in_n[0]);
+        opc_take(b, r, "conv dweight", dw, wn);
+        opc_take(b, r, "conv dbias", dbias, nc);
+        o->release(b->ctx, dwd);
+        rm = rv = NULL;
+    }
+    float *dev[] = {x, wk, bias, dy, g, be, w, rm, rv};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i]) o->release(b->ctx, dev[i]);
+    o->release(b->ctx, ws);
+    o->conv_plan_free(b->ctx, plan);
 }
 
 static void opc_run_bn_forward(const OpCase *c, const OpBackend *b, OpcRun *r) {
@@ -331,6 +400,8 @@ static void opc_run(const OpCase *c, const OpBackend *b, OpcRun *r) {
     if (b->select) b->select(b->select_arg);
     switch (c->op) {
     case OPC_CONV: opc_run_conv(c, b, r); break;
+    case OPC_CONV_BN:
+    case OPC_CONV_BN_EVAL: opc_run_conv_bn(c, b, r); break;
     case OPC_BN_TRAIN:
     case OPC_BN_RELU_TRAIN:
     case OPC_BN_ADD_RELU_TRAIN:
@@ -407,6 +478,10 @@ static const OpCase opc_cases[] = {
     {OPC_XENT, 300, 0, 0, 10, {0}, 1e-6f, 1e-5f, "softmax xent"},
     {OPC_SGD, 1, 1000, 3, 0, {0}, 1e-7f, 1e-6f, "sgd"},
     {OPC_SGD, 1, 1000, 3, 1, {0}, 1e-7f, 1e-6f, "sgd nesterov"},
+    /* conv bias gradient in front of a training BN: rounding noise around 0 on both */
+    {OPC_CONV_BN, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, "conv 3x3 -> bn+relu (bias deferred)"},
+    {OPC_CONV_BN, 2, 9, 0, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, "conv stem -> bn+relu (bias deferred)"},
+    {OPC_CONV_BN_EVAL, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, "conv 3x3 -> bn eval (bias deferred)"},
 };
 
 static void opc_check_all(const OpBackend *ref, const OpBackend *dut, int verbose) {

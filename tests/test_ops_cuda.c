@@ -1,9 +1,9 @@
 /* test_ops_cuda: every op of the CUDA op table (net_cuda.cu) against the CPU table
  * on op_cases.h's case table (forward and backward, within each case's tolerance),
- * NaN through the GPU ReLU, the conv in ops.h's contract form (fp32 and tf32); the
- * augmentation kernel
- * bit for bit; then the whole CUDA engine against the CPU engine on two tiny
- * networks (bottleneck and basic blocks): a few SGD steps (the second full batch is
+ * NaN through the GPU ReLU, the conv in ops.h's contract form (fp32 and tf32), our
+ * batch-norm kernels repeatable bit for bit; the augmentation kernel bit for bit;
+ * then the whole CUDA engine against the CPU engine on two tiny networks
+ * (bottleneck and basic blocks): a few SGD steps (the second full batch is
  * captured as a CUDA graph, the third replays it, the fourth is a partial batch),
  * then the weights, BN buffers, momentum and an evaluation compared.
  *
@@ -207,6 +207,45 @@ static void test_elementwise(CudaCtx *ctx) {
     free(a); free(b); free(r); free(y);
 }
 
+/* Our batch-norm kernels twice on the same input, into fresh buffers: bit-identical
+ * (fixed reduction order), and the second launch finalises too (the per-tile block
+ * counters are back at 0 after each launch, as graph replays need). */
+static void test_bn_repeatable(CudaCtx *ctx) {
+    const int n = 50, hw = 1000, c = 40; /* 50,000 rows: several chunks; c across two tiles */
+    size_t nx = (size_t)n * hw * c;
+    float *x = rand_vec(nx, -2, 3), *dy = rand_vec(nx, -1, 1), *g = rand_vec(c, 0.5f, 1.5f);
+    float *b = rand_vec(c, -0.5f, 0.5f);
+    float *gx = dev_from(ctx, x, nx), *gdy = dev_from(ctx, dy, nx), *gg = dev_from(ctx, g, c);
+    float *gb = dev_from(ctx, b, c);
+    float *out[2][6];
+    for (int run = 0; run < 2; run++) {
+        float *y = cuda_alloc(nx * sizeof(float)), *dx = cuda_alloc(nx * sizeof(float));
+        float *m = cuda_alloc(c * sizeof(float)), *inv = cuda_alloc(c * sizeof(float));
+        float *rm = cuda_alloc(c * sizeof(float)), *rv = cuda_alloc(c * sizeof(float));
+        float *dg = cuda_alloc(c * sizeof(float)), *db = cuda_alloc(c * sizeof(float));
+        float *dev[] = {y, dx, m, inv, rm, rv, dg, db};
+        for (int i = 0; i < 8; i++) cuda_memset_async(ctx, dev[i], 0, (i < 2 ? nx : (size_t)c) * sizeof(float));
+        batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, NULL, gg, gb, y, m, inv, rm, rv, 0.1f, 1e-5f);
+        batchnorm2d_relu_backward_cuda(ctx, n, hw, c, gx, y, gg, m, inv, gdy, dx, dg, db);
+        out[run][0] = host_from(ctx, y, nx);
+        out[run][1] = host_from(ctx, dx, nx);
+        out[run][2] = host_from(ctx, m, c);
+        out[run][3] = host_from(ctx, inv, c);
+        out[run][4] = host_from(ctx, dg, c);
+        out[run][5] = host_from(ctx, db, c);
+        for (int i = 0; i < 8; i++) cuda_free(dev[i]);
+    }
+    int same = 1, finalized = 0;
+    for (int k = 0; k < 6; k++) same &= memcmp(out[0][k], out[1][k], (k < 2 ? nx : (size_t)c) * sizeof(float)) == 0;
+    for (int ch = 0; ch < c; ch++) finalized += out[1][3][ch] > 0.0f; /* invstd > 0 once finalised */
+    expect_true("batch norm (ours) twice: bit-identical y, dx, statistics and gradients", same);
+    expect_true("batch norm (ours): the second launch finalises every channel", finalized == c);
+    for (int run = 0; run < 2; run++)
+        for (int k = 0; k < 6; k++) free(out[run][k]);
+    cuda_free(gx); cuda_free(gdy); cuda_free(gg); cuda_free(gb);
+    free(x); free(dy); free(g); free(b);
+}
+
 static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
     const int h = 12, w = 10, count = 40, n = 17;
     size_t rec = (size_t)h * w * c;
@@ -255,10 +294,21 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
     free(px); free(lab); free(out);
 }
 
+/* The bias of a conv (every conv feeds a batch norm here): its gradient is 0 in
+ * exact arithmetic, rounding noise on both devices (the CPU sums its float dx, the
+ * GPU's table computes the sum from the BN's double sums), so only weight decay
+ * moves it for sure. */
+static int is_conv_bias(const char *name) {
+    size_t len = strlen(name);
+    return strstr(name, "conv") && len > 5 && strcmp(name + len - 5, ".bias") == 0;
+}
+
 /* Per state_dict tensor of `kind`: the change from base (NULL: from 0) on the GPU
- * against the CPU's, as a relative L2 error with an absolute floor (conv biases in
- * front of a BN get gradients that are rounding noise). Comparing changes, not
- * values, keeps a wrong gradient from hiding behind the size of the weights. */
+ * against the CPU's, as a relative L2 error with an absolute floor per element: 1e-5,
+ * 1e-4 for conv biases (rounding noise of about 1e-7 to 1e-6 per step around the
+ * weight decay's 5e-5; a wrong bias gradient, of the order of the other gradients,
+ * still fails). Comparing changes, not values, keeps a wrong gradient from hiding
+ * behind the size of the weights. */
 static void expect_tensors(const char *what, const Model *m, TensorKind kind, const float *got,
                            const float *want, const float *base, double rel) {
     double worst = 0.0;
@@ -273,7 +323,8 @@ static void expect_tensors(const char *what, const Model *m, TensorKind kind, co
             num += (dg - dw) * (dg - dw);
             den += dw * dw;
         }
-        double err = sqrt(num) / (sqrt(den) + 1e-5 * sqrt((double)ti->numel));
+        double floor = is_conv_bias(ti->name) ? 1e-4 : 1e-5;
+        double err = sqrt(num) / (sqrt(den) + floor * sqrt((double)ti->numel));
         if (!(err <= worst)) {
             worst = err;
             worst_name = ti->name;
@@ -423,6 +474,7 @@ int main(int argc, char **argv) {
     test_conv(ctx, (ConvSpec){16, 32, 3, 2, 1}, 4, 8, 8, 1e-4f, "3x3/2 (ops.h contract form)");
     test_op_cases(ctx);
     test_elementwise(ctx);
+    test_bn_repeatable(ctx);
     test_augment(ctx, 3, 4, 1);
     test_augment(ctx, 1, 2, 1);
     test_augment(ctx, 3, 0, 0);

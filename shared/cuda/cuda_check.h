@@ -65,26 +65,15 @@ static inline void cudnn_check_fail(const char *file, int line, const char *what
     check_fail(file, line, what, reason, cudnn_check_hint(s));
 }
 
-static inline const char *cublas_check_reason(cublasStatus_t s) {
-    switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "cuBLAS not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "cuBLAS allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "architecture mismatch";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "mapping error";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "internal error";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
-    default: return "unknown cuBLAS error";
-    }
-}
-
 static inline const char *nccl_check_hint(ncclResult_t r) {
     switch (r) {
     case ncclSystemError:
     case ncclRemoteError:
         return "a peer or the network failed: check that every rank is alive and NCCL_SOCKET_IFNAME (NCCL_DEBUG=INFO tells more)";
     case ncclInvalidUsage:
+        return "NCCL refused the call: with \"Duplicate GPU detected\" (NCCL_DEBUG=WARN) two ranks share one GPU "
+               "(more processes per node than GPUs: lower --nproc-per-node or check CUDA_VISIBLE_DEVICES); "
+               "else check WORLD_SIZE and that every rank runs the same command";
     case ncclInvalidArgument:
         return "NCCL was called inconsistently across ranks: check WORLD_SIZE and that every rank runs the same command";
     default:
@@ -119,7 +108,7 @@ int cuda_guard_run(void (*fn)(void *), void *arg, char *why, size_t len);
     do {                                                                                \
         cublasStatus_t check_cublas_s_ = (call);                                        \
         if (check_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                   \
-            check_fail(__FILE__, __LINE__, #call, cublas_check_reason(check_cublas_s_), \
+            check_fail(__FILE__, __LINE__, #call, cublasGetStatusString(check_cublas_s_), \
                        "a cuBLAS call failed: check GPU memory and the CUDA version");  \
     } while (0)
 

@@ -21,7 +21,9 @@
  * touches a descriptor. With several processes the gradient all-reduce runs between
  * the graph and the SGD kernel. Partial batches run eagerly. If the capture fails,
  * one line says why and the engine runs eagerly from then on; CIFAR_CUDA_GRAPH=0
- * disables the graph. */
+ * disables the graph. CIFAR_CUDA_PHASES=1 (make bench-gpu) runs every step eagerly
+ * with CUDA events between augment, forward, loss+backward and the update, and logs
+ * the split of the GPU time when the engine is destroyed. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,11 @@
 #include "nn/engine.h"
 #include "nn/model.h"
 #include "nn/net.h"
+
+/* The phases of a training step timed with CUDA events (CIFAR_CUDA_PHASES=1). */
+enum { PHASE_AUGMENT, PHASE_FORWARD, PHASE_BACKWARD, PHASE_UPDATE, PHASE_COUNT };
+static const char *const phase_names[PHASE_COUNT] = {"augment", "forward", "loss+backward",
+                                                     "all-reduce+sgd"};
 
 /* Per-step scalars read by the kernels at run time (so a graph can be replayed). */
 typedef struct {
@@ -68,6 +75,11 @@ typedef struct {
     /* CUDA graph of the full-batch step */
     int graph_enabled, graph_fused_sgd, full_steps;
     cudaGraphExec_t graph;
+    /* CIFAR_CUDA_PHASES=1: per-phase GPU time of the eager steps (no CUDA graph) */
+    int phases;
+    cudaEvent_t ev[PHASE_COUNT + 1];
+    double phase_ms[PHASE_COUNT];
+    int64_t phase_steps;
 } GpuEngine;
 
 /* ---------------------------------------------------------------- staging */
@@ -103,14 +115,49 @@ static void sgd_step(Engine *e, GpuEngine *g) {
 
 /* Everything of one training step that depends only on device memory: the batch
  * from g->idx, forward, loss, backward, and the SGD update when fused. */
+/* Phase boundary i (0 .. PHASE_COUNT) of an eager step, when phases are timed. */
+static void phase_mark(GpuEngine *g, int i) {
+    if (!g->phases) return;
+    cuda_deferred_flush(g->ctx); /* the phase's own deferred work belongs to it */
+    CHECK_CUDA(cudaEventRecord(g->ev[i], (cudaStream_t)cuda_ctx_stream(g->ctx)));
+}
+
+/* After the step's synchronisation: add the phases' times. */
+static void phase_collect(GpuEngine *g) {
+    if (!g->phases) return;
+    for (int i = 0; i < PHASE_COUNT; i++) {
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, g->ev[i], g->ev[i + 1]));
+        g->phase_ms[i] += ms;
+    }
+    g->phase_steps++;
+}
+
+static void phase_report(const GpuEngine *g) {
+    if (!g->phases || !g->phase_steps) return;
+    double total = 0.0;
+    for (int i = 0; i < PHASE_COUNT; i++) total += g->phase_ms[i];
+    char line[512];
+    int at = snprintf(line, sizeof line, "cuda engine: GPU time per step over %lld eager steps: %.3f ms",
+                      (long long)g->phase_steps, total / g->phase_steps);
+    for (int i = 0; i < PHASE_COUNT && at < (int)sizeof line; i++)
+        at += snprintf(line + at, sizeof line - at, ", %s %.1f%%", phase_names[i],
+                       total > 0 ? 100.0 * g->phase_ms[i] / total : 0.0);
+    log_info("%s", line);
+}
+
 static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     AugmentSpec spec = engine_augment_spec(e, 0, 1);
     augment_batch_cuda(g->ctx, &spec, g->train_px, g->train_lab, g->idx, n, g->batch_x, g->batch_y,
                        &g->args->epoch);
+    phase_mark(g, PHASE_FORWARD);
     net_forward(g->net, g->params, g->buffers, 1, g->batch_x, n);
+    phase_mark(g, PHASE_BACKWARD);
     net_backward(g->net, g->params, g->batch_y, n, e->cfg.label_smoothing, g->grads, g->loss,
                  g->correct);
+    phase_mark(g, PHASE_UPDATE);
     if (fuse_sgd) sgd_step(e, g);
+    cuda_deferred_flush(g->ctx); /* nothing deferred may outlive a captured step */
 }
 
 typedef struct {
@@ -124,20 +171,34 @@ static void capture_body(void *p) {
     train_body(a->e, a->g, a->n, a->fuse_sgd);
 }
 
-/* One line with the kernels of the captured step (make bench-gpu reads it). */
-static void graph_report(cudaGraph_t graph) {
+/* Kernel nodes of a graph, those of its child graphs included (cuDNN or cuBLAS may
+ * capture their work as child graphs). */
+static size_t graph_count_kernels(cudaGraph_t graph, size_t *nodes_out) {
     size_t count = 0, kernels = 0;
     CHECK_CUDA(cudaGraphGetNodes(graph, NULL, &count));
     cudaGraphNode_t *nodes = (cudaGraphNode_t *)xcalloc(count ? count : 1, sizeof *nodes);
     CHECK_CUDA(cudaGraphGetNodes(graph, nodes, &count));
+    *nodes_out += count;
     for (size_t i = 0; i < count; i++) {
         cudaGraphNodeType type;
         CHECK_CUDA(cudaGraphNodeGetType(nodes[i], &type));
-        kernels += type == cudaGraphNodeTypeKernel;
+        if (type == cudaGraphNodeTypeKernel) {
+            kernels++;
+        } else if (type == cudaGraphNodeTypeGraph) {
+            cudaGraph_t child = NULL;
+            CHECK_CUDA(cudaGraphChildGraphNodeGetGraph(nodes[i], &child));
+            kernels += graph_count_kernels(child, nodes_out);
+        }
     }
     free(nodes);
+    return kernels;
+}
+
+/* One line with the kernels of the captured step (make bench-gpu reads it). */
+static void graph_report(cudaGraph_t graph) {
+    size_t nodes = 0, kernels = graph_count_kernels(graph, &nodes);
     log_info("cuda engine: CUDA graph of one step: %zu kernels per step (%zu graph nodes)", kernels,
-             count);
+             nodes);
 }
 
 /* Capture the full-batch step into g->graph. On any failure (a CUDA, cuDNN or
@@ -167,10 +228,11 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
                 snprintf(why, sizeof why, "cudaGraphInstantiate: %s", cudaGetErrorString(rc));
             }
         }
-        if (graph) (void)cudaGraphDestroy(graph);
+        if (graph) CHECK_CUDA(cudaGraphDestroy(graph));
     }
     if (why[0]) {
         (void)cudaGetLastError(); /* capture errors are not sticky: clear them */
+        cuda_deferred_drop(g->ctx); /* deferred work of the discarded capture */
         log_warn("cuda engine: CUDA graph capture failed (%s); running every step eagerly", why);
         g->graph_enabled = 0;
         return 0;
@@ -179,19 +241,29 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     return 1;
 }
 
-/* Mean of the gradients over the processes: NCCL works on device memory (its own
- * stream: ours must be finished first); other communicators on host memory. */
+/* Mean of the gradients over the processes. NCCL: on device memory, enqueued on
+ * the engine's own stream after the backward already queued there (no host
+ * synchronisation; comm_allreduce_mean_on_stream returns once it is done, under the
+ * collective timeout). Other communicators work on host memory. */
 static void grads_allreduce(Engine *e, GpuEngine *g) {
     Comm *c = e->cfg.comm;
     size_t np = e->cfg.model->num_params;
-    cuda_ctx_sync(g->ctx);
     if (comm_kind(c) == COMM_NCCL) {
-        comm_allreduce_mean(c, g->grads, np);
+        comm_allreduce_mean_on_stream(c, g->grads, np, cuda_ctx_stream(g->ctx));
     } else {
         cuda_download(g->ctx, g->h_scratch, g->grads, np * sizeof(float));
         comm_allreduce_mean(c, g->h_scratch, np);
         cuda_upload(g->ctx, g->grads, g->h_scratch, np * sizeof(float));
     }
+}
+
+/* The kernels read the split at these indices unchecked: check them here (n <= the
+ * batch size, a negligible cost) so a bad sampler is an error, not a wild read. */
+static void idx_check(const int64_t *idx, int n, int64_t count, const char *split) {
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= count)
+            die("cuda engine: sample index %lld is outside the %s split of %lld records (internal error)",
+                (long long)idx[i], split, (long long)count);
 }
 
 static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
@@ -202,6 +274,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
         die("cuda engine: batch of %d images, but the engine was created for at most %d", n,
             e->cfg.max_batch);
     if (e->cfg.train.count == 0) die("cuda engine: a training step on an engine without a training split");
+    idx_check(idx, n, e->cfg.train.count, "training");
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     g->h_args->epoch = epoch;
     g->h_args->lr = lr;
@@ -220,15 +293,18 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
         CHECK_CUDA(cudaGraphLaunch(g->graph, s));
         fuse_sgd = g->graph_fused_sgd;
     } else {
+        phase_mark(g, PHASE_AUGMENT);
         train_body(e, g, n, fuse_sgd);
     }
     if (!fuse_sgd) {
         if (world > 1) grads_allreduce(e, g);
         sgd_step(e, g);
     }
+    if (!g->graph) phase_mark(g, PHASE_COUNT);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(g->h_correct, g->correct, sizeof(int), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
+    if (!g->graph) phase_collect(g);
     if (correct) *correct = *g->h_correct;
     return *g->h_loss;
 }
@@ -241,11 +317,13 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     if (n < 1 || n > e->cfg.max_batch)
         die("cuda engine: eval batch of %d images, but the engine was created for at most %d", n,
             e->cfg.max_batch);
+    idx_check(idx, n, e->cfg.test.count, "test");
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_batch_cuda(g->ctx, &spec, g->test_px, g->test_lab, g->idx, n, g->batch_x, g->batch_y, NULL);
     net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
+    cuda_deferred_flush(g->ctx);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
                             g->correct, predictions ? g->pred : NULL);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -297,9 +375,8 @@ static void cuda_broadcast_buffers(Engine *e, int root) {
     Comm *c = e->cfg.comm;
     size_t bytes = e->cfg.model->num_buffers * sizeof(float);
     if (!c || comm_world_size(c) == 1) return;
-    cuda_ctx_sync(g->ctx);
-    if (comm_kind(c) == COMM_NCCL) {
-        comm_broadcast(c, g->buffers, bytes, root);
+    if (comm_kind(c) == COMM_NCCL) { /* on the engine's stream, after the steps queued there */
+        comm_broadcast_on_stream(c, g->buffers, bytes, root, cuda_ctx_stream(g->ctx));
     } else {
         cuda_download(g->ctx, g->h_scratch, g->buffers, bytes);
         comm_broadcast(c, g->h_scratch, bytes, root);
@@ -310,6 +387,9 @@ static void cuda_broadcast_buffers(Engine *e, int root) {
 static void cuda_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     cuda_ctx_sync(g->ctx);
+    phase_report(g);
+    if (g->phases)
+        for (int i = 0; i <= PHASE_COUNT; i++) CHECK_CUDA(cudaEventDestroy(g->ev[i]));
     if (g->graph) CHECK_CUDA(cudaGraphExecDestroy(g->graph));
     net_free(g->net);
     cuda_free(g->staging);
@@ -384,6 +464,22 @@ static void *host_pinned(size_t bytes) {
     return p;
 }
 
+/* NCCL refuses two ranks on one GPU ("Duplicate GPU detected", ncclInvalidUsage)
+ * after every rank has started: with more processes on this node than GPUs, say so
+ * before anything is allocated. Returns 1 with the reason in err. */
+static int gpus_too_few(int count, char *err, size_t errlen) {
+    DistEnv env;
+    char why[256] = "";
+    if (dist_env_read(&env, why, sizeof why) != 0 || env.world_size <= 1) return 0;
+    if (env.local_world_size <= count) return 0;
+    snprintf(err, errlen,
+             "%d processes on this node but only %d GPU%s visible: NCCL cannot put two ranks on one "
+             "GPU (it stops with \"Duplicate GPU detected\"); use --nproc-per-node %d or fewer, or "
+             "make more GPUs visible (CUDA_VISIBLE_DEVICES)",
+             env.local_world_size, count, count == 1 ? "" : "s", count);
+    return 1;
+}
+
 static const EngineOps cuda_engine_ops = {
     "cuda",
     cuda_train_step,
@@ -415,6 +511,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
         snprintf(err, errlen, "batch size must be at least 1, got %d", cfg->max_batch);
         return NULL;
     }
+    if (gpus_too_few(count, err, errlen)) return NULL;
     split_check_labels(&cfg->train, "train", m->fc_out);
     split_check_labels(&cfg->test, "test", m->fc_out);
 
@@ -427,6 +524,12 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     g->ctx = cuda_ctx_create(cfg->device, g->tf32, cfg->deterministic);
     const char *ge = getenv("CIFAR_CUDA_GRAPH");
     g->graph_enabled = !(ge && strcmp(ge, "0") == 0);
+    const char *ph = getenv("CIFAR_CUDA_PHASES");
+    g->phases = ph && strcmp(ph, "1") == 0;
+    if (g->phases) { /* a replayed graph cannot be split into phases: eager steps only */
+        g->graph_enabled = 0;
+        for (int i = 0; i <= PHASE_COUNT; i++) CHECK_CUDA(cudaEventCreate(&g->ev[i]));
+    }
 
     size_t np = m->num_params, nbuf = m->num_buffers;
     g->params = (float *)cuda_alloc(np * sizeof(float));

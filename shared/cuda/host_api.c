@@ -6,7 +6,16 @@
  * It also holds the capture guard (cuda_check.h's cuda_guard_run): while a CUDA
  * graph is captured, a failing check or die() inside the capture returns to the
  * engine with the message instead of exiting, so the engine can end the capture
- * and run eagerly. */
+ * and run eagerly.
+ *
+ * Why the longjmp is safe: it crosses only frames of this project's C code and of
+ * its nvcc-compiled C++ (engine_cuda.cu, net_cuda.cu, ops_cuda.cu), never a frame of
+ * cuDNN, cuBLAS, NCCL or the CUDA runtime (a check runs after the library call has
+ * returned). C++ allows a longjmp over frames whose automatic objects all have
+ * trivial destructors ([csetjmp.syn]); the .cu files hold only such objects (plain
+ * structs, dim3, pointers: keep it so, no RAII on the host side of a .cu file). What
+ * a failed capture leaves behind is discarded by the engine: the captured graph, the
+ * deferred conv bias (cuda_deferred_drop), and the sticky-free capture error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -130,6 +139,15 @@ int comm_world_size(const Comm *c) { return host()->comm_world_size(c); }
 void comm_allreduce_mean(Comm *c, float *buf, size_t n) { host()->comm_allreduce_mean(c, buf, n); }
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     host()->comm_broadcast(c, buf, bytes, root);
+}
+void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
+    host()->comm_allreduce_mean_on_stream(c, dev_buf, n, cuda_stream);
+}
+void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream) {
+    host()->comm_broadcast_on_stream(c, dev_buf, bytes, root, cuda_stream);
+}
+int dist_env_read(DistEnv *env, char *err, size_t errlen) {
+    return host()->dist_env_read(env, err, errlen);
 }
 
 void rendezvous_share(const DistEnv *env, void *blob, size_t len, double timeout_s) {

@@ -2,7 +2,14 @@
  * entry is the ops_cuda.h op of the same name, with the CudaCtx as the table's ctx.
  * Conv plans are ConvCuda (cuDNN descriptors and algorithms); conv weights live on
  * the device in cuDNN's NHWC filter layout (KRSC), converted only by
- * conv_weight_export / conv_weight_import. */
+ * conv_weight_export / conv_weight_import.
+ *
+ * Conv biases are deferred (ops_cuda.h, "deferred conv bias"): conv_forward leaves
+ * the bias to the batch norm that reads its output (no bias pass), and a BN
+ * backward waits for the conv backward that follows to write that conv's bias
+ * gradient (the column sum of its dx) directly (no column-sum passes, no copy).
+ * Every other op flushes what is deferred first, so the table keeps net_ops.h's
+ * contracts for any sequence of calls. */
 #include <string.h>
 
 #include "cuda/cuda_check.h"
@@ -16,6 +23,8 @@
 
 #define CTX(c) ((CudaCtx *)(c))
 #define PLAN(p) ((ConvCuda *)(p))
+/* A BN reading x (n*hw rows of c): the conv bias deferred on x, if any. */
+#define BIAS_TAKE(ctx, x, n, hw, c) cuda_bias_take(CTX(ctx), x, (size_t)(n) * (hw), c)
 
 static void *nc_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -28,6 +37,7 @@ static void nc_release(void *ctx, void *ptr) {
 }
 
 static void nc_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    cuda_deferred_flush(CTX(ctx));
     if (dst != src) cuda_copy_d2d_async(CTX(ctx), dst, src, bytes);
 }
 
@@ -51,35 +61,44 @@ static void nc_conv_prepare(void *ctx, void *plan, int n, size_t ws_bytes) {
 
 static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
                             const float *bias, float *y, void *ws, size_t ws_bytes) {
-    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, weight, bias, y, ws, ws_bytes);
+    const ConvSpec *cs = conv_cuda_spec(PLAN(plan));
+    cuda_deferred_flush(CTX(ctx)); /* x may be a deferred output itself */
+    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, weight, NULL, y, ws, ws_bytes);
+    cuda_bias_defer(CTX(ctx), y, bias, (size_t)n * conv_cuda_out_pixels(PLAN(plan)), cs->cout);
 }
 
 static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
                              const float *dy, float *dx, float *dweight, float *dbias, void *ws,
                              size_t ws_bytes) {
-    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes);
+    /* the BN backward that produced dy writes this conv's bias gradient itself */
+    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
+    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, folded ? NULL : dbias, ws,
+                       ws_bytes);
 }
 
 static void nc_conv_weight_export(void *ctx, void *plan, const float *dev, float *kcrs) {
+    cuda_deferred_flush(CTX(ctx));
     conv_weight_from_krsc_cuda(CTX(ctx), conv_cuda_spec(PLAN(plan)), dev, kcrs);
 }
 
 static void nc_conv_weight_import(void *ctx, void *plan, const float *kcrs, float *dev) {
+    cuda_deferred_flush(CTX(ctx));
     conv_weight_to_krsc_cuda(CTX(ctx), conv_cuda_spec(PLAN(plan)), kcrs, dev);
 }
 
 static void nc_bn_train(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                         const float *beta, float *y, float *save_mean, float *save_invstd,
                         float *running_mean, float *running_var, float momentum, float eps) {
-    batchnorm2d_forward_train_cuda(CTX(ctx), n, hw, c, x, gamma, beta, y, save_mean, save_invstd,
-                                   running_mean, running_var, momentum, eps);
+    batchnorm2d_forward_train_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma, beta, y,
+                                   save_mean, save_invstd, running_mean, running_var, momentum, eps);
 }
 
 static void nc_bn_relu_train(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                              const float *beta, float *y, float *save_mean, float *save_invstd,
                              float *running_mean, float *running_var, float momentum, float eps) {
-    batchnorm2d_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, gamma, beta, y, save_mean,
-                                        save_invstd, running_mean, running_var, momentum, eps);
+    batchnorm2d_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma,
+                                        beta, y, save_mean, save_invstd, running_mean, running_var,
+                                        momentum, eps);
 }
 
 static void nc_bn_add_relu_train(void *ctx, int n, int hw, int c, const float *x,
@@ -87,76 +106,97 @@ static void nc_bn_add_relu_train(void *ctx, int n, int hw, int c, const float *x
                                  float *y, float *save_mean, float *save_invstd,
                                  float *running_mean, float *running_var, float momentum,
                                  float eps) {
-    batchnorm2d_add_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, gamma, beta, z, tmp, y,
-                                            save_mean, save_invstd, running_mean, running_var,
-                                            momentum, eps);
+    (void)tmp; /* one pass: the BN output is never stored */
+    batchnorm2d_add_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma,
+                                            beta, z, y, save_mean, save_invstd, running_mean,
+                                            running_var, momentum, eps);
 }
 
 static void nc_bn_eval(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                        const float *beta, const float *running_mean, const float *running_var,
                        float eps, float *y) {
-    batchnorm2d_forward_eval_cuda(CTX(ctx), n, hw, c, x, gamma, beta, running_mean, running_var,
-                                  eps, y);
+    batchnorm2d_forward_eval_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma, beta,
+                                  running_mean, running_var, eps, y);
 }
 
 static void nc_bn_backward(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                            const float *save_mean, const float *save_invstd, const float *dy,
                            float *dx, float *dgamma, float *dbeta) {
-    batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
-                              dbeta);
+    cuda_deferred_flush(CTX(ctx));
+    if (dx) /* launched by the conv backward that follows (or the next op) */
+        cuda_bn_backward_defer(CTX(ctx), n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx,
+                               dgamma, dbeta);
+    else
+        batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx,
+                                  dgamma, dbeta);
 }
 
 static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x, const float *y,
                                 const float *gamma, const float *save_mean,
                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
                                 float *dbeta) {
-    batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
-                                   dgamma, dbeta);
+    cuda_deferred_flush(CTX(ctx));
+    if (dx)
+        cuda_bn_backward_defer(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                               dgamma, dbeta);
+    else
+        batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy,
+                                       dx, dgamma, dbeta);
 }
 
 static void nc_relu_forward(void *ctx, size_t count, const float *x, float *y) {
+    cuda_deferred_flush(CTX(ctx));
     relu_forward_cuda(CTX(ctx), count, x, y);
 }
 
 static void nc_relu_backward(void *ctx, size_t count, const float *y, const float *dy, float *dx) {
+    cuda_deferred_flush(CTX(ctx));
     relu_backward_cuda(CTX(ctx), count, y, dy, dx);
 }
 
 static void nc_add(void *ctx, size_t count, const float *a, const float *b, float *y) {
+    cuda_deferred_flush(CTX(ctx));
     add_forward_cuda(CTX(ctx), count, a, b, y);
 }
 
 static void nc_add_relu(void *ctx, size_t count, const float *a, const float *b, float *y) {
+    cuda_deferred_flush(CTX(ctx));
     add_relu_forward_cuda(CTX(ctx), count, a, b, y);
 }
 
 static void nc_meanpool_forward(void *ctx, int n, int hw, int c, const float *x, float *y) {
+    cuda_deferred_flush(CTX(ctx));
     meanpool_forward_cuda(CTX(ctx), n, hw, c, x, y);
 }
 
 static void nc_meanpool_backward(void *ctx, int n, int hw, int c, const float *dy, float *dx) {
+    cuda_deferred_flush(CTX(ctx));
     meanpool_backward_cuda(CTX(ctx), n, hw, c, dy, dx);
 }
 
 static void nc_linear_forward(void *ctx, int n, int in, int out, const float *x,
                               const float *weight, const float *bias, float *y) {
+    cuda_deferred_flush(CTX(ctx));
     linear_forward_cuda(CTX(ctx), n, in, out, x, weight, bias, y);
 }
 
 static void nc_linear_backward(void *ctx, int n, int in, int out, const float *x,
                                const float *weight, const float *dy, float *dx, float *dweight,
                                float *dbias) {
+    cuda_deferred_flush(CTX(ctx));
     linear_backward_cuda(CTX(ctx), n, in, out, x, weight, dy, dx, dweight, dbias);
 }
 
 static void nc_xent(void *ctx, int n, int k, const float *logits, const int32_t *labels,
                     float smoothing, float *dlogits, float *loss, int *correct) {
+    cuda_deferred_flush(CTX(ctx));
     softmax_xent_cuda_async(CTX(ctx), n, k, logits, labels, smoothing, dlogits, loss, correct, NULL);
 }
 
 static void nc_sgd(void *ctx, size_t count, float *param, const float *grad, float *momentum_buf,
                    const uint8_t *decay_mask, const float *lr, float momentum, float weight_decay,
                    int nesterov, const int32_t *first_step) {
+    cuda_deferred_flush(CTX(ctx));
     sgd_update_cuda_dev(CTX(ctx), count, param, grad, momentum_buf, decay_mask, lr, momentum,
                         weight_decay, nesterov, first_step);
 }

@@ -1,14 +1,24 @@
 /* ops_cuda.cu: see ops_cuda.h. The CPU reference is ops_cpu.c; tests/test_ops_cuda.c
  * compares every op here with it.
  *
- * Determinism: no atomics anywhere; every reduction (bias gradients, the loss) runs
- * in a fixed order, so results repeat exactly for a given GPU, batch size and set
- * of cuDNN algorithms. */
+ * Determinism: no floating-point atomics; every reduction (batch-norm statistics,
+ * bias gradients, the loss) runs in a fixed order, so results repeat exactly for a
+ * given batch size and set of cuDNN algorithms (the batch-norm order does not even
+ * depend on the GPU: bn_nhwc.h). The only atomic is the batch norm's integer count
+ * of finished blocks, which picks the block that finalises, not the order of a sum.
+ *
+ * Streams: every kernel, copy and library call is queued on ctx->stream (cuDNN and
+ * cuBLAS are bound to it at creation; cublasSetStream before cublasSetWorkspace,
+ * because setting the stream resets the workspace). Nothing here allocates, frees
+ * or synchronises between cuda_ctx_create and cuda_ctx_free except the functions
+ * documented as synchronous and the conv plans' creation, so a training step can be
+ * captured into a CUDA graph. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/bn_nhwc.h"
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
 #include "nn/xent_row.h"
@@ -20,14 +30,33 @@
 /* cuBLAS needs a fixed workspace to be captured into a CUDA graph. */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
+/* A batch-norm backward waiting to be launched (cuda_bn_backward_defer). */
+typedef struct {
+    int active, n, hw, c;
+    const float *x, *y, *gamma, *save_mean, *save_invstd, *dy;
+    float *dx, *dgamma, *dbeta;
+} BnBwdPending;
+
 struct CudaCtx {
     int device, tf32, deterministic;
     cudaStream_t stream;
     cudnnHandle_t cudnn;
     cublasHandle_t cublas;
     void *cublas_ws;
-    cudnnTensorDescriptor_t bn_x, bn_p; /* reused by every batch-norm call */
-    float *colsum_scratch;              /* COLSUM_SCRATCH_FLOATS */
+    /* batch norm scratch (bn_nhwc.h), used by one BN at a time in stream order */
+    double *bn_partial;      /* BN_SUMS x BN_PARTIALS (chunks x sums x c, bn_chunks) */
+    unsigned *bn_counters;   /* one per channel tile, 0 between kernels */
+    float *bn_aff;           /* 3 x BN_MAX_C: affine or backward coefficients */
+    float *bn_dsum;          /* BN_MAX_C: column sum of a BN backward's dx, when no conv wants it */
+    float *colsum_scratch;   /* COLSUM_SCRATCH_FLOATS */
+    /* The op table's deferred work (ops_cuda.h, "deferred conv bias"): a conv output
+     * still without its bias, and a BN backward not yet launched (it waits for the
+     * conv backward that follows, to write that conv's bias gradient directly). */
+    float *pend_y;
+    const float *pend_bias;
+    size_t pend_rows;
+    int pend_c;
+    BnBwdPending pend_bwd;
     float *loss_dev;                    /* one float, for the synchronous loss */
     int *correct_dev;                   /* one int */
 };
@@ -58,11 +87,15 @@ extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     CHECK_CUBLAS(cublasSetMathMode(ctx->cublas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx->cublas_ws = cuda_alloc(CUBLAS_WORKSPACE_BYTES);
     CHECK_CUBLAS(cublasSetWorkspace(ctx->cublas, ctx->cublas_ws, CUBLAS_WORKSPACE_BYTES));
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&ctx->bn_x));
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&ctx->bn_p));
+    ctx->bn_partial = (double *)cuda_alloc((size_t)BN_PARTIALS * BN_SUMS * sizeof(double));
+    ctx->bn_counters = (unsigned *)cuda_alloc(BN_MAX_C / BN_TILE * sizeof(unsigned));
+    ctx->bn_aff = (float *)cuda_alloc((size_t)3 * BN_MAX_C * sizeof(float));
+    ctx->bn_dsum = (float *)cuda_alloc((size_t)BN_MAX_C * sizeof(float));
+    cuda_memset_async(ctx, ctx->bn_counters, 0, BN_MAX_C / BN_TILE * sizeof(unsigned));
     ctx->colsum_scratch = (float *)cuda_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float));
     ctx->loss_dev = (float *)cuda_alloc(sizeof(float));
     ctx->correct_dev = (int *)cuda_alloc(sizeof(int));
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
     return ctx;
 }
 
@@ -72,8 +105,10 @@ extern "C" void cuda_ctx_free(CudaCtx *ctx) {
     cuda_free(ctx->colsum_scratch);
     cuda_free(ctx->loss_dev);
     cuda_free(ctx->correct_dev);
-    CHECK_CUDNN(cudnnDestroyTensorDescriptor(ctx->bn_x));
-    CHECK_CUDNN(cudnnDestroyTensorDescriptor(ctx->bn_p));
+    cuda_free(ctx->bn_partial);
+    cuda_free(ctx->bn_counters);
+    cuda_free(ctx->bn_aff);
+    cuda_free(ctx->bn_dsum);
     CHECK_CUBLAS(cublasDestroy(ctx->cublas));
     cuda_free(ctx->cublas_ws);
     CHECK_CUDNN(cudnnDestroy(ctx->cudnn));
@@ -84,7 +119,10 @@ extern "C" void cuda_ctx_free(CudaCtx *ctx) {
 extern "C" int cuda_ctx_device(const CudaCtx *ctx) { return ctx->device; }
 extern "C" int cuda_ctx_deterministic(const CudaCtx *ctx) { return ctx->deterministic; }
 extern "C" void *cuda_ctx_stream(const CudaCtx *ctx) { return (void *)ctx->stream; }
-extern "C" void cuda_ctx_sync(CudaCtx *ctx) { CHECK_CUDA(cudaStreamSynchronize(ctx->stream)); }
+extern "C" void cuda_ctx_sync(CudaCtx *ctx) {
+    cuda_deferred_flush(ctx);
+    CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
+}
 
 extern "C" void *cuda_alloc(size_t bytes) {
     void *p = NULL;
@@ -98,12 +136,14 @@ extern "C" void cuda_free(void *ptr) {
 }
 
 extern "C" void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes) {
+    cuda_deferred_flush(ctx);
     if (bytes == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
 }
 
 extern "C" void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes) {
+    cuda_deferred_flush(ctx);
     if (bytes == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
@@ -241,6 +281,71 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
     if (!total) return;
     bias_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, bias, y, add);
     CHECK_CUDA_LAST();
+}
+
+/* ------------------------------------------------------ deferred conv bias */
+
+static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum);
+
+/* Launch the deferred BN backward; its dx column sum goes to dsum (a conv bias
+ * gradient) or, NULL, to the context's scratch. */
+static void bn_backward_launch(CudaCtx *ctx, float *dsum) {
+    BnBwdPending b = ctx->pend_bwd;
+    ctx->pend_bwd.active = 0;
+    bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy, b.dx,
+                    b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+}
+
+extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
+    if (ctx->pend_bwd.active) bn_backward_launch(ctx, NULL);
+    if (!ctx->pend_y) return;
+    float *y = ctx->pend_y;
+    ctx->pend_y = NULL;
+    bias_apply(ctx, ctx->pend_rows, ctx->pend_c, ctx->pend_bias, y, 1);
+}
+
+extern "C" void cuda_deferred_drop(CudaCtx *ctx) {
+    ctx->pend_y = NULL;
+    ctx->pend_bwd.active = 0;
+}
+
+extern "C" void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c) {
+    cuda_deferred_flush(ctx);
+    if (!bias) return;
+    ctx->pend_y = y;
+    ctx->pend_bias = bias;
+    ctx->pend_rows = rows;
+    ctx->pend_c = c;
+}
+
+extern "C" const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c) {
+    if (ctx->pend_y && ctx->pend_y == x && ctx->pend_rows == rows && ctx->pend_c == c &&
+        !ctx->pend_bwd.active) {
+        ctx->pend_y = NULL;
+        return ctx->pend_bias;
+    }
+    cuda_deferred_flush(ctx);
+    return NULL;
+}
+
+extern "C" void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                       const float *y, const float *gamma, const float *save_mean,
+                                       const float *save_invstd, const float *dy, float *dx,
+                                       float *dgamma, float *dbeta) {
+    cuda_deferred_flush(ctx);
+    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta};
+    ctx->pend_bwd = b;
+}
+
+extern "C" int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
+    if (ctx->pend_bwd.active && ctx->pend_bwd.dx == dy && ctx->pend_bwd.c == c && !ctx->pend_y) {
+        bn_backward_launch(ctx, dbias);
+        return 1;
+    }
+    cuda_deferred_flush(ctx);
+    return 0;
 }
 
 /* ----------------------------------------------------------------- mean pool */
@@ -414,102 +519,221 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* The real shape: n images of hw pixels, c channels, NHWC, described to cuDNN as
- * (N=n, C=c, H=hw, W=1): the same memory and, in spatial mode, the same reduction
- * over n*hw values per channel. cuDNN's inference batch norm refuses N above 65535
- * (PyTorch guards the same limit), so a larger n is folded into H: N = n/f, H = hw*f
- * for the smallest factor f of n that brings N under the limit (the memory and the
- * reduction stay the same). Used for training, inference and backward alike. */
-#define BN_MAX_N 65535
+/* Our own NHWC kernels (bn_nhwc.h has the arithmetic and the reduction order): two
+ * launches per batch norm, forward or backward, any number of rows, deterministic,
+ * ReLU / residual add / a deferred conv bias fused in. The reduction's last block per
+ * channel tile finalises the statistics: the blocks of a tile count themselves in
+ * ctx->bn_counters (one unsigned per tile, atomicInc back to 0 by the tile's last
+ * block, so graph replays start clean) after a __threadfence() that makes their
+ * partials visible (the CUDA Programming Guide's "last block" reduction pattern,
+ * its threadFenceReduction sample). */
 
-static void bn_describe(CudaCtx *ctx, int n, int hw, int c) {
-    int f = 1;
-    if (n > BN_MAX_N) {
-        for (f = (n + BN_MAX_N - 1) / BN_MAX_N; f < n; f++)
-            if (n % f == 0) break;
+struct BnFwdArgs {
+    const float *x, *bias, *gamma, *beta;
+    float *save_mean, *save_invstd, *running_mean, *running_var, *aff;
+    float momentum, eps;
+};
+
+struct BnBwdArgs {
+    const float *x, *y, *dy, *gamma, *save_mean, *save_invstd;
+    float *dgamma, *dbeta, *k, *dsum;
+};
+
+/* The per-lane sums of one (chunk, channel) block, the lanes added in order into
+ * partial[chunk][K][c]; then, in the tile's last block, the chunks added and fin(ch,
+ * totals) called. Lane and final work are bn_nhwc.h's functions. */
+template <int K, class Lane, class Final>
+__device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
+                               unsigned *counters, Lane lane_sums, Final fin) {
+    __shared__ double sh[K][BN_LANES][BN_TILE + 1];
+    __shared__ int is_last;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int ch = blockIdx.x * BN_TILE + tx, p = blockIdx.y;
+    double s[K];
+    for (int k = 0; k < K; k++) s[k] = 0.0;
+    if (ch < c) lane_sums(ch, p, ty, s);
+    for (int k = 0; k < K; k++) sh[k][ty][tx] = s[k];
+    __syncthreads();
+    if (ty == 0 && ch < c) {
+        for (int k = 0; k < K; k++) {
+            double t = 0.0;
+            for (int l = 0; l < BN_LANES; l++) t += sh[k][l][tx];
+            partial[((size_t)p * K + k) * c + ch] = t;
+        }
+        __threadfence(); /* the partials reach device memory before the count */
     }
-    if ((int64_t)hw * f > INT32_MAX) die("batch norm over %d x %d rows: too large for cuDNN", n, hw);
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(ctx->bn_x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n / f, c,
-                                           hw * f, 1));
-    CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(ctx->bn_p, ctx->bn_x, CUDNN_BATCHNORM_SPATIAL));
+    __syncthreads();
+    /* atomicInc wraps to 0 on the tile's last block: the counter is ready for the
+     * next launch (or graph replay) without a store of its own */
+    if (tx == 0 && ty == 0) is_last = atomicInc(&counters[blockIdx.x], gridDim.y - 1) == gridDim.y - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int k = 0; k < K; k++) s[k] = 0.0;
+    if (ch < c)
+#pragma unroll 8
+        for (int q = ty; q < chunks; q += BN_LANES)
+            for (int k = 0; k < K; k++) s[k] += __ldcg(&partial[((size_t)q * K + k) * c + ch]);
+    for (int k = 0; k < K; k++) sh[k][ty][tx] = s[k];
+    __syncthreads();
+    if (ty == 0 && ch < c) {
+        double t[K];
+        for (int k = 0; k < K; k++) {
+            t[k] = 0.0;
+            for (int l = 0; l < BN_LANES; l++) t[k] += sh[k][l][tx];
+        }
+        fin(ch, t);
+    }
 }
 
-static double bn_eps(float eps) {
-    double e = (double)eps;
-    return e < CUDNN_BN_MIN_EPSILON ? CUDNN_BN_MIN_EPSILON : e;
+__global__ void bn_fwd_reduce_kernel(int64_t rows, int c, int chunks, BnFwdArgs a, double *partial,
+                                     unsigned *counters) {
+    bn_reduce_tile<2>(
+        rows, c, chunks, partial, counters,
+        [&](int ch, int p, int lane, double *s) { bn_fwd_lane(a.x, a.bias, rows, c, chunks, ch, p, lane, s); },
+        [&](int ch, const double *t) {
+            bn_fwd_final(rows, c, ch, a.x, a.bias, t, a.gamma, a.beta, a.momentum, a.eps, a.save_mean,
+                         a.save_invstd, a.running_mean, a.running_var, a.aff);
+        });
 }
 
-/* cuDNN's running update is running = (1-f)*running + f*batch with the unbiased
- * batch variance, f = exponentialAverageFactor: PyTorch's rule with f = momentum.
- * resultSaveInvVariance is 1/sqrt(var+eps), i.e. save_invstd. */
+__global__ void bn_bwd_reduce_kernel(int64_t rows, int c, int chunks, BnBwdArgs a, double *partial,
+                                     unsigned *counters) {
+    bn_reduce_tile<3>(
+        rows, c, chunks, partial, counters,
+        [&](int ch, int p, int lane, double *s) {
+            bn_bwd_lane(a.x, a.y, a.dy, a.save_mean, rows, c, chunks, ch, p, lane, s);
+        },
+        [&](int ch, const double *t) {
+            bn_bwd_final(rows, c, ch, t, a.gamma, a.save_mean, a.save_invstd, a.dgamma, a.dbeta, a.k,
+                         a.dsum);
+        });
+}
+
+__global__ void bn_eval_final_kernel(int c, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var, float eps,
+                                     float *aff) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch < c) bn_eval_final(c, ch, gamma, beta, running_mean, running_var, eps, aff);
+}
+
+__global__ void bn_fwd_apply_kernel(size_t total, int c, float *x, const float *bias,
+                                    const float *aff, const float *z, int mode, float *y) {
+    GRID_STRIDE(i, total) bn_fwd_apply((int64_t)i, c, x, bias, aff, z, mode, y);
+}
+
+__global__ void bn_bwd_apply_kernel(size_t total, int c, const float *x, const float *y,
+                                    const float *dy, const float *k, float *dx) {
+    GRID_STRIDE(i, total) bn_bwd_apply((int64_t)i, c, x, y, dy, k, dx);
+}
+
+/* rows = n*hw, checked against the scratch the context holds. */
+static int64_t bn_rows(int n, int hw, int c) {
+    if (n < 1 || hw < 1 || c < 1) die("batch norm over %d x %d rows of %d channels: empty", n, hw, c);
+    if (c > BN_MAX_C) die("batch norm over %d channels: the CUDA kernels take at most %d", c, BN_MAX_C);
+    return (int64_t)n * hw;
+}
+
+static dim3 bn_grid(int64_t rows, int c) {
+    return dim3((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)bn_chunks(rows, c));
+}
+
+/* Training forward: the reduction, then y by mode (x_bias: a deferred conv bias,
+ * added to x as it is read and written back into x). */
+static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *x_bias,
+                         const float *gamma, const float *beta, const float *z, int mode, float *y,
+                         float *save_mean, float *save_invstd, float *running_mean,
+                         float *running_var, float momentum, float eps) {
+    int64_t rows = bn_rows(n, hw, c);
+    BnFwdArgs a = {x, x_bias, gamma, beta, save_mean, save_invstd, running_mean, running_var,
+                   ctx->bn_aff, momentum, eps};
+    bn_fwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
+        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
+    CHECK_CUDA_LAST();
+    size_t total = (size_t)rows * c;
+    bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        total, c, (float *)x, x_bias, ctx->bn_aff, z, mode, y);
+    CHECK_CUDA_LAST();
+}
+
 extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                               const float *gamma, const float *beta, float *y,
-                                               float *save_mean, float *save_invstd,
-                                               float *running_mean, float *running_var,
-                                               float momentum, float eps) {
-    const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, n, hw, c);
-    CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
-        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
-        beta, (double)momentum, running_mean, running_var, bn_eps(eps), save_mean, save_invstd));
+                                               const float *x_bias, const float *gamma,
+                                               const float *beta, float *y, float *save_mean,
+                                               float *save_invstd, float *running_mean,
+                                               float *running_var, float momentum, float eps) {
+    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, NULL, BN_PLAIN, y, save_mean, save_invstd,
+                 running_mean, running_var, momentum, eps);
+}
+
+extern "C" void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                    const float *x, const float *x_bias,
+                                                    const float *gamma, const float *beta, float *y,
+                                                    float *save_mean, float *save_invstd,
+                                                    float *running_mean, float *running_var,
+                                                    float momentum, float eps) {
+    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, NULL, BN_RELU, y, save_mean, save_invstd,
+                 running_mean, running_var, momentum, eps);
+}
+
+extern "C" void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                        const float *x, const float *x_bias,
+                                                        const float *gamma, const float *beta,
+                                                        const float *z, float *y, float *save_mean,
+                                                        float *save_invstd, float *running_mean,
+                                                        float *running_var, float momentum,
+                                                        float eps) {
+    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, z, BN_ADD_RELU, y, save_mean, save_invstd,
+                 running_mean, running_var, momentum, eps);
 }
 
 extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                              const float *gamma, const float *beta,
-                                              const float *running_mean, const float *running_var,
-                                              float eps, float *y) {
-    const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, n, hw, c);
-    CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, ctx->bn_x, x, ctx->bn_x, y, ctx->bn_p, gamma,
-        beta, running_mean, running_var, bn_eps(eps)));
+                                              const float *x_bias, const float *gamma,
+                                              const float *beta, const float *running_mean,
+                                              const float *running_var, float eps, float *y) {
+    int64_t rows = bn_rows(n, hw, c);
+    bn_eval_final_kernel<<<(unsigned)((c + 127) / 128), 128, 0, ctx->stream>>>(
+        c, gamma, beta, running_mean, running_var, eps, ctx->bn_aff);
+    CHECK_CUDA_LAST();
+    size_t total = (size_t)rows * c;
+    bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        total, c, (float *)x, x_bias, ctx->bn_aff, NULL, BN_PLAIN, y);
+    CHECK_CUDA_LAST();
 }
 
-/* The epsilon is not used when the saved statistics are given; it must still be a
- * valid value. */
+/* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
+ * column sum of dx (the gradient of a conv bias in front) goes to dsum. */
+static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum) {
+    int64_t rows = bn_rows(n, hw, c);
+    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
+    bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
+        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
+    CHECK_CUDA_LAST();
+    if (!dx) return;
+    size_t total = (size_t)rows * c;
+    bn_bwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, x, y, dy,
+                                                                             ctx->bn_aff, dx);
+    CHECK_CUDA_LAST();
+}
+
 extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                           const float *gamma, const float *save_mean,
                                           const float *save_invstd, const float *dy, float *dx,
                                           float *dgamma, float *dbeta) {
-    const float one = 1.0f, zero = 0.0f;
-    bn_describe(ctx, n, hw, c);
-    CHECK_CUDNN(cudnnBatchNormalizationBackward(
-        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, ctx->bn_x, x, ctx->bn_x, dy,
-        ctx->bn_x, dx, ctx->bn_p, gamma, dgamma, dbeta, bn_eps(1e-5f), save_mean, save_invstd));
+    bn_backward_run(ctx, n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                    ctx->bn_dsum);
 }
 
-/* BN then ReLU (NaN passes), and relu(BN(x) + z) through tmp. */
-extern "C" void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
-                                                    const float *x, const float *gamma,
-                                                    const float *beta, float *y, float *save_mean,
-                                                    float *save_invstd, float *running_mean,
-                                                    float *running_var, float momentum, float eps) {
-    batchnorm2d_forward_train_cuda(ctx, n, hw, c, x, gamma, beta, y, save_mean, save_invstd,
-                                   running_mean, running_var, momentum, eps);
-    relu_forward_cuda(ctx, (size_t)n * hw * c, y, y);
-}
-
-extern "C" void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
-                                                        const float *x, const float *gamma,
-                                                        const float *beta, const float *z,
-                                                        float *tmp, float *y, float *save_mean,
-                                                        float *save_invstd, float *running_mean,
-                                                        float *running_var, float momentum,
-                                                        float eps) {
-    batchnorm2d_forward_train_cuda(ctx, n, hw, c, x, gamma, beta, tmp, save_mean, save_invstd,
-                                   running_mean, running_var, momentum, eps);
-    add_relu_forward_cuda(ctx, (size_t)n * hw * c, tmp, z, y);
-}
-
-/* The ReLU mask is applied to dy in place (the executor's contract allows it),
- * then cuDNN's BN backward reads it; dx must not alias dy. */
 extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                                const float *y, const float *gamma,
                                                const float *save_mean, const float *save_invstd,
-                                               float *dy, float *dx, float *dgamma, float *dbeta) {
-    relu_backward_cuda(ctx, (size_t)n * hw * c, y, dy, dy);
-    batchnorm2d_backward_cuda(ctx, n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+                                               const float *dy, float *dx, float *dgamma,
+                                               float *dbeta) {
+    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                    ctx->bn_dsum);
 }
+
 
 /* --------------------------------------------------------------- convolution */
 
@@ -578,7 +802,18 @@ static cudnnMathType_t conv_chosen_math(const CudaCtx *ctx, cudnnMathType_t m) {
     return ctx->tf32 ? m : CUDNN_FMA_MATH;
 }
 
+/* cuDNN's tensor descriptors take int dimensions and at most 2^31-1 elements
+ * (the cuDNN API reference on cudnnSetTensor4dDescriptor): refuse larger batches
+ * with the reason rather than a bad-parameter status. */
+static void conv_check_elements(const ConvCuda *cv, int n) {
+    int64_t in = (int64_t)n * cv->h * cv->w * cv->cs.cin, out = (int64_t)n * cv->oh * cv->ow * cv->cs.cout;
+    if (in > INT32_MAX || out > INT32_MAX)
+        die("convolution on %d images of %dx%dx%d: %lld elements, more than cuDNN's 2^31-1 per tensor: "
+            "lower --batch-size", n, cv->h, cv->w, cv->cs.cin, (long long)(in > out ? in : out));
+}
+
 static void conv_set_batch_desc(ConvCuda *cv, int n) {
+    conv_check_elements(cv, n);
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->xd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cin,
                                            cv->h, cv->w));
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->yd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cout,
@@ -773,8 +1008,24 @@ extern "C" void conv_cuda_free(ConvCuda *cv) {
 extern "C" size_t conv_cuda_workspace_bytes(const ConvCuda *cv) { return cv->ws_bytes; }
 extern "C" const char *conv_cuda_describe(const ConvCuda *cv) { return cv->desc; }
 
+/* A pass whose chosen algorithm does not fit at this batch size falls back to its
+ * workspace-free, deterministic default; that one must be supported and fit too. */
+static void conv_check_fallback(const ConvCuda *cv, int n, const char *pass, size_t need, size_t ws_bytes) {
+    if (need <= ws_bytes) return;
+    char last[256] = "", reason[512];
+    cudnnGetLastErrorString(last, sizeof last);
+    snprintf(reason, sizeof reason,
+             "conv %dx%d stride %d on %dx%dx%dx%d: neither the chosen %s algorithm nor its "
+             "fallback fits the %zu-byte workspace%s%s",
+             cv->cs.k, cv->cs.k, cv->cs.stride, n, cv->h, cv->w, cv->cs.cin, pass, ws_bytes,
+             last[0] ? ": " : "", last);
+    check_fail(__FILE__, __LINE__, "cuDNN convolution", reason,
+               "use the full batch size (a multiple of --batch-size), or another cuDNN version");
+}
+
 /* Point the descriptors at batch n; keep the chosen algorithms when their
- * workspace still fits, else use the workspace-free ones. */
+ * workspace still fits, else use the workspace-free ones (checked). Host calls only:
+ * conv_cuda_prepare runs it before a CUDA graph capture. */
 static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
     if (n == cv->cur_n) return;
     if (n < 1 || n > cv->max_n)
@@ -784,13 +1035,21 @@ static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
     cv->cur_fwd = cv->fwd;
     cv->cur_bwd_data = cv->bwd_data;
     cv->cur_bwd_filter = cv->bwd_filter;
-    if (conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd) > ws_bytes)
+    if (conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd) > ws_bytes) {
         cv->cur_fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+        conv_check_fallback(cv, n, "forward", conv_ws_fwd(ctx, cv, cv->cur_fwd, cv->math_fwd), ws_bytes);
+    }
     if (!cv->backward) return;
-    if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes)
+    if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes) {
         cv->cur_bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    if (conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) > ws_bytes)
+        conv_check_fallback(cv, n, "backward-data",
+                            conv_ws_bwd_data(ctx, cv, cv->cur_bwd_data, cv->math_bwd_data), ws_bytes);
+    }
+    if (conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) > ws_bytes) {
         cv->cur_bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+        conv_check_fallback(cv, n, "backward-filter",
+                            conv_ws_bwd_filter(ctx, cv, cv->cur_bwd_filter, cv->math_bwd_filter), ws_bytes);
+    }
 }
 
 extern "C" void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
@@ -798,6 +1057,7 @@ extern "C" void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_b
 }
 
 extern "C" const ConvSpec *conv_cuda_spec(const ConvCuda *cv) { return &cv->cs; }
+extern "C" size_t conv_cuda_out_pixels(const ConvCuda *cv) { return (size_t)cv->oh * cv->ow; }
 
 extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
                                   const float *weight_krsc, const float *bias, float *y, void *ws,

@@ -82,6 +82,8 @@ ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, i
  * descriptor or queries a workspace size. */
 void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes);
 const ConvSpec *conv_cuda_spec(const ConvCuda *cv);
+/* Output pixels per image (oh * ow). */
+size_t conv_cuda_out_pixels(const ConvCuda *cv);
 void conv_cuda_free(ConvCuda *cv);
 /* Workspace bytes the chosen algorithms need at max_n (forward and backward). */
 size_t conv_cuda_workspace_bytes(const ConvCuda *cv);
@@ -102,39 +104,71 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                           const float *weight, const float *dy, float *dx, float *dweight,
                           float *dbias);
 
-/* ---- batch norm (cuDNN, spatial mode; the same formulas as ops.h) ----
- * The real shape: n images of hw pixels and c channels (rows = n*hw), NHWC; any n
- * (cuDNN's N limit is handled inside). dx must not alias dy. */
+/* ---- batch norm (our NHWC kernels, bn_nhwc.h; the same formulas as ops.h) ----
+ * The real shape: n images of hw pixels and c channels (rows = n*hw, any number),
+ * NHWC, c <= BN_MAX_C (4096). Two kernel launches each, deterministic. x_bias: NULL,
+ * or a per-channel bias that the caller has not yet added to x (a deferred conv
+ * bias): the BN uses x + x_bias and writes x + x_bias back into x. */
 void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                    const float *gamma, const float *beta, float *y,
-                                    float *save_mean, float *save_invstd, float *running_mean,
-                                    float *running_var, float momentum, float eps);
+                                    const float *x_bias, const float *gamma, const float *beta,
+                                    float *y, float *save_mean, float *save_invstd,
+                                    float *running_mean, float *running_var, float momentum,
+                                    float eps);
 void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                   const float *gamma, const float *beta,
+                                   const float *x_bias, const float *gamma, const float *beta,
                                    const float *running_mean, const float *running_var,
                                    float eps, float *y);
+/* Training BN then ReLU (NaN passes); relu(BN(x) + z). */
+void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *x_bias, const float *gamma,
+                                         const float *beta, float *y, float *save_mean,
+                                         float *save_invstd, float *running_mean,
+                                         float *running_var, float momentum, float eps);
+void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                             const float *x_bias, const float *gamma,
+                                             const float *beta, const float *z, float *y,
+                                             float *save_mean, float *save_invstd,
+                                             float *running_mean, float *running_var,
+                                             float momentum, float eps);
+/* dx, dgamma, dbeta (dx may be dy; NULL dx: only dgamma and dbeta); the relu form
+ * masks dy by y > 0 (y: the ReLU output) on the fly. */
 void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                const float *gamma, const float *save_mean,
                                const float *save_invstd, const float *dy, float *dx,
                                float *dgamma, float *dbeta);
-/* Training BN then ReLU; relu(BN(x) + z) with the BN output in tmp. */
-void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                         const float *gamma, const float *beta, float *y,
-                                         float *save_mean, float *save_invstd,
-                                         float *running_mean, float *running_var, float momentum,
-                                         float eps);
-void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                             const float *gamma, const float *beta,
-                                             const float *z, float *tmp, float *y,
-                                             float *save_mean, float *save_invstd,
-                                             float *running_mean, float *running_var,
-                                             float momentum, float eps);
-/* ReLU backward (y: the ReLU output) then BN backward; dy is overwritten with the
- * masked gradient, dx must not alias dy. */
 void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                     const float *y, const float *gamma, const float *save_mean,
-                                    const float *save_invstd, float *dy, float *dx, float *dgamma,
-                                    float *dbeta);
+                                    const float *save_invstd, const float *dy, float *dx,
+                                    float *dgamma, float *dbeta);
+
+/* ---- deferred conv bias (the op table, net_cuda.cu) ----
+ * Every conv of the network feeds a batch norm, so the CUDA table does not add the
+ * conv bias in a pass of its own: conv_forward defers it (cuda_bias_defer), and the
+ * next table op, if it is a BN of that very output, takes it (cuda_bias_take) and
+ * folds it into its read (writing x + bias back). In backward, a BN backward with a
+ * dx is deferred (cuda_bn_backward_defer) until the next op: when that is the conv
+ * backward taking this dx as dy (cuda_bn_backward_take), the BN kernels write the
+ * column sum of dx, the conv bias gradient, straight into that conv's dbias, and the
+ * conv backward sums nothing. Any other op, cuda_ctx_sync, cuda_upload and
+ * cuda_download first flush what is deferred (the bias pass, the BN backward), so
+ * every op's contract holds whatever the order of calls. */
+void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c);
+/* The deferred bias when x (rows x c) is its conv output (then no longer deferred);
+ * else everything deferred is flushed and NULL returned. */
+const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
+/* batchnorm2d_relu_backward_cuda (y non-NULL) or batchnorm2d_backward_cuda (y NULL),
+ * launched later. */
+void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta);
+/* When dy is the deferred BN backward's dx (c channels): launches it with the column
+ * sum of dx written to dbias (when non-NULL) and returns 1; else flushes
+ * everything deferred and returns 0. */
+int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
+void cuda_deferred_flush(CudaCtx *ctx);
+/* Forget what is deferred without running it: after a failed CUDA graph capture,
+ * whose work is discarded as a whole. */
+void cuda_deferred_drop(CudaCtx *ctx);
 
 /* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
  * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define CUDA_HOST_API_VERSION 2
+#define CUDA_HOST_API_VERSION 3
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 
@@ -43,6 +43,10 @@ typedef struct {
     void (*comm_broadcast)(Comm *c, void *buf, size_t bytes, int root);
     /* rendezvous.h: rank 0 hands the NCCL unique id to the job's other ranks. */
     void (*rendezvous_share)(const DistEnv *env, void *blob, size_t len, double timeout_s);
+    void (*comm_allreduce_mean_on_stream)(Comm *c, float *dev_buf, size_t n, void *cuda_stream);
+    void (*comm_broadcast_on_stream)(Comm *c, void *dev_buf, size_t bytes, int root,
+                                     void *cuda_stream);
+    int (*dist_env_read)(DistEnv *env, char *err, size_t errlen);
     /* engine.h */
     AugmentSpec (*engine_augment_spec)(const Engine *e, int64_t epoch, int train);
 } CudaHostApi;

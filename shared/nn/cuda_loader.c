@@ -98,6 +98,9 @@ static const CudaHostApi g_host_api = {
     .comm_allreduce_mean = comm_allreduce_mean,
     .comm_broadcast = comm_broadcast,
     .rendezvous_share = rendezvous_share,
+    .comm_allreduce_mean_on_stream = comm_allreduce_mean_on_stream,
+    .comm_broadcast_on_stream = comm_broadcast_on_stream,
+    .dist_env_read = dist_env_read,
     .engine_augment_spec = engine_augment_spec,
 };
 

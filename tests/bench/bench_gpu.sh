@@ -7,6 +7,8 @@
 # cuDNN's algorithm search and the CUDA graph capture) over 16384 synthetic images
 # held on the GPU; PyTorch's is torch_anchor.py's timed steps after its warm-up,
 # random uint8 data on the GPU. Both do crop+flip+normalise on the device.
+# Also printed per batch: the kernels of the captured step (the engine's count) and
+# the split of an eager step's GPU time by phase (CIFAR_CUDA_PHASES=1).
 # Environment: BIN (commands), PYTHON_GPU (python3 with a CUDA PyTorch),
 # ANCHOR (torch_anchor.py), BENCH_STEPS (PyTorch steps, default 50),
 # BENCH_BATCHES (default "256 1024").
@@ -37,6 +39,17 @@ ours_ips() { # batch
     sed -n 's/.*"images_per_s":\([0-9.e+]*\).*/\1/p' "$dir/metrics.jsonl" | sed -n 2p
 }
 
+# The split of a step's GPU time (CUDA events between phases, eager steps: the graph
+# cannot be split) from one more epoch with CIFAR_CUDA_PHASES=1.
+phase_split() { # batch
+    if ! CIFAR_CUDA_PHASES=1 "$BIN/cifar-train" --device cuda --precision tf32 --epochs 1 \
+        --batch-size "$1" --save-every 1 --run-dir "$work/phases-$1" "$lmdb" >/dev/null 2>"$work/phases-$1.log"; then
+        echo "phase split: the CIFAR_CUDA_PHASES=1 run failed: $(tail -1 "$work/phases-$1.log")"
+        return
+    fi
+    sed -n 's/.*cuda engine: \(GPU time per step.*\)/\1/p' "$work/phases-$1.log" | head -1
+}
+
 kernels_per_step() { # batch: from the engine's line at graph capture
     sed -n 's/.*CUDA graph of one step: \([0-9]*\) kernels per step.*/\1/p' "$work/train-$1.log" | head -1
 }
@@ -56,6 +69,7 @@ theirs_ips() { # batch, extra args...
 for b in $BATCHES; do
     o=$(ours_ips "$b")
     echo "ours batch $b: cifar-train cuda tf32 $o images/s, $(kernels_per_step "$b") kernels per step"
+    echo "ours batch $b: $(phase_split "$b")"
     if [ "$have_torch" = 1 ]; then
         e=$(theirs_ips "$b")
         c=$(theirs_ips "$b" --compile)

@@ -16,6 +16,8 @@
 #      Without a GPU (nvidia-smi lists none) the script stops here: exit 77;
 #   2. test_ops_cuda: every CUDA op against the CPU op, the augmentation bit for
 #      bit, the CUDA engine against the CPU engine (CUDA graph path included);
+#      2b. test_comm_nccl: NCCL with a one-rank communicator (init, all-reduce mean,
+#      broadcasts over 1 MiB, barrier, destroy), the only NCCL one GPU can run;
 #   3. training: synthetic data -> cifar-prep -> cifar-train 3 epochs on the CPU and
 #      on the GPU (fp32, deterministic), per-epoch train loss compared; the same GPU run
 #      with CIFAR_CUDA_GRAPH=0 (eager) as a control;
@@ -133,7 +135,7 @@ fi
 # Captured first: grep -q leaving early would kill nvidia-smi with SIGPIPE under pipefail.
 smi=$(timeout 30 nvidia-smi -L 2>/dev/null || true)
 if ! grep -q '^GPU' <<<"$smi"; then
-    say "SKIP steps 2-5 (test_ops_cuda, training, resume, bench) not run: no GPU (nvidia-smi lists none); the build step $([ $failed = 0 ] && echo passed || echo FAILED)"
+    say "SKIP steps 2-5 (test_ops_cuda, test_comm_nccl, training, resume, bench) not run: no GPU (nvidia-smi lists none); the build step $([ $failed = 0 ] && echo passed || echo FAILED)"
     [ $failed = 0 ] && exit 77
     exit 1
 fi
@@ -141,11 +143,26 @@ timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,
 
 # ---------------------------------------------------------------- 2. unit test
 say "== 2. test_ops_cuda [$(elapsed)]"
-if stage "$T_TEST" "$BUILD/cuda/tests/test_ops_cuda" >"$out/test_ops_cuda.log" 2>&1; then
-    if grep -q "no GPU, skipped" "$out/test_ops_cuda.log"; then fail "test_ops_cuda skipped: no GPU seen"; else pass "test_ops_cuda"; fi
+# --gpu-only: a test that sees no usable GPU exits 77 (its SKIP line says why), a failure here.
+stage "$T_TEST" "$BUILD/cuda/tests/test_ops_cuda" --gpu-only >"$out/test_ops_cuda.log" 2>&1
+rc=$?
+if [ $rc = 0 ]; then
+    pass "test_ops_cuda"
 else
-    fail "test_ops_cuda (see test_ops_cuda.log)"
-    grep FAIL "$out/test_ops_cuda.log" | head -20 | tee -a "$summary"
+    fail "test_ops_cuda exited $rc (see test_ops_cuda.log)"
+    grep -E 'FAIL|SKIP' "$out/test_ops_cuda.log" | head -20 | tee -a "$summary"
+fi
+
+# ---------------------------------------------------------------- 2b. NCCL, one rank
+# World size 1 never creates an NCCL communicator: this is the only NCCL a single GPU runs.
+say "== 2b. test_comm_nccl (NCCL, one rank) [$(elapsed)]"
+stage "$T_TEST" "$BUILD/cuda/tests/test_comm_nccl" >"$out/test_comm_nccl.log" 2>&1
+rc=$?
+if [ $rc = 0 ]; then
+    pass "test_comm_nccl"
+else
+    fail "test_comm_nccl exited $rc (see test_comm_nccl.log)"
+    grep -E 'FAIL|SKIP|NCCL|error' "$out/test_comm_nccl.log" | head -10 | tee -a "$summary"
 fi
 
 # ---------------------------------------------------------------- 3. training

@@ -1,0 +1,211 @@
+/* bn_nhwc.h: the arithmetic of the CUDA batch-norm kernels (ops_cuda.cu), written
+ * once for the device and the host: ops_cuda.cu launches it, tests/test_bn_nhwc.c
+ * runs the very same functions on the CPU, thread by thread in the kernels' order,
+ * against ops.h's batch norm (so the indexing and the formulas are tested on every
+ * machine, GPU or not). Plain C, no CUDA header.
+ *
+ * Data: NHWC, rows = n*hw, c channels. The formulas are ops_cpu_impl.h's: statistics
+ * in double with the first row as the shift of the one-pass variance; the running
+ * update with the unbiased variance; backward as dx = k1*g + k2*x + k3.
+ *
+ * Reduction order (deterministic, the same on every GPU): the rows are cut into
+ * `chunks` chunks (bn_chunks: a function of rows only); a block of BN_TILE channels x
+ * BN_LANES row lanes sums one chunk, lane l taking rows r0+l, r0+l+BN_LANES, ...;
+ * lanes are added in order 0..BN_LANES-1 into one partial per (chunk, channel). The
+ * last block of a channel tile to finish adds the partials: lane l takes chunks
+ * l, l+BN_LANES, ..., then lanes in order. Two kernels per batch norm: this
+ * reduction (with the per-channel finalisation fused into its last block) and one
+ * element-wise pass.
+ *
+ * Conv bias folding (net_cuda.cu): a conv bias that the CUDA table defers is added
+ * to x as it is read (bn_in) and written back into x by the element-wise pass, so x
+ * ends as the conv's contract says; and the backward reduction also sums x - mean,
+ * from which the conv's bias gradient (the column sum of this BN's dx) is computed
+ * exactly (bn_bwd_final: dsum). */
+#ifndef CIFAR_BN_NHWC_H
+#define CIFAR_BN_NHWC_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define BN_HD static inline __host__ __device__
+#else
+#define BN_HD static inline
+#endif
+/* Row loops unrolled in the device code so that a thread has several loads in
+ * flight (the sums are still added one row after the other: unrolling does not
+ * reorder them). Nothing for the host compilers, which do not know the pragma. */
+#ifdef __CUDA_ARCH__
+#define BN_UNROLL _Pragma("unroll 8")
+#else
+#define BN_UNROLL
+#endif
+
+#define BN_TILE 32            /* channels per block */
+#define BN_LANES 8            /* row lanes per block */
+#define BN_ROWS_PER_CHUNK 512  /* rows one block sums (about): 64 per lane */
+#define BN_MAX_CHUNKS 1024
+#define BN_MAX_C 4096          /* channels the scratch is sized for */
+#define BN_SUMS 3              /* accumulators per channel (backward: dy, dy*(x-m), x-m) */
+/* Partial sums per accumulator the scratch holds: chunks * c <= this. */
+#define BN_PARTIALS ((int64_t)128 * BN_MAX_C)
+
+/* Element-wise modes of the forward pass. */
+enum { BN_PLAIN = 0, BN_RELU = 1, BN_ADD_RELU = 2 };
+
+/* Chunks of rows x c (c <= BN_MAX_C): a function of the shape only, so the reduction
+ * order, and the results, are the same on every GPU. */
+BN_HD int bn_chunks(int64_t rows, int c) {
+    int64_t p = (rows + BN_ROWS_PER_CHUNK - 1) / BN_ROWS_PER_CHUNK;
+    int64_t cap = BN_PARTIALS / (c > 0 ? c : 1);
+    if (cap > BN_MAX_CHUNKS) cap = BN_MAX_CHUNKS;
+    if (p > cap) p = cap;
+    return p < 1 ? 1 : (int)p;
+}
+
+/* Channel index of element i of an NHWC tensor (32-bit arithmetic when it fits:
+ * a 64-bit remainder is many instructions on a GPU). */
+BN_HD int bn_channel(int64_t i, int c) {
+    return i <= 0xffffffffLL ? (int)((uint32_t)i % (uint32_t)c) : (int)(i % c);
+}
+
+/* Rows [*r0, *r1) of chunk p of `chunks`. */
+BN_HD void bn_chunk_rows(int64_t rows, int chunks, int p, int64_t *r0, int64_t *r1) {
+    int64_t per = (rows + chunks - 1) / chunks;
+    int64_t a = (int64_t)p * per, b = a + per;
+    *r0 = a < rows ? a : rows;
+    *r1 = b < rows ? b : rows;
+}
+
+/* x as the BN sees it: plus the deferred conv bias of its channel, when there is one. */
+BN_HD float bn_in(const float *x, const float *bias, int64_t i, int ch) {
+    return bias ? x[i] + bias[ch] : x[i];
+}
+
+BN_HD float bn_relu(float v) { return v <= 0.0f ? 0.0f : v; } /* NaN passes */
+
+/* Forward statistics of one lane: s[0] = sum (v - shift), s[1] = sum (v - shift)^2. */
+BN_HD void bn_fwd_lane(const float *x, const float *bias, int64_t rows, int c, int chunks, int ch,
+                       int p, int lane, double *s) {
+    int64_t r0, r1;
+    bn_chunk_rows(rows, chunks, p, &r0, &r1);
+    const double shift = (double)bn_in(x, bias, ch, ch);
+    double s1 = 0.0, s2 = 0.0;
+    BN_UNROLL
+    for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
+        double d = (double)bn_in(x, bias, r * c + ch, ch) - shift;
+        s1 += d;
+        s2 += d * d;
+    }
+    s[0] = s1;
+    s[1] = s2;
+}
+
+/* Backward sums of one lane, g = dy masked by y > 0 when y is given (the ReLU after
+ * the BN): s[0] = sum g, s[1] = sum g*(x - mean), s[2] = sum (x - mean). */
+BN_HD void bn_bwd_lane(const float *x, const float *y, const float *dy, const float *save_mean,
+                       int64_t rows, int c, int chunks, int ch, int p, int lane, double *s) {
+    int64_t r0, r1;
+    bn_chunk_rows(rows, chunks, p, &r0, &r1);
+    const double mean = (double)save_mean[ch];
+    double a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    BN_UNROLL
+    for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
+        int64_t i = r * c + ch;
+        float g = y ? (y[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
+        double xm = (double)x[i] - mean;
+        a1 += g;
+        a2 += (double)g * xm;
+        a3 += xm;
+    }
+    s[0] = a1;
+    s[1] = a2;
+    s[2] = a3;
+}
+
+/* y = v*scale + (beta - mean*scale): the per-channel affine a BN applies. */
+BN_HD void bn_set_affine(int c, int ch, double scale, double mean, float beta, float *aff) {
+    aff[ch] = (float)scale;
+    aff[c + ch] = (float)((double)beta - mean * scale);
+}
+
+/* PyTorch's running update, with the unbiased batch variance. */
+BN_HD void bn_running_update(int64_t rows, double mean, double var, float momentum, float *rm,
+                             float *rv) {
+    double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
+    *rm = (float)((1.0 - momentum) * *rm + momentum * mean);
+    *rv = (float)((1.0 - momentum) * *rv + momentum * unbiased);
+}
+
+/* Per channel, from the totals of bn_fwd_lane (sums of v - shift and its square,
+ * shift = the first row's v): the saved and running statistics and the affine
+ * (ops_cpu_impl.h's opsi_bn_train_affine, the same formulas). */
+BN_HD void bn_fwd_final(int64_t rows, int c, int ch, const float *x, const float *bias,
+                        const double *s, const float *gamma, const float *beta, float momentum,
+                        float eps, float *save_mean, float *save_invstd, float *running_mean,
+                        float *running_var, float *aff) {
+    double dm = s[0] / rows, mean = (double)bn_in(x, bias, ch, ch) + dm;
+    double var = s[1] / rows - dm * dm;
+    var = var < 0 ? 0 : var; /* NaN stays NaN */
+    double invstd = 1.0 / sqrt(var + (double)eps);
+    save_mean[ch] = (float)mean;
+    save_invstd[ch] = (float)invstd;
+    bn_running_update(rows, mean, var, momentum, &running_mean[ch], &running_var[ch]);
+    bn_set_affine(c, ch, (double)gamma[ch] * invstd, mean, beta[ch], aff);
+}
+
+/* Inference: the affine from the running statistics. */
+BN_HD void bn_eval_final(int c, int ch, const float *gamma, const float *beta,
+                         const float *running_mean, const float *running_var, float eps,
+                         float *aff) {
+    double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)eps);
+    bn_set_affine(c, ch, scale, (double)running_mean[ch], beta[ch], aff);
+}
+
+/* Per channel, from the totals of bn_bwd_lane: dgamma, dbeta, the coefficients
+ * k[0..c) k1, k[c..2c) k2, k[2c..3c) k3 (opsi_bn_bwd_coeffs), and dsum[ch] = the sum
+ * over rows of the dx the element-wise pass writes, k1*sum g + k2*sum x + rows*k3
+ * with the float coefficients: the conv bias gradient when the conv's output is this
+ * BN's input (exactly 0 in exact arithmetic: a bias in front of a training-mode BN has
+ * no effect on the loss). */
+BN_HD void bn_bwd_final(int64_t rows, int c, int ch, const double *s, const float *gamma,
+                        const float *save_mean, const float *save_invstd, float *dgamma,
+                        float *dbeta, float *k, float *dsum) {
+    double sdy = s[0], sdyx = s[1], sxm = s[2];
+    double inv = save_invstd[ch], g = gamma[ch], mean = save_mean[ch];
+    dbeta[ch] = (float)sdy;
+    dgamma[ch] = (float)(sdyx * inv);
+    double k1 = g * inv;
+    double k2 = -g * inv * inv * inv * sdyx / rows;
+    double k3 = -g * inv * sdy / rows - k2 * mean;
+    float f1 = (float)k1, f2 = (float)k2, f3 = (float)k3;
+    k[ch] = f1;
+    k[c + ch] = f2;
+    k[2 * c + ch] = f3;
+    dsum[ch] = (float)((double)f1 * sdy + (double)f2 * (sxm + rows * mean) + (double)rows * f3);
+}
+
+/* Forward element i: v = x (+ deferred bias, written back into x), then the affine,
+ * then by mode nothing, ReLU, or + z and ReLU. */
+BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const float *aff,
+                        const float *z, int mode, float *y) {
+    int ch = bn_channel(i, c);
+    float v = bn_in(x, bias, i, ch);
+    if (bias) x[i] = v;
+    float t = v * aff[ch] + aff[c + ch];
+    if (mode == BN_RELU) t = bn_relu(t);
+    else if (mode == BN_ADD_RELU) t = bn_relu(t + z[i]);
+    y[i] = t;
+}
+
+/* Backward element i: dx = k1*g + k2*x + k3 (dx may be dy). */
+BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const float *dy,
+                        const float *k, float *dx) {
+    int ch = bn_channel(i, c);
+    float g = y ? (y[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
+    dx[i] = k[ch] * g + k[c + ch] * x[i] + k[2 * c + ch];
+}
+
+#endif

@@ -1,0 +1,307 @@
+/* test_bn_nhwc: the CUDA batch-norm arithmetic (shared/cuda/bn_nhwc.h) run on the
+ * CPU, against ops.h's batch norm, on every machine (no GPU needed).
+ *
+ * The kernels of ops_cuda.cu call bn_nhwc.h's functions per thread; this test calls
+ * the same functions in the kernels' order (the per-lane sums of each (chunk, channel)
+ * block, lanes added in order, then the chunks added lane by lane in the tile's last
+ * block, then the element-wise pass), so the indexing, the chunking, the reduction
+ * order and the formulas are all checked here; what only a GPU can check (the launch
+ * configuration, the last-block handshake) is in test_ops_cuda's op cases.
+ *
+ * Checked: training forward (plain, ReLU, add+ReLU), inference, backward (plain and
+ * ReLU-masked) against the CPU ops, on shapes that cross the channel tile, the chunk
+ * clamp and odd row counts; the deferred conv bias (folded into the read, written
+ * back into x); and the conv bias gradient (dsum) against the column sum of dx. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/bn_nhwc.h"
+#include "nn/ops.h"
+#include "util/check.h"
+#include "unit.h"
+
+static uint64_t g_seed = 0x9E3779B97F4A7C15ull;
+
+static float urand(float lo, float hi) {
+    g_seed ^= g_seed << 13;
+    g_seed ^= g_seed >> 7;
+    g_seed ^= g_seed << 17;
+    return lo + (hi - lo) * (float)((g_seed >> 11) * (1.0 / 9007199254740992.0));
+}
+
+static float *vec(size_t n, float lo, float hi) {
+    float *v = xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = urand(lo, hi);
+    return v;
+}
+
+static float *copy_of(const float *v, size_t n) {
+    float *c = xmalloc((n ? n : 1) * sizeof(float));
+    memcpy(c, v, n * sizeof(float));
+    return c;
+}
+
+/* |got - want| <= atol + rtol*|want| everywhere (NaN fails). */
+static void expect_close(const char *what, const float *got, const float *want, size_t n, double atol,
+                         double rtol) {
+    size_t bad = 0, at = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - (double)want[i]);
+        if (!(e <= atol + rtol * fabs((double)want[i]))) {
+            if (!bad) at = i;
+            bad++;
+        }
+        if (e > worst) worst = e;
+    }
+    EXPECT(bad == 0, "%s: %zu of %zu off, first [%zu] got %.8g want %.8g", what, bad, n, at,
+           n ? got[at] : 0.0f, n ? want[at] : 0.0f);
+    if (!bad) printf("ok   %s (max err %.3g over %zu)\n", what, worst, n);
+}
+
+/* ---- the kernels' reduction, thread by thread ---- */
+
+typedef void (*LaneFn)(const void *a, int ch, int p, int lane, double *s);
+typedef void (*FinalFn)(void *a, int ch, const double *t);
+
+/* bn_reduce_tile of ops_cuda.cu: K sums per channel. */
+static void emulate_reduce(int K, int64_t rows, int c, void *a, LaneFn lane_fn, FinalFn fin) {
+    int chunks = bn_chunks(rows, c);
+    double *partial = xcalloc((size_t)chunks * K * c, sizeof(double));
+    for (int p = 0; p < chunks; p++)
+        for (int ch = 0; ch < c; ch++) {
+            double sh[BN_LANES][BN_SUMS];
+            for (int l = 0; l < BN_LANES; l++) lane_fn(a, ch, p, l, sh[l]);
+            for (int k = 0; k < K; k++) {
+                double t = 0.0;
+                for (int l = 0; l < BN_LANES; l++) t += sh[l][k];
+                partial[((size_t)p * K + k) * c + ch] = t;
+            }
+        }
+    for (int ch = 0; ch < c; ch++) {
+        double sl[BN_LANES][BN_SUMS] = {{0}}, t[BN_SUMS];
+        for (int l = 0; l < BN_LANES; l++)
+            for (int q = l; q < chunks; q += BN_LANES)
+                for (int k = 0; k < K; k++) sl[l][k] += partial[((size_t)q * K + k) * c + ch];
+        for (int k = 0; k < K; k++) {
+            t[k] = 0.0;
+            for (int l = 0; l < BN_LANES; l++) t[k] += sl[l][k];
+        }
+        fin(a, ch, t);
+    }
+    free(partial);
+}
+
+typedef struct {
+    int64_t rows;
+    int c;
+    const float *x, *bias, *gamma, *beta, *y, *dy;
+    float *save_mean, *save_invstd, *running_mean, *running_var, *aff, *dgamma, *dbeta, *dsum;
+    float momentum, eps;
+} BnCase;
+
+static void fwd_lane(const void *p, int ch, int chunk, int lane, double *s) {
+    const BnCase *a = p;
+    bn_fwd_lane(a->x, a->bias, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s);
+}
+
+static void fwd_final(void *p, int ch, const double *t) {
+    BnCase *a = p;
+    bn_fwd_final(a->rows, a->c, ch, a->x, a->bias, t, a->gamma, a->beta, a->momentum, a->eps,
+                 a->save_mean, a->save_invstd, a->running_mean, a->running_var, a->aff);
+}
+
+static void bwd_lane(const void *p, int ch, int chunk, int lane, double *s) {
+    const BnCase *a = p;
+    bn_bwd_lane(a->x, a->y, a->dy, a->save_mean, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s);
+}
+
+static void bwd_final(void *p, int ch, const double *t) {
+    BnCase *a = p;
+    bn_bwd_final(a->rows, a->c, ch, t, a->gamma, a->save_mean, a->save_invstd, a->dgamma, a->dbeta,
+                 a->aff, a->dsum);
+}
+
+/* ---- training forward, with and without a deferred bias ---- */
+
+static void test_forward(int64_t rows, int c, int mode, int with_bias) {
+    size_t nx = (size_t)rows * c;
+    char what[160];
+    float *x0 = vec(nx, -2, 3), *z = vec(nx, -1, 1), *bias = vec((size_t)c, -0.5f, 0.5f);
+    float *gamma = vec((size_t)c, 0.5f, 1.5f), *beta = vec((size_t)c, -0.5f, 0.5f);
+    float *rm = vec((size_t)c, -0.2f, 0.2f), *rv = vec((size_t)c, 0.5f, 1.5f);
+    /* the CPU: the conv output with its bias already added, then the ops */
+    float *xb = copy_of(x0, nx);
+    if (with_bias)
+        for (size_t i = 0; i < nx; i++) xb[i] = x0[i] + bias[i % (size_t)c];
+    float *want = xmalloc(nx * sizeof(float)), *wm = xmalloc(c * sizeof(float));
+    float *wi = xmalloc(c * sizeof(float)), *wrm = copy_of(rm, c), *wrv = copy_of(rv, c);
+    if (mode == BN_RELU) {
+        batchnorm2d_relu_forward_train((int)rows, c, xb, gamma, beta, want, wm, wi, wrm, wrv, 0.1f, 1e-5f);
+    } else {
+        batchnorm2d_forward_train((int)rows, c, xb, gamma, beta, want, wm, wi, wrm, wrv, 0.1f, 1e-5f);
+        if (mode == BN_ADD_RELU) add_relu_forward(nx, want, z, want);
+    }
+    /* the kernels' functions */
+    float *x = copy_of(with_bias ? x0 : xb, nx), *y = xmalloc(nx * sizeof(float));
+    float *gm = xmalloc(c * sizeof(float)), *gi = xmalloc(c * sizeof(float));
+    float *grm = copy_of(rm, c), *grv = copy_of(rv, c), *aff = xmalloc(2 * c * sizeof(float));
+    BnCase a = {rows, c, x, with_bias ? bias : NULL, gamma, beta, NULL, NULL,
+                gm, gi, grm, grv, aff, NULL, NULL, NULL, 0.1f, 1e-5f};
+    emulate_reduce(2, rows, c, &a, fwd_lane, fwd_final);
+    for (size_t i = 0; i < nx; i++)
+        bn_fwd_apply((int64_t)i, c, x, a.bias, aff, z, mode, y);
+    static const char *modes[] = {"bn", "bn+relu", "bn+add+relu"};
+    const char *bt = with_bias ? ", deferred bias" : "";
+#define WHAT(s) (snprintf(what, sizeof what, "%s train %lld x %d%s: %s", modes[mode], (long long)rows, \
+                          c, bt, s), what)
+    expect_close(WHAT("y"), y, want, nx, 2e-5, 2e-5);
+    expect_close(WHAT("save_mean"), gm, wm, c, 1e-6, 1e-5);
+    expect_close(WHAT("save_invstd"), gi, wi, c, 1e-6, 1e-5);
+    expect_close(WHAT("running_mean"), grm, wrm, c, 1e-6, 1e-5);
+    expect_close(WHAT("running_var"), grv, wrv, c, 1e-6, 1e-5);
+    if (with_bias) {
+        int same = memcmp(x, xb, nx * sizeof(float)) == 0;
+        WHAT("x + bias written back");
+        EXPECT(same, "%s", what);
+        printf("%s %s\n", same ? "ok  " : "FAIL", what);
+    }
+#undef WHAT
+    free(x0); free(z); free(bias); free(gamma); free(beta); free(rm); free(rv); free(xb);
+    free(want); free(wm); free(wi); free(wrm); free(wrv); free(x); free(y); free(gm); free(gi);
+    free(grm); free(grv); free(aff);
+}
+
+/* ---- inference ---- */
+
+static void test_eval(int64_t rows, int c, int with_bias) {
+    size_t nx = (size_t)rows * c;
+    char what[128];
+    float *x0 = vec(nx, -2, 3), *bias = vec((size_t)c, -0.5f, 0.5f);
+    float *gamma = vec((size_t)c, 0.5f, 1.5f), *beta = vec((size_t)c, -0.5f, 0.5f);
+    float *rm = vec((size_t)c, -0.2f, 0.2f), *rv = vec((size_t)c, 0.5f, 1.5f);
+    float *xb = copy_of(x0, nx), *want = xmalloc(nx * sizeof(float)), *y = xmalloc(nx * sizeof(float));
+    if (with_bias)
+        for (size_t i = 0; i < nx; i++) xb[i] = x0[i] + bias[i % (size_t)c];
+    batchnorm2d_forward_eval((int)rows, c, xb, gamma, beta, rm, rv, 1e-5f, want);
+    float *x = copy_of(with_bias ? x0 : xb, nx), *aff = xmalloc(2 * c * sizeof(float));
+    for (int ch = 0; ch < c; ch++) bn_eval_final(c, ch, gamma, beta, rm, rv, 1e-5f, aff);
+    for (size_t i = 0; i < nx; i++) bn_fwd_apply((int64_t)i, c, x, with_bias ? bias : NULL, aff, NULL, BN_PLAIN, y);
+    snprintf(what, sizeof what, "bn eval %lld x %d%s: y", (long long)rows, c, with_bias ? ", deferred bias" : "");
+    expect_close(what, y, want, nx, 2e-5, 2e-5);
+    free(x0); free(bias); free(gamma); free(beta); free(rm); free(rv); free(xb); free(want); free(y);
+    free(x); free(aff);
+}
+
+/* ---- backward, and the conv bias gradient ---- */
+
+static void test_backward(int64_t rows, int c, int relu) {
+    size_t nx = (size_t)rows * c;
+    char what[160];
+    float *x = vec(nx, -2, 3), *y = vec(nx, -1, 1), *dy = vec(nx, -1, 1);
+    float *gamma = vec((size_t)c, 0.5f, 1.5f), *mean = xmalloc(c * sizeof(float));
+    float *inv = xmalloc(c * sizeof(float));
+    for (size_t i = 0; i < nx; i++) y[i] = y[i] < 0 ? 0 : y[i];
+    /* statistics consistent with x (as a training forward leaves them) */
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, s2 = 0;
+        for (int64_t r = 0; r < rows; r++) s += x[r * c + ch];
+        double m = s / rows;
+        for (int64_t r = 0; r < rows; r++) s2 += (x[r * c + ch] - m) * (x[r * c + ch] - m);
+        mean[ch] = (float)m;
+        inv[ch] = (float)(1.0 / sqrt(s2 / rows + 1e-5));
+    }
+    float *want = xmalloc(nx * sizeof(float)), *wg = xmalloc(c * sizeof(float)), *wb = xmalloc(c * sizeof(float));
+    if (relu)
+        batchnorm2d_relu_backward((int)rows, c, x, y, gamma, mean, inv, dy, want, wg, wb);
+    else
+        batchnorm2d_backward((int)rows, c, x, gamma, mean, inv, dy, want, wg, wb);
+    float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
+    float *k = xmalloc(3 * c * sizeof(float)), *dsum = xmalloc(c * sizeof(float));
+    BnCase a = {rows, c, x, NULL, gamma, NULL, relu ? y : NULL, dy,
+                mean, inv, NULL, NULL, k, dg, db, dsum, 0.0f, 0.0f};
+    emulate_reduce(3, rows, c, &a, bwd_lane, bwd_final);
+    for (size_t i = 0; i < nx; i++) bn_bwd_apply((int64_t)i, c, x, a.y, dy, k, dx);
+#define WHAT(s) (snprintf(what, sizeof what, "bn%s backward %lld x %d: %s", relu ? "+relu" : "", \
+                          (long long)rows, c, s), what)
+    expect_close(WHAT("dx"), dx, want, nx, 2e-5, 1e-4);
+    expect_close(WHAT("dgamma"), dg, wg, c, 1e-4, 1e-5);
+    expect_close(WHAT("dbeta"), db, wb, c, 1e-4, 1e-5);
+    /* dsum: the column sum of dx (the conv bias gradient), against the CPU conv's
+     * bias gradient of that dx (conv2d_backward's dbias is its column sum): both are
+     * rounding noise around 0, within float rounding of the |dx| summed. */
+    float *colsum = xcalloc(c, sizeof(float)), *lim = xcalloc(c, sizeof(float));
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0, m = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            s += want[r * c + ch];
+            m += fabs(want[r * c + ch]);
+        }
+        colsum[ch] = (float)s;
+        lim[ch] = (float)(m * 1e-5 + 1e-6);
+    }
+    int ok = 1;
+    for (int ch = 0; ch < c; ch++) ok &= fabsf(dsum[ch] - colsum[ch]) <= lim[ch];
+    WHAT("dsum = column sum of dx");
+    EXPECT(ok, "%s", what);
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+#undef WHAT
+    free(x); free(y); free(dy); free(gamma); free(mean); free(inv); free(want); free(wg); free(wb);
+    free(dx); free(dg); free(db); free(k); free(dsum); free(colsum); free(lim);
+}
+
+/* The chunking covers every row once, whatever the row count. */
+static void test_chunks(void) {
+    static const int64_t counts[] = {1, 7, 2047, 2048, 2049, 100000, 262144, 262145, 1048576, 5000001};
+    static const int chans[] = {1, 64, 513, BN_MAX_C};
+    int ok = 1;
+    for (size_t t = 0; t < sizeof counts / sizeof *counts * 4; t++) {
+        int64_t rows = counts[t / 4], covered = 0, prev = 0;
+        int c = chans[t % 4], chunks = bn_chunks(rows, c);
+        ok &= chunks >= 1 && chunks <= BN_MAX_CHUNKS && (int64_t)chunks * c <= BN_PARTIALS;
+        for (int p = 0; p < chunks; p++) {
+            int64_t r0, r1;
+            bn_chunk_rows(rows, chunks, p, &r0, &r1);
+            ok &= r0 == prev && r1 >= r0;
+            covered += r1 - r0;
+            prev = r1;
+        }
+        ok &= covered == rows;
+    }
+    EXPECT(ok, "bn_chunk_rows covers every row exactly once, within the scratch");
+    printf("%s bn chunks cover every row exactly once, within the scratch\n", ok ? "ok  " : "FAIL");
+    ok = 1; /* the channel of element i, 32-bit path and 64-bit path */
+    for (int64_t i = 0xfffffff0LL; i < 0x100000010LL; i++) ok &= bn_channel(i, 70) == (int)(i % 70);
+    EXPECT(ok, "bn_channel on both sides of 2^32");
+    printf("%s bn_channel on both sides of 2^32\n", ok ? "ok  " : "FAIL");
+}
+
+int main(void) {
+    log_set_program("test_bn_nhwc");
+    ops_set_threads(1);
+    test_chunks();
+    /* channel counts across the 32-channel tile; rows: tiny, odd, past the chunk clamp */
+    static const struct { int64_t rows; int c; } shapes[] = {{1, 3}, {7, 8}, {147, 33}, {3000, 16},
+                                                            {300001, 4}, {4100, 70}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t rows = shapes[s].rows;
+        int c = shapes[s].c;
+        for (int mode = BN_PLAIN; mode <= BN_ADD_RELU; mode++) test_forward(rows, c, mode, 0);
+        test_forward(rows, c, BN_RELU, 1);
+        test_eval(rows, c, 0);
+        test_eval(rows, c, 1);
+        if (rows > 1) {
+            test_backward(rows, c, 0);
+            test_backward(rows, c, 1);
+        }
+    }
+    /* NaN passes through the fused ReLU (the trainer's NaN stop relies on it) */
+    float x[2] = {NAN, -1.0f}, aff[2] = {1.0f, 0.0f}, y[2];
+    for (int i = 0; i < 2; i++) bn_fwd_apply(i, 1, x, NULL, aff, NULL, BN_RELU, y);
+    EXPECT(isnan(y[0]) && y[1] == 0.0f, "bn+relu passes NaN");
+    printf("%s bn+relu passes NaN\n", isnan(y[0]) && y[1] == 0.0f ? "ok  " : "FAIL");
+    return unit_report("test_bn_nhwc");
+}
