@@ -5,6 +5,9 @@
 #      (../shared/bench/torch_anchor.py with Debian's python3-torch), per-op breakdown
 #   3. data parallel: 2 workers x 1 thread against 1 worker x 2 threads, and the
 #      all-reduce cost per step
+#   4. 2 CPU ranks over MPI (TCP) beside 2 over shared memory (bench_mpi.sh)
+#   5. peak private memory and epoch speed, records read in place against the
+#      in-memory copy (bench_memory.sh; BENCH_MEMORY=0 skips its several minutes)
 # Environment: BIN (commands), BENCH_TRAIN (bench_train program), PREP_FLOOR (prep_floor program), PYTHON_TORCH.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,4 +61,16 @@ awk -v a="$two" -v b="$one" 'BEGIN { printf "ratio 2x1 / 1x2: %.2f\n", a / b }'
 if [ -x "${BENCH_COMM:-}" ]; then
   echo "all-reduce cost (shared memory, 2 processes; the seed model's gradient is 58,042 floats):"
   "$BENCH_COMM" bench 2>&1 | grep allreduce
+fi
+
+echo
+echo "== 4. CPU ranks over MPI (TCP) beside shared memory"
+CIFAR_MPI_LIB=${CIFAR_MPI_LIB:-$BIN/libcifar-mpi.so} "$here/bench_mpi.sh"
+
+echo
+if [ "${BENCH_MEMORY:-1}" = 1 ]; then
+  echo "== 5. private memory with the dataset read in place (a 60,000-image 64x64 set; several minutes; BENCH_MEMORY=0 skips)"
+  "$here/bench_memory.sh"
+else
+  echo "== 5. memory: skipped (BENCH_MEMORY=0)"
 fi
