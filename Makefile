@@ -376,13 +376,13 @@ install: deps-install all
 	install -m 644 $(MAN_PAGES) $(INSTALL_MAN)/
 	install -m 755 $(PIPELINE_SCRIPTS:%=pipelines/%) $(INSTALL_SHARE)/
 	install -m 644 $(PIPELINE_DATA:%=pipelines/%) $(INSTALL_SHARE)/
-	$(if $(CUDA_SO),install -d $(INSTALL_LIB) && install -m 755 $(CUDA_SO) $(INSTALL_LIB)/)
+	$(if $(CUDA_SO)$(MPI_SO),install -d $(INSTALL_LIB) && install -m 755 $(CUDA_SO) $(MPI_SO) $(INSTALL_LIB)/)
 	@echo "installed under $(DESTDIR)$(PREFIX) (man cifar-train; pipelines in $(PREFIX)/share/cifar/)"
 
 uninstall:
 	rm -f $(COMMANDS:%=$(INSTALL_BIN)/%) $(COMMANDS:%=$(INSTALL_MAN)/%.1) \
 	    $(PIPELINE_SCRIPTS:%=$(INSTALL_SHARE)/%) $(PIPELINE_DATA:%=$(INSTALL_SHARE)/%) \
-	    $(INSTALL_LIB)/libcifar-cuda.so
+	    $(INSTALL_LIB)/libcifar-cuda.so $(INSTALL_LIB)/libcifar-mpi.so
 	@for d in $(INSTALL_SHARE) $(INSTALL_LIB); do \
 	  if [ -d $$d ]; then rmdir --ignore-fail-on-non-empty $$d || exit 1; fi; \
 	done

@@ -58,18 +58,7 @@ static void mpi_host_die(int status, const char *message) { die_status(status, "
 
 static void mpi_library_open(void) {
     char path[8192];
-    const char *env = getenv("CIFAR_MPI_LIB");
-    char exe[4096], dir[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
-    } else if (n > 0) {
-        exe[n] = '\0';
-        fs_dirname(exe, dir, sizeof dir);
-        snprintf(path, sizeof path, "%s/%s", dir, MPI_LIBRARY_NAME);
-    } else {
-        snprintf(path, sizeof path, "%s", MPI_LIBRARY_NAME);
-    }
+    fs_companion_library("CIFAR_MPI_LIB", MPI_LIBRARY_NAME, path, sizeof path);
     g_mpi_lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!g_mpi_lib) {
         snprintf(g_mpi_error, sizeof g_mpi_error, "cannot load the MPI code: %s", dlerror());

@@ -160,3 +160,22 @@ int fs_last_line(FILE *f, char *out, size_t outlen) {
     }
     return out[0] ? 0 : -1;
 }
+
+void fs_companion_library(const char *env_var, const char *name, char *buf, size_t buflen) {
+    const char *env = getenv(env_var);
+    if (env && *env) {
+        snprintf(buf, buflen, "%s", env);
+        return;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        snprintf(buf, buflen, "%s", name);
+        return;
+    }
+    exe[n] = '\0';
+    char dir[4096];
+    fs_dirname(exe, dir, sizeof dir);
+    snprintf(buf, buflen, "%s/%s", dir, name);
+    if (access(buf, F_OK) != 0) snprintf(buf, buflen, "%s/../lib/cifar/%s", dir, name);
+}

@@ -27,6 +27,10 @@ int fs_exists(const char *path);
 int fs_is_dir(const char *path);
 /* Folder part of path into buf ("." when none). */
 void fs_dirname(const char *path, char *buf, size_t buflen);
+/* Where a command finds one of its own shared libraries (libcifar-cuda.so,
+ * libcifar-mpi.so): $env_var when set, else next to the executable (a build
+ * tree), else ../lib/cifar/ beside it (an install), never LD_LIBRARY_PATH. */
+void fs_companion_library(const char *env_var, const char *name, char *buf, size_t buflen);
 /* Remove "<prefix>*.tmp-<pid>" files in `dir` whose pid is not alive. Returns count. */
 int fs_remove_stale_temps(const char *dir);
 /* Write all of buf to fd, retrying short writes. 0 or -1/errno. */

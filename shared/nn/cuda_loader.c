@@ -54,25 +54,6 @@ static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
  * build's bin/), else in ../lib/cifar/ from it (`make install`: PREFIX/bin and
  * PREFIX/lib/cifar). Never a search of LD_LIBRARY_PATH: the library must be
  * the one built with these commands. */
-static void cuda_library_path(char *buf, size_t len) {
-    const char *env = getenv("CIFAR_CUDA_LIB");
-    if (env && *env) {
-        snprintf(buf, len, "%s", env);
-        return;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
-        snprintf(buf, len, "%s", CUDA_LIBRARY_NAME);
-        return;
-    }
-    exe[n] = '\0';
-    char dir[4096];
-    fs_dirname(exe, dir, sizeof dir);
-    snprintf(buf, len, "%s/%s", dir, CUDA_LIBRARY_NAME);
-    if (access(buf, F_OK) != 0) snprintf(buf, len, "%s/../lib/cifar/%s", dir, CUDA_LIBRARY_NAME);
-}
-
 /* ---- the callback table handed to the library (cuda_host.h) ---- */
 
 static void host_die_message(int status, const char *message) { die_status(status, "%s", message); }
@@ -109,7 +90,7 @@ const CudaHostApi *cuda_host_api(void) { return &g_host_api; }
 /* dlopen, then hand the library this executable's callbacks. */
 static void cuda_library_open(void) {
     char path[8192];
-    cuda_library_path(path, sizeof path);
+    fs_companion_library("CIFAR_CUDA_LIB", CUDA_LIBRARY_NAME, path, sizeof path);
     g_cuda_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!g_cuda_lib) {
         snprintf(g_cuda_error, sizeof g_cuda_error, "cannot load the GPU code: %s", dlerror());
