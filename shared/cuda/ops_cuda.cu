@@ -389,11 +389,12 @@ extern "C" void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const
  * y^T (out x n) = W^T' (out x in) * x^T (in x n) with W read transposed. */
 extern "C" void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
                                     const float *weight, const float *bias, float *y) {
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     if (n <= 0) return;
-    bias_apply(ctx, (size_t)n, out, bias, y, 0);
+    /* y = bias, then y += x W^T; no bias (NULL, as ops.h allows): y = x W^T */
+    if (bias) bias_apply(ctx, (size_t)n, out, bias, y, 0);
     CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, weight, in, x,
-                             in, &one, y, out));
+                             in, bias ? &one : &zero, y, out));
 }
 
 extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
