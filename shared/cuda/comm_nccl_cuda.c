@@ -139,7 +139,16 @@ CommNccl *comm_nccl_create(const DistEnv *env, double timeout_s) {
     ncclUniqueId id;
     if (env->rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
     rendezvous_share(env, &id, sizeof id, timeout_s);
-    CHECK_NCCL(ncclCommInitRank(&nc->comm, env->world_size, id, env->rank));
+    /* Restored after the 'dist' merge (2ffa55f) had put back the blocking
+     * ncclCommInitRank and dropped the stream: a non-blocking communicator whose
+     * initialisation is polled against the timeout (a peer dying after the id
+     * exchange cannot hang it), and the stream of the host-memory collectives
+     * (comm_nccl_destroy destroys it; it was left NULL, the legacy stream). */
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    NCCL_SETTLE(nc, ncclCommInitRankConfig(&nc->comm, env->world_size, id, env->rank, &config),
+                nccl_now() + timeout_s);
+    CHECK_CUDA(cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking));
     CHECK_CUDA(cudaMalloc(&nc->scratch, NCCL_SCRATCH_BYTES));
     return nc;
 }

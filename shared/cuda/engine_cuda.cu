@@ -283,13 +283,17 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
     CHECK_CUDA(cudaMemcpyAsync(g->args, g->h_args, sizeof(StepArgs), cudaMemcpyHostToDevice, s));
     int world = comm_world(e);
     int fuse_sgd = world == 1;
-    if (n == e->cfg.max_batch && g->graph_enabled) {
+    const int full = n == e->cfg.max_batch;
+    if (full && g->graph_enabled) {
         /* The first full step runs eagerly (lazy kernel loading, cuDNN and cuBLAS
          * set-up happen outside the capture); the second is captured. */
         if (!g->graph && g->full_steps >= 1) graph_capture(e, g, n, fuse_sgd);
         g->full_steps++;
     }
-    if (g->graph) {
+    /* The graph holds a full batch: a partial one (the epoch's last) runs eagerly
+     * (replaying it would train on max_batch samples, the tail of idx stale). */
+    const int replay = g->graph && full;
+    if (replay) {
         CHECK_CUDA(cudaGraphLaunch(g->graph, s));
         fuse_sgd = g->graph_fused_sgd;
     } else {
@@ -300,11 +304,11 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
         if (world > 1) grads_allreduce(e, g);
         sgd_step(e, g);
     }
-    if (!g->graph) phase_mark(g, PHASE_COUNT);
+    if (!replay) phase_mark(g, PHASE_COUNT);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(g->h_correct, g->correct, sizeof(int), cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
-    if (!g->graph) phase_collect(g);
+    if (!replay) phase_collect(g);
     if (correct) *correct = *g->h_correct;
     return *g->h_loss;
 }

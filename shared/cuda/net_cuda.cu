@@ -32,7 +32,8 @@ static void *nc_alloc(void *ctx, size_t bytes) {
 }
 
 static void nc_release(void *ctx, void *ptr) {
-    (void)ctx;
+    /* deferred work may still name this buffer: launch it before the memory goes */
+    cuda_deferred_flush(CTX(ctx));
     cuda_free(ptr);
 }
 

@@ -389,11 +389,12 @@ extern "C" void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const
  * y^T (out x n) = W^T' (out x in) * x^T (in x n) with W read transposed. */
 extern "C" void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
                                     const float *weight, const float *bias, float *y) {
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     if (n <= 0) return;
-    bias_apply(ctx, (size_t)n, out, bias, y, 0);
+    /* y = bias, then y += x W^T; no bias (NULL, as ops.h allows): y = x W^T */
+    if (bias) bias_apply(ctx, (size_t)n, out, bias, y, 0);
     CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, weight, in, x,
-                             in, &one, y, out));
+                             in, bias ? &one : &zero, y, out));
 }
 
 extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
@@ -402,7 +403,7 @@ extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0) {
         cuda_memset_async(ctx, dweight, 0, (size_t)in * out * sizeof(float));
-        cuda_memset_async(ctx, dbias, 0, (size_t)out * sizeof(float));
+        if (dbias) cuda_memset_async(ctx, dbias, 0, (size_t)out * sizeof(float));
         return;
     }
     /* dx[n][in] = dy[n][out] * W[out][in]: column-major dx^T (in x n) = W^T (in x out) * dy^T. */
@@ -412,7 +413,7 @@ extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const
     /* dW[out][in] = dy^T x: column-major dW^T (in x out) = x^T (in x n) * dy (n x out). */
     CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x, in, dy, out,
                              &zero, dweight, in));
-    colsum(ctx, n, out, dy, dbias);
+    if (dbias) colsum(ctx, n, out, dy, dbias); /* NULL: no bias gradient, as ops.h allows */
 }
 
 /* ---------------------------------------------------------------------- loss */
