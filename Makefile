@@ -344,7 +344,7 @@ INSTALL_BIN = $(DESTDIR)$(PREFIX)/bin
 INSTALL_LIB = $(DESTDIR)$(PREFIX)/lib/cifar
 INSTALL_SHARE = $(DESTDIR)$(PREFIX)/share/cifar
 INSTALL_MAN = $(DESTDIR)$(PREFIX)/share/man/man1
-PIPELINE_SCRIPTS = demo.sh cifar10.sh multi-gpu.sh resume.sh plot.sh slurm.sbatch
+PIPELINE_SCRIPTS = demo.sh cifar10.sh multi-gpu.sh resume.sh mpi.sh plot.sh slurm.sbatch
 PIPELINE_DATA = cifar-bin.sh curves.gp
 MAN_PAGES = $(COMMANDS:%=$(BUILD)/man/%.1)
 cifar-prep_WHAT = convert a PNG/JPEG dataset into one LMDB file

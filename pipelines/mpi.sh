@@ -29,7 +29,7 @@ lmdb=$1
 [ -f "$lmdb" ] || { echo "$me: $lmdb: no such LMDB file" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "$me: no mpirun: install Open MPI (make deps: openmpi-bin)" >&2; exit 1; }
 
-BIN=${BIN:-$repo/bin}
+. "$here/cifar-bin.sh"
 NP=${NP:-2}
 HOSTFILE=${HOSTFILE:-}
 EPOCHS=${EPOCHS:-30}
@@ -39,7 +39,7 @@ RUN_DIR=${RUN_DIR:-run/mpi}
 RETRIES=${RETRIES:-2}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 MPIRUN_ARGS=${MPIRUN_ARGS:-}
-[ -f "$BIN/libcifar-mpi.so" ] || {
+[ -f "$BIN/libcifar-mpi.so" ] || [ -f "$BIN/../lib/cifar/libcifar-mpi.so" ] || {
   echo "$me: $BIN/libcifar-mpi.so is missing: build with Open MPI installed (make deps && make)" >&2; exit 1; }
 
 # Open MPI refuses root unless told; containers often run as root.

@@ -16,7 +16,7 @@ load '/usr/lib/bats/bats-assert/load'
 
 REPO=$(cd "$BATS_TEST_DIRNAME/.." && pwd)
 COMMANDS="cifar-prep cifar-train cifar-eval cifar-synth cifar-unpack"
-SCRIPTS="demo.sh cifar10.sh multi-gpu.sh resume.sh plot.sh slurm.sbatch cifar-bin.sh curves.gp"
+SCRIPTS="demo.sh cifar10.sh multi-gpu.sh resume.sh mpi.sh plot.sh slurm.sbatch cifar-bin.sh curves.gp"
 
 setup_file() {
     export STAGE=$BATS_FILE_TMPDIR/stage PREFIX_DIR=/opt/cifar-test
@@ -26,8 +26,9 @@ setup_file() {
     make -C "$REPO" --no-print-directory install DESTDIR="$STAGE" PREFIX="$PREFIX_DIR" \
         > "$BATS_FILE_TMPDIR/install.log" 2>&1 || { cat "$BATS_FILE_TMPDIR/install.log" >&3; return 1; }
     # the GPU library that install copies: empty in CPU builds
-    export CUDA_SO
+    export CUDA_SO MPI_SO
     CUDA_SO=$(make -C "$REPO" --no-print-directory -s print-CUDA_SO)
+    MPI_SO=$(make -C "$REPO" --no-print-directory -s print-MPI_SO)
 }
 
 # Every file under a folder, relative to it, sorted.
@@ -46,6 +47,7 @@ files_under() { (cd "$1" && find . \( -type f -o -type l \) | sed 's|^\./||' | s
     expected=$( { for c in $COMMANDS; do echo "${PREFIX_DIR#/}/bin/$c"; echo "${PREFIX_DIR#/}/share/man/man1/$c.1"; done
                   for s in $SCRIPTS; do echo "${PREFIX_DIR#/}/share/cifar/$s"; done
                   if [ -n "$CUDA_SO" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-cuda.so"; fi
+                  if [ -n "$MPI_SO" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-mpi.so"; fi
                 } | sort)
     assert_output "$expected"
 }
