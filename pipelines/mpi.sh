@@ -18,7 +18,6 @@
 #   RUN_DIR=run/mpi RETRIES=2 TRAIN_ARGS="--threads 4 ..." MPIRUN_ARGS="--mca btl tcp,self ..."
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/.." && pwd)
 me=mpi.sh
 
 case "${1:-}" in
