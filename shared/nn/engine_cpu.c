@@ -134,7 +134,9 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     c->batch_x = xmalloc_aligned((size_t)cfg->max_batch * img * sizeof(float));
     c->batch_y = xmalloc_aligned((size_t)cfg->max_batch * sizeof(int32_t));
     c->logits = xmalloc_aligned((size_t)cfg->max_batch * m->fc_out * sizeof(float));
-    c->run = model_run_create(m, cfg->max_batch);
+    /* No training split (cifar-eval): forward-only memory. */
+    c->run = cfg->train.count > 0 ? model_run_create(m, cfg->max_batch)
+                                  : model_run_create_inference(m, cfg->max_batch);
     c->decay_mask = decay_mask_create(m);
     return e;
 }

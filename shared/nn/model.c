@@ -463,10 +463,16 @@ struct ModelRun {
     Net *net;
 };
 
-ModelRun *model_run_create(const Model *m, int max_batch) {
+static ModelRun *model_run_new(const Model *m, int max_batch, int backward) {
     ModelRun *run = xcalloc(1, sizeof *run);
-    run->net = net_create(m, &net_cpu_ops, NULL, max_batch, 1);
+    run->net = net_create(m, &net_cpu_ops, NULL, max_batch, backward);
     return run;
+}
+
+ModelRun *model_run_create(const Model *m, int max_batch) { return model_run_new(m, max_batch, 1); }
+
+ModelRun *model_run_create_inference(const Model *m, int max_batch) {
+    return model_run_new(m, max_batch, 0);
 }
 
 void model_run_free(ModelRun *run) {

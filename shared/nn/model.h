@@ -138,6 +138,9 @@ void model_init(const Model *m, float *params, float *buffers, uint64_t seed);
 /* Activations and scratch for batches of up to max_batch on the CPU. */
 typedef struct ModelRun ModelRun;
 ModelRun *model_run_create(const Model *m, int max_batch);
+/* Forward in inference mode only (model_forward_eval): the activations share a few
+ * buffers of the largest layer's size instead of one each (net_impl.h). */
+ModelRun *model_run_create_inference(const Model *m, int max_batch);
 void model_run_free(ModelRun *run);
 
 /* One training forward + backward on x[n,H,W,C] (normalised NHWC floats):

@@ -113,7 +113,27 @@ static size_t NET_T(net_conv_out_elems)(const ConvSpec *s, size_t nb, int h, int
            s->cout;
 }
 
-static void NET_T(net_layout_block)(struct NET_T(Net) *net, const Block *b, NET_T(NetBlock) *a) {
+/* An inference-only executor keeps no activation for backward: the tensors of
+ * every block share a few buffers of max_act elements (the pool, carved once the
+ * walk has sized max_act), so its memory is a small multiple of the largest layer,
+ * not the whole network. Liveness in the forward walk (net_block_forward): a
+ * block's input stays live to its residual add, so block outputs alternate between
+ * out[0] and out[1] (the stem's output is out[1]); conv outputs (main path and
+ * projection, the stem's too) are read once by the BN that follows, so one buffer
+ * serves them all; each ReLU output is dead once the next conv has read it. */
+typedef struct {
+    real_t *conv_out, *act, *out[2];
+} NET_T(NetInferencePool);
+
+/* An activation tensor of n elements: its own in a training executor, else the
+ * pool's buffer (NULL while counting: the pool is carved after the walk). */
+static real_t *NET_T(net_act_tensor)(struct NET_T(Net) *net, size_t n, real_t *pooled) {
+    NET_T(net_note_act)(net, n);
+    return net->backward ? NET_T(net_carve)(net, n) : pooled;
+}
+
+static void NET_T(net_layout_block)(struct NET_T(Net) *net, const Block *b, NET_T(NetBlock) *a,
+                                    const NET_T(NetInferencePool) *pool, int index) {
     size_t nb = (size_t)net->max_batch;
     int nc = model_block_n_convs(b);
     for (int j = 0; j < nc; j++) {
@@ -121,34 +141,40 @@ static void NET_T(net_layout_block)(struct NET_T(Net) *net, const Block *b, NET_
         int h, w;
         model_block_conv_input(b, j, &h, &w);
         size_t sz = NET_T(net_conv_out_elems)(s, nb, h, w);
-        NET_T(net_note_act)(net, sz);
-        a->conv_out[j] = NET_T(net_carve)(net, sz);
-        a->act[j] = j < nc - 1 ? NET_T(net_carve)(net, sz) : NULL;
+        a->conv_out[j] = NET_T(net_act_tensor)(net, sz, pool->conv_out);
+        a->act[j] = j < nc - 1 ? NET_T(net_act_tensor)(net, sz, pool->act) : NULL;
         a->mean[j] = NET_T(net_carve)(net, (size_t)s->cout);
         a->invstd[j] = NET_T(net_carve)(net, (size_t)s->cout);
     }
     size_t out = nb * b->out_h * b->out_w * b->cout;
-    NET_T(net_note_act)(net, out);
     NET_T(net_note_act)(net, nb * b->in_h * b->in_w * b->cin);
     if (b->has_projection) {
-        a->proj_out = NET_T(net_carve)(net, out);
+        a->proj_out = NET_T(net_act_tensor)(net, out, pool->conv_out);
         a->proj_mean = NET_T(net_carve)(net, (size_t)b->cout);
         a->proj_invstd = NET_T(net_carve)(net, (size_t)b->cout);
     }
-    a->out = NET_T(net_carve)(net, out);
+    a->out = NET_T(net_act_tensor)(net, out, pool->out[index % 2]);
 }
 
 static void NET_T(net_layout)(struct NET_T(Net) *net) {
     const Model *m = net->m;
     size_t nb = (size_t)net->max_batch;
     net->cursor = 0;
+    /* Inference: the pool comes first, sized by the previous (counting) walk. */
+    NET_T(NetInferencePool) pool = {NULL, NULL, {NULL, NULL}};
+    if (!net->backward && net->max_act) {
+        pool.conv_out = NET_T(net_carve)(net, net->max_act);
+        pool.act = NET_T(net_carve)(net, net->max_act);
+        pool.out[0] = NET_T(net_carve)(net, net->max_act);
+        pool.out[1] = NET_T(net_carve)(net, net->max_act);
+    }
     size_t stem = nb * m->stem_h * m->stem_w * m->stem_conv.spec.cout;
-    NET_T(net_note_act)(net, stem);
-    net->stem_out = NET_T(net_carve)(net, stem);
-    net->stem_bn_out = NET_T(net_carve)(net, stem);
+    net->stem_out = NET_T(net_act_tensor)(net, stem, pool.conv_out);
+    net->stem_bn_out = NET_T(net_act_tensor)(net, stem, pool.out[1]);
     net->stem_mean = NET_T(net_carve)(net, (size_t)m->stem_bn.c);
     net->stem_invstd = NET_T(net_carve)(net, (size_t)m->stem_bn.c);
-    for (int i = 0; i < m->n_blocks; i++) NET_T(net_layout_block)(net, &m->blocks[i], &net->blocks[i]);
+    for (int i = 0; i < m->n_blocks; i++)
+        NET_T(net_layout_block)(net, &m->blocks[i], &net->blocks[i], &pool, i);
     net->pooled = NET_T(net_carve)(net, nb * m->fc_in);
     net->dpooled = net->backward ? NET_T(net_carve)(net, nb * m->fc_in) : NULL;
     net->logits = NET_T(net_carve)(net, nb * m->fc_out);
@@ -171,7 +197,8 @@ struct NET_T(Net) *NET_T(net_create)(const Model *m, const struct NET_T(NetOps) 
     net->backward = backward;
     net->blocks = xcalloc((size_t)m->n_blocks, sizeof *net->blocks);
     NET_T(net_plan_convs)(net);
-    NET_T(net_layout)(net); /* count */
+    NET_T(net_layout)(net); /* count (sizes max_act) */
+    NET_T(net_layout)(net); /* count again: an inference pool is max_act-sized */
     net->arena_bytes = net->cursor;
     net->arena = ops->alloc(ctx, net->arena_bytes);
     NET_T(net_layout)(net); /* place */
