@@ -35,6 +35,11 @@ static void net_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     if (dst != src) memmove(dst, src, bytes);
 }
 
+static void net_cpu_team(void *ctx, void (*body)(void *arg), void *arg) {
+    (void)ctx;
+    ops_team_run(body, arg);
+}
+
 static void *net_cpu_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
     (void)ctx;
     (void)backward;
@@ -185,6 +190,8 @@ static void net_cpu_linear_backward(void *ctx, int n, int in, int out, const rea
 static void net_cpu_xent(void *ctx, int n, int k, const real_t *logits, const int32_t *labels,
                          real_t smoothing, real_t *dlogits, real_t *loss, int *correct) {
     (void)ctx;
+    /* serial: on one worker of the team (barrier after) */
+#pragma omp single
     *loss = NET_CPU_OP(softmax_xent_forward_backward)(n, k, logits, labels, smoothing, dlogits,
                                                       correct);
 }
@@ -203,6 +210,7 @@ const struct NET_T(NetOps) NET_T(net_cpu_ops) = {
     .alloc = net_cpu_alloc,
     .release = net_cpu_release,
     .copy = net_cpu_copy,
+    .team = net_cpu_team,
     .conv_plan = net_cpu_conv_plan,
     .conv_workspace_bytes = net_cpu_conv_workspace_bytes,
     .conv_plan_free = net_cpu_conv_plan_free,

@@ -86,6 +86,24 @@ int ops_threads(void);
  * selects that best. Returns the level now in use. For tests and benchmarks. */
 int ops_set_isa(int level);
 
+/* Teams: ops_team_run(body, arg) runs body(arg) once on every thread of one OpenMP
+ * parallel region (ops_threads() threads); every thread makes the same sequence of
+ * op calls with the same arguments and each op shares out its own work among them
+ * (orphaned worksharing, fixed partitions), so a whole network walk costs one
+ * region instead of one per op, with bit-identical results. Outside a team each op
+ * opens a region of its own. Inside one already, ops_team_run just calls body. */
+void ops_team_run(void (*body)(void *arg), void *arg);
+/* For the op bodies (ops_cpu_impl.h): */
+int ops_in_team(void);
+/* The calling thread's scratch, to hand to the threads of a region it opens. */
+void *ops_team_lead(void);
+/* Every thread of a region the leader opened: join (its ops_team_lead()) or leave (NULL). */
+void ops_team_join(void *lead);
+/* A scratch buffer of at least `bytes` (64-byte aligned) shared by the team, the
+ * same pointer in every thread; called by all of them together, one op at a time
+ * (its contents are the op's until its last barrier). Grows, never shrinks. */
+void *ops_team_scratch(size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif
