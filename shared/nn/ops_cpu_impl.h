@@ -108,21 +108,42 @@ static int opsi_conv_is_pointwise(const ConvSpec *cs) {
     return cs->k == 1 && cs->stride == 1 && cs->pad == 0;
 }
 
-/* The batch is cut into tiles of whole images (at most OPSI_COL_TARGET im2col
- * elements each, at least one image); threads take tiles. For the weight gradient
- * the tiles are grouped into at most OPSI_MAX_PARTS parts, each summing its tiles
- * in order into its own partial, and the partials are added in part order: the
- * partition depends on the shapes only, never on the thread count. */
+/* The weight gradient: the batch is cut into tiles of whole images (at most
+ * OPSI_COL_TARGET im2col elements each, at least one image), the tiles are grouped
+ * into at most OPSI_MAX_PARTS parts, each summing its tiles in order into its own
+ * partial, and the partials are added in part order: the partition depends on the
+ * shapes only, never on the thread count. The direct kernels (below) compute every
+ * output element the same way whatever the tiling, so they split the work finer: a
+ * part's dW sum in slices of kernel taps, the forward and the input gradient over
+ * work tiles of fewer images. GEMM paths keep their tiles: OpenBLAS's rounding
+ * depends on the GEMM's shape (its small-matrix kernels), so a finer split would
+ * change the results. Threads take work items dynamically: which thread computes an
+ * item never changes a result, and a thread the OS holds up delays only the items it
+ * took. */
 typedef struct {
     int oh, ow, kk;   /* output size, im2col row length cin*k*k */
-    int tile_imgs;    /* images per tile */
+    int tile_imgs;    /* images per dW tile */
     int ntiles, nparts;
+    int nslices;      /* pieces of one part's dW sum */
+    int work_imgs, nwork; /* forward: images per work tile, work tiles */
+    int dx_imgs, ndx;     /* the same for dx */
     size_t part_len;  /* elements of one dW partial (cout * kk) */
 } OpsiConvPlan;
 
 #define OPSI_MAX_PARTS 32
 /* cap on all partials together, in elements */
 #define OPSI_PARTS_TARGET (4 * 1024 * 1024)
+/* work items an op aims at, so that any team of up to a few threads gets even shares */
+#define OPSI_WORK_ITEMS 16
+
+static int opsi_conv_is_direct(const ConvSpec *cs);
+static int opsi_conv_dx_is_direct(const ConvSpec *cs);
+
+/* Images per work tile: finer than a dW tile where the kernel allows it. */
+static int opsi_work_imgs(int n, int tile_imgs, int fine_ok) {
+    int fine = (n + OPSI_WORK_ITEMS - 1) / OPSI_WORK_ITEMS;
+    return fine_ok && fine >= 1 && fine < tile_imgs ? fine : tile_imgs;
+}
 
 static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
     OpsiConvPlan p;
@@ -141,6 +162,15 @@ static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
     if (parts > p.ntiles) parts = p.ntiles;
     if (parts < 1) parts = 1;
     p.nparts = (int)parts;
+    p.nslices = 1;
+    if (opsi_conv_is_direct(cs)) {
+        int want = (OPSI_WORK_ITEMS + p.nparts - 1) / p.nparts, taps = cs->k * cs->k;
+        p.nslices = want < taps ? want : taps;
+    }
+    p.work_imgs = opsi_work_imgs(n, p.tile_imgs, opsi_conv_is_direct(cs));
+    p.nwork = n > 0 ? (n + p.work_imgs - 1) / p.work_imgs : 0;
+    p.dx_imgs = opsi_work_imgs(n, p.tile_imgs, opsi_conv_dx_is_direct(cs));
+    p.ndx = n > 0 ? (n + p.dx_imgs - 1) / p.dx_imgs : 0;
     return p;
 }
 
@@ -439,10 +469,11 @@ static void opsi_direct_fwd(const OpsiDirect *d, int cout, const real_t *x, cons
  * at a time, its cin * nv accumulators held in registers (constant cin and nv). */
 static inline __attribute__((always_inline)) void
 opsi_direct_dw_vec(const OpsiDirect *d, const int cin, const int nv, const real_t *restrict x,
-                   const real_t *restrict dy, int img0, int nimg, real_t *restrict acc) {
+                   const real_t *restrict dy, int img0, int nimg, int tap0, int tap1,
+                   real_t *restrict acc) {
     const int k = d->k, s = d->s, p = d->p, h = d->h, w = d->w, cout = nv * OPSI_VL;
-    for (int kh = 0; kh < k; kh++)
-        for (int kw = 0; kw < k; kw++) {
+    for (int tap = tap0; tap < tap1; tap++) {
+            const int kh = tap / k, kw = tap % k;
             real_t *a = acc + (size_t)(kh * k + kw) * cin * cout;
             opsi_vec ra[OPSI_DW_REGS];
             for (int r = 0; r < cin * nv; r++) ra[r] = opsi_vload(a + (size_t)r * OPSI_VL);
@@ -470,10 +501,11 @@ opsi_direct_dw_vec(const OpsiDirect *d, const int cin, const int nv, const real_
 }
 
 static void opsi_direct_dw_scalar(const OpsiDirect *d, int cout, const real_t *x,
-                                  const real_t *dy, int img0, int nimg, real_t *acc) {
+                                  const real_t *dy, int img0, int nimg, int tap0, int tap1,
+                                  real_t *acc) {
     const int cin = d->cin, k = d->k, s = d->s, p = d->p, h = d->h, w = d->w;
-    for (int kh = 0; kh < k; kh++)
-        for (int kw = 0; kw < k; kw++) {
+    for (int tap = tap0; tap < tap1; tap++) {
+            const int kh = tap / k, kw = tap % k;
             real_t *a = acc + (size_t)(kh * k + kw) * cin * cout;
             int lo, hi;
             opsi_tap_range(w, d->ow, s, p, kw, &lo, &hi);
@@ -492,12 +524,13 @@ static void opsi_direct_dw_scalar(const OpsiDirect *d, int cout, const real_t *x
         }
 }
 
+/* Taps [tap0, tap1) of acc (kh * k + kw). */
 static void opsi_direct_dw(const OpsiDirect *d, int cout, const real_t *x, const real_t *dy,
-                           int img0, int nimg, real_t *acc) {
+                           int img0, int nimg, int tap0, int tap1, real_t *acc) {
     const int nv = cout / OPSI_VL, cin = d->cin;
 #define OPSI_DW_CASE(CIN, NV)                                          \
     if (cin == CIN && nv == NV && cout % OPSI_VL == 0) {               \
-        opsi_direct_dw_vec(d, CIN, NV, x, dy, img0, nimg, acc);        \
+        opsi_direct_dw_vec(d, CIN, NV, x, dy, img0, nimg, tap0, tap1, acc); \
         return;                                                        \
     }
     OPSI_DW_CASE(3, 1)
@@ -507,7 +540,7 @@ static void opsi_direct_dw(const OpsiDirect *d, int cout, const real_t *x, const
     OPSI_DW_CASE(16, 1)
     OPSI_DW_CASE(16, 2)
 #undef OPSI_DW_CASE
-    opsi_direct_dw_scalar(d, cout, x, dy, img0, nimg, acc);
+    opsi_direct_dw_scalar(d, cout, x, dy, img0, nimg, tap0, tap1, acc);
 }
 
 static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const real_t *x,
@@ -525,10 +558,10 @@ static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const rea
         else if (!pointwise)
             opsi_weight_to_hwc(cs, weight, workspace);
     }
-#pragma omp for schedule(static)
-    for (int t = 0; t < p.ntiles; t++) {
-        int img0 = t * p.tile_imgs;
-        int nimg = n - img0 < p.tile_imgs ? n - img0 : p.tile_imgs;
+#pragma omp for schedule(dynamic)
+    for (int t = 0; t < p.nwork; t++) {
+        int img0 = t * p.work_imgs;
+        int nimg = n - img0 < p.work_imgs ? n - img0 : p.work_imgs;
         int rows = nimg * per_img;
         if (direct) {
             opsi_direct_fwd(&d, cout, x, wmat, bias, img0, nimg, y);
@@ -581,34 +614,47 @@ static void opsi_bias_partial(int rows, int cout, const real_t *dy, double *dbq)
         for (int l = 0; l < OPSI_VL; l++) dbq[j * OPSI_VL + l] += acc[j][l];
 }
 
-/* One tile of the backward: the dW partial (overwritten when `first`), the bias
- * partial in double, and dx of the tile's images. */
-static void opsi_conv_bwd_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
-                               const real_t *x, const real_t *wmat, const real_t *dy, real_t *dx,
-                               int t, int first, real_t *dwq, double *dbq) {
+/* Slice sl of dW tile t's contribution to its part's partial dwq (overwritten when
+ * `first`), and with slice 0 the bias partial in double. Only the direct kernel
+ * has more than one slice. */
+static void opsi_conv_bwd_dw_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
+                                  const real_t *x, const real_t *dy, int t, int sl, int first,
+                                  real_t *dwq, double *dbq) {
     const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout, per_img = p->oh * p->ow;
     int img0 = t * p->tile_imgs;
     int nimg = n - img0 < p->tile_imgs ? n - img0 : p->tile_imgs;
     int rows = nimg * per_img;
     const real_t *dyt = dy + (size_t)img0 * per_img * cout;
-    if (dbq) opsi_bias_partial(rows, cout, dyt, dbq);
-    real_t *col = NULL;
+    if (dbq && sl == 0) opsi_bias_partial(rows, cout, dyt, dbq);
     if (direct) {
         const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p->oh, p->ow};
-        if (first) memset(dwq, 0, p->part_len * sizeof(real_t));
-        opsi_direct_dw(&d, cout, x, dy, img0, nimg, dwq);
-    } else {
-        const real_t *a = x + (size_t)img0 * per_img * cs->cin;
-        if (!pointwise) {
-            col = opsi_col_buffer((size_t)rows * p->kk);
-            opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
-            a = col;
-        }
-        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p->kk, rows, 1, dyt, cout, a,
-                 p->kk, first ? 0 : 1, dwq, p->kk);
+        const int taps = cs->k * cs->k;
+        int tap0 = taps * sl / p->nslices, tap1 = taps * (sl + 1) / p->nslices;
+        size_t per_tap = (size_t)cs->cin * cout;
+        if (first) memset(dwq + tap0 * per_tap, 0, (size_t)(tap1 - tap0) * per_tap * sizeof(real_t));
+        opsi_direct_dw(&d, cout, x, dy, img0, nimg, tap0, tap1, dwq);
+        return;
     }
-    if (!dx) return;
+    const real_t *a = x + (size_t)img0 * per_img * cs->cin;
+    if (!pointwise) {
+        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
+        opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
+        a = col;
+    }
+    OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p->kk, rows, 1, dyt, cout, a, p->kk,
+             first ? 0 : 1, dwq, p->kk);
+}
+
+/* dx of work tile t's images. */
+static void opsi_conv_bwd_dx_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
+                                  const real_t *wmat, const real_t *dy, int t, real_t *dx) {
+    const int pointwise = opsi_conv_is_pointwise(cs);
+    const int cout = cs->cout, per_img = p->oh * p->ow;
+    int img0 = t * p->dx_imgs;
+    int nimg = n - img0 < p->dx_imgs ? n - img0 : p->dx_imgs;
+    int rows = nimg * per_img;
+    const real_t *dyt = dy + (size_t)img0 * per_img * cout;
     if (pointwise) {
         OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->kk, cout, 1, dyt, cout, wmat,
                  p->kk, 0, dx + (size_t)img0 * per_img * cs->cin, p->kk);
@@ -616,7 +662,7 @@ static void opsi_conv_bwd_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n,
         const OpsiDirect dt = {cout, cs->k, 1, cs->k - 1 - cs->pad, p->oh, p->ow, h, w};
         opsi_direct_fwd(&dt, cs->cin, dy, wmat, NULL, img0, nimg, dx);
     } else {
-        if (!col) col = opsi_col_buffer((size_t)rows * p->kk);
+        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
         OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->kk, cout, 1, dyt, cout, wmat,
                  p->kk, 0, col, p->kk);
         opsi_col2im(cs, h, w, p->oh, p->ow, col, img0, nimg, dx);
@@ -650,15 +696,22 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
         else
             opsi_weight_to_hwc(cs, weight, wmat);
     }
-#pragma omp for schedule(static)
-    for (int q = 0; q < p.nparts; q++) {
+    /* items: every (part, slice) of dW, then every work tile of dx */
+    const int ndw = p.nparts * p.nslices, nitems = ndw + (dx ? p.ndx : 0);
+#pragma omp for schedule(dynamic)
+    for (int it = 0; it < nitems; it++) {
+        if (it >= ndw) {
+            opsi_conv_bwd_dx_tile(cs, &p, n, h, w, wmat, dy, it - ndw, dx);
+            continue;
+        }
+        int q = it / p.nslices, sl = it % p.nslices;
         int t0 = (int)((int64_t)p.ntiles * q / p.nparts);
         int t1 = (int)((int64_t)p.ntiles * (q + 1) / p.nparts);
         double *bq = bparts ? bparts + (size_t)q * cout : NULL;
-        if (bq) memset(bq, 0, (size_t)cout * sizeof(double));
+        if (bq && sl == 0) memset(bq, 0, (size_t)cout * sizeof(double));
         for (int t = t0; t < t1; t++)
-            opsi_conv_bwd_tile(cs, &p, n, h, w, x, wmat, dy, dx, t, t == t0,
-                               parts + (size_t)q * p.part_len, bq);
+            opsi_conv_bwd_dw_tile(cs, &p, n, h, w, x, dy, t, sl, t == t0,
+                                  parts + (size_t)q * p.part_len, bq);
     }
     /* partials summed in part order; the permuted sum lands in wmat (free now) */
     real_t *dsum = pointwise ? dweight : wmat;
