@@ -176,23 +176,32 @@ static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
 
 size_t OPS_FN(conv2d_workspace_floats)(const ConvSpec *cs, int n, int h, int w) {
     OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
-    /* permuted weight + the dW partials */
-    return p.part_len + (size_t)p.nparts * p.part_len;
+    /* the dW partials */
+    return (size_t)p.nparts * p.part_len;
 }
 
 /* Per-thread im2col buffer, grown on demand and kept for the thread's lifetime
  * (OpenMP threads persist), so no op allocates in its hot loop. */
-static __thread real_t *opsi_tls_col;
-static __thread size_t opsi_tls_cap;
+enum { OPSI_TLS_COL, OPSI_TLS_WEIGHT, OPSI_TLS_STATS, OPSI_TLS_SLOTS };
+static __thread real_t *opsi_tls_buf[OPSI_TLS_SLOTS];
+static __thread size_t opsi_tls_cap[OPSI_TLS_SLOTS];
 
-static real_t *opsi_col_buffer(size_t elems) {
-    if (elems > opsi_tls_cap) {
-        free(opsi_tls_col);
-        opsi_tls_col = xmalloc_aligned(elems * sizeof(real_t));
-        opsi_tls_cap = elems;
+static real_t *opsi_tls_buffer(int slot, size_t elems) {
+    if (elems > opsi_tls_cap[slot]) {
+        free(opsi_tls_buf[slot]);
+        opsi_tls_buf[slot] = xmalloc_aligned(elems * sizeof(real_t));
+        opsi_tls_cap[slot] = elems;
     }
-    return opsi_tls_col;
+    return opsi_tls_buf[slot];
 }
+
+/* im2col columns, padded tiles: one tile at a time. */
+static real_t *opsi_col_buffer(size_t elems) { return opsi_tls_buffer(OPSI_TLS_COL, elems); }
+
+/* A conv weight permuted for the kernels, or a BN's per-channel coefficients: every
+ * thread of a team makes its own copy (a few thousand values) rather than wait at a
+ * barrier for one shared copy. */
+static real_t *opsi_thread_copy(int slot, size_t elems) { return opsi_tls_buffer(slot, elems); }
 
 /* [cout][cin][k][k] -> [cout][k][k][cin] */
 static void opsi_weight_to_hwc(const ConvSpec *cs, const real_t *w, real_t *wp) {
@@ -201,15 +210,6 @@ static void opsi_weight_to_hwc(const ConvSpec *cs, const real_t *w, real_t *wp) 
         for (int ci = 0; ci < cs->cin; ci++)
             for (int t = 0; t < kk2; t++)
                 wp[((size_t)o * kk2 + t) * cs->cin + ci] = w[((size_t)o * cs->cin + ci) * kk2 + t];
-}
-
-/* [cout][k][k][cin] -> [cout][cin][k][k] */
-static void opsi_weight_from_hwc(const ConvSpec *cs, const real_t *wp, real_t *w) {
-    int kk2 = cs->k * cs->k;
-    for (int o = 0; o < cs->cout; o++)
-        for (int ci = 0; ci < cs->cin; ci++)
-            for (int t = 0; t < kk2; t++)
-                w[((size_t)o * cs->cin + ci) * kk2 + t] = wp[((size_t)o * kk2 + t) * cs->cin + ci];
 }
 
 static void opsi_copy(real_t *dst, const real_t *src, int n) {
@@ -550,13 +550,15 @@ static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const rea
     const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout, per_img = p.oh * p.ow;
     const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p.oh, p.ow};
-    const real_t *wmat = direct || !pointwise ? workspace : weight;
-#pragma omp single
-    {
+    (void)workspace;
+    const real_t *wmat = weight;
+    if (!pointwise) {
+        real_t *wt = opsi_thread_copy(OPSI_TLS_WEIGHT, p.part_len);
         if (direct)
-            opsi_weight_to_hwio(cs, weight, workspace, 0);
-        else if (!pointwise)
-            opsi_weight_to_hwc(cs, weight, workspace);
+            opsi_weight_to_hwio(cs, weight, wt, 0);
+        else
+            opsi_weight_to_hwc(cs, weight, wt);
+        wmat = wt;
     }
 #pragma omp for schedule(dynamic)
     for (int t = 0; t < p.nwork; t++) {
@@ -586,6 +588,19 @@ void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_
                             const real_t *weight, const real_t *bias, real_t *y,
                             real_t *workspace) {
     OPSI_TEAM(opsi_conv_forward(cs, n, h, w, x, weight, bias, y, workspace));
+}
+
+/* Where element i of a dW partial (the direct kernel's [kh][kw][ci][co], im2col's
+ * [co][kh][kw][ci], or pointwise [co][ci]) goes in PyTorch's [co][ci][kh][kw]. */
+static size_t opsi_dw_index(const ConvSpec *cs, int direct, int pointwise, size_t i) {
+    const size_t kk2 = (size_t)cs->k * cs->k, cin = (size_t)cs->cin, cout = (size_t)cs->cout;
+    if (pointwise) return i;
+    if (direct) {
+        size_t o = i % cout, ci = i / cout % cin, t = i / (cout * cin);
+        return (o * cin + ci) * kk2 + t;
+    }
+    size_t ci = i % cin, t = i / cin % kk2, o = i / (cin * kk2);
+    return (o * cin + ci) * kk2 + t;
 }
 
 /* The input gradient of a stride-1 conv is the direct conv of dy with the flipped,
@@ -684,17 +699,17 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
         }
         return;
     }
-    /* the weight in the layout the dx path reads; the partials after it */
-    real_t *wmat = workspace, *parts = workspace + p.part_len;
+    real_t *parts = workspace;
     double *bparts = dbias ? ops_team_scratch((size_t)p.nparts * cout * sizeof(double)) : NULL;
-#pragma omp single
-    {
-        if (pointwise)
-            memcpy(wmat, weight, p.part_len * sizeof(real_t));
-        else if (opsi_conv_dx_is_direct(cs))
-            opsi_weight_to_hwio(cs, weight, wmat, 1);
+    /* the weight in the layout the dx path reads, this thread's copy */
+    const real_t *wmat = weight;
+    if (dx && !pointwise) {
+        real_t *wt = opsi_thread_copy(OPSI_TLS_WEIGHT, p.part_len);
+        if (opsi_conv_dx_is_direct(cs))
+            opsi_weight_to_hwio(cs, weight, wt, 1);
         else
-            opsi_weight_to_hwc(cs, weight, wmat);
+            opsi_weight_to_hwc(cs, weight, wt);
+        wmat = wt;
     }
     /* items: every (part, slice) of dW, then every work tile of dx */
     const int ndw = p.nparts * p.nslices, nitems = ndw + (dx ? p.ndx : 0);
@@ -713,32 +728,20 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
             opsi_conv_bwd_dw_tile(cs, &p, n, h, w, x, dy, t, sl, t == t0,
                                   parts + (size_t)q * p.part_len, bq);
     }
-    /* partials summed in part order; the permuted sum lands in wmat (free now) */
-    real_t *dsum = pointwise ? dweight : wmat;
+    /* partials summed in part order, each sum stored at its place in PyTorch's layout */
+    if (bparts) {
+#pragma omp for schedule(static) nowait
+        for (int o = 0; o < cout; o++) {
+            double s = 0.0;
+            for (int q = 0; q < p.nparts; q++) s += bparts[(size_t)q * cout + o];
+            dbias[o] = (real_t)s;
+        }
+    }
 #pragma omp for schedule(static)
     for (size_t i = 0; i < p.part_len; i++) {
         real_t s = parts[i];
         for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
-        dsum[i] = s;
-    }
-#pragma omp single
-    {
-        if (bparts)
-            for (int o = 0; o < cout; o++) {
-                double s = 0.0;
-                for (int q = 0; q < p.nparts; q++) s += bparts[(size_t)q * cout + o];
-                dbias[o] = (real_t)s;
-            }
-        if (direct) {
-            const int kk2 = cs->k * cs->k, cin = cs->cin;
-            for (int o = 0; o < cout; o++)
-                for (int ci = 0; ci < cin; ci++)
-                    for (int t = 0; t < kk2; t++)
-                        dweight[((size_t)o * cin + ci) * kk2 + t] =
-                            wmat[((size_t)t * cin + ci) * cout + o];
-        } else if (!pointwise) {
-            opsi_weight_from_hwc(cs, wmat, dweight);
-        }
+        dweight[opsi_dw_index(cs, direct, pointwise, i)] = s;
     }
 }
 
@@ -753,18 +756,17 @@ void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real
 /* Team. Training-mode statistics: per-channel sums of (x - x[0]) and of its square
  * in double over the fixed row blocks (the shift, the first row, keeps the one-pass
  * variance free of cancellation), combined in block order; saves mean and invstd,
- * updates the running ones, and returns the per-channel affine (aff[0..c) scale,
- * aff[c..2c) shift; team scratch) that maps x to y. */
+ * updates the running ones (thread 0), and returns the per-channel affine (aff[0..c)
+ * scale, aff[c..2c) shift; the calling thread's copy) that maps x to y. */
 static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, const real_t *gamma,
                                           const real_t *beta, real_t *save_mean,
                                           real_t *save_invstd, real_t *running_mean,
                                           real_t *running_var, real_t momentum, real_t eps) {
     int nb = opsi_block_count(rows);
-    size_t part_bytes = (size_t)nb * 2 * (size_t)c * sizeof(double);
-    char *scratch = ops_team_scratch(part_bytes + (size_t)c * 2 * sizeof(real_t));
-    double *part = (double *)scratch;
-    real_t *aff = (real_t *)(scratch + part_bytes);
-#pragma omp for schedule(static)
+    double *part = ops_team_scratch((size_t)nb * 2 * (size_t)c * sizeof(double));
+    real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
+    const int first = omp_get_thread_num() == 0; /* writes the statistics */
+#pragma omp for schedule(dynamic)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
         for (int ch = 0; ch < 2 * c; ch++) a1[ch] = 0.0;
@@ -777,7 +779,7 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
             }
         }
     }
-#pragma omp single
+    /* every thread combines the partials in block order for its own copy of the affine */
     for (int ch = 0; ch < c; ch++) {
         double s1 = 0.0, s2 = 0.0;
         for (int b = 0; b < nb; b++) {
@@ -789,11 +791,13 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
         double var = s2 / rows - dm * dm;
         if (var < 0) var = 0;
         double invstd = 1.0 / sqrt(var + (double)eps);
-        save_mean[ch] = (real_t)mean;
-        save_invstd[ch] = (real_t)invstd;
-        double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
-        running_mean[ch] = (real_t)((1.0 - momentum) * running_mean[ch] + momentum * mean);
-        running_var[ch] = (real_t)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        if (first) {
+            save_mean[ch] = (real_t)mean;
+            save_invstd[ch] = (real_t)invstd;
+            double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
+            running_mean[ch] = (real_t)((1.0 - momentum) * running_mean[ch] + momentum * mean);
+            running_var[ch] = (real_t)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        }
         double scale = (double)gamma[ch] * invstd;
         aff[ch] = (real_t)scale;
         aff[c + ch] = (real_t)((double)beta[ch] - mean * scale);
@@ -848,8 +852,7 @@ void OPS_FN(batchnorm2d_relu_forward_train)(int rows, int c, const real_t *x, co
 static void opsi_bn_forward_eval(int rows, int c, const real_t *x, const real_t *gamma,
                                  const real_t *beta, const real_t *running_mean,
                                  const real_t *running_var, real_t eps, real_t *y) {
-    real_t *aff = ops_team_scratch((size_t)c * 2 * sizeof(real_t));
-#pragma omp single
+    real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
     for (int ch = 0; ch < c; ch++) {
         double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)eps);
         aff[ch] = (real_t)scale;
@@ -865,7 +868,7 @@ void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const re
 }
 
 /* From the per-block partial sums part[b*2cs + 0..c) = sum dy, part[b*2cs + cs..cs+c) =
- * sum dy * (x - mean): dgamma, dbeta (overwritten) and the coefficients of
+ * sum dy * (x - mean): dgamma, dbeta (overwritten, unless NULL) and the coefficients of
  * dx = k1*dy + k2*x + k3 (the usual formula, expanded) into kc[0..3c). */
 static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double *part,
                                const real_t *gamma,
@@ -878,8 +881,10 @@ static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double
             sdyx += part[(size_t)b * 2 * cs + cs + ch];
         }
         double inv = save_invstd[ch], g = gamma[ch];
-        dbeta[ch] = (real_t)sdy;
-        dgamma[ch] = (real_t)(sdyx * inv);
+        if (dgamma) {
+            dbeta[ch] = (real_t)sdy;
+            dgamma[ch] = (real_t)(sdyx * inv);
+        }
         double k1 = g * inv;
         double k2 = -g * inv * inv * inv * sdyx / rows;
         double k3 = -g * inv * sdy / rows - k2 * save_mean[ch];
@@ -906,11 +911,10 @@ opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t
     /* a2 at least 16 doubles past a1: for narrow layers (8 channels) GCC's run-time
      * overlap check fails otherwise and the loop runs scalar, on a branch */
     int64_t cs = relu && c < 16 ? 16 : c;
-    size_t part_bytes = (size_t)nb * 2 * (size_t)cs * sizeof(double);
-    char *scratch = ops_team_scratch(part_bytes + (size_t)c * 3 * sizeof(real_t));
-    double *part = (double *)scratch;
-    real_t *kc = (real_t *)(scratch + part_bytes);
-#pragma omp for schedule(static)
+    double *part = ops_team_scratch((size_t)nb * 2 * (size_t)cs * sizeof(double));
+    real_t *kc = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 3);
+    const int first = omp_get_thread_num() == 0; /* writes dgamma, dbeta; all get kc */
+#pragma omp for schedule(dynamic)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * cs, *a2 = a1 + cs;
         for (int64_t ch = 0; ch < 2 * cs; ch++) a1[ch] = 0.0;
@@ -924,9 +928,13 @@ opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t
             }
         }
     }
-#pragma omp single
-    opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd, dgamma, dbeta, kc);
-    if (dx) {
+    opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd,
+                       first ? dgamma : NULL, dbeta, kc);
+    if (!dx) {
+#pragma omp barrier
+        return; /* the partials (scratch) are read until here */
+    }
+    {
         const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
