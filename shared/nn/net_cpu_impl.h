@@ -114,9 +114,11 @@ static void net_cpu_bn_add_relu_train(void *ctx, int n, int hw, int c, const rea
                                       real_t *tmp, real_t *y, real_t *save_mean,
                                       real_t *save_invstd, real_t *running_mean,
                                       real_t *running_var, float momentum, float eps) {
-    net_cpu_bn_train(ctx, n, hw, c, x, gamma, beta, tmp, save_mean, save_invstd, running_mean,
-                     running_var, momentum, eps);
-    NET_CPU_OP(add_relu_forward)((size_t)n * hw * c, tmp, z, y);
+    (void)ctx;
+    (void)tmp; /* one pass: no BN output in between */
+    NET_CPU_OP(batchnorm2d_add_relu_forward_train)(n * hw, c, x, gamma, beta, z, y, save_mean,
+                                                   save_invstd, running_mean, running_var,
+                                                   momentum, eps);
 }
 
 static void net_cpu_bn_eval(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,

@@ -55,6 +55,9 @@ static inline int conv_out_size(int in, int k, int stride, int pad) {
  * batchnorm2d_backward: dx, dgamma, dbeta from dy and the saved statistics.
  * batchnorm2d_relu_forward_train: batchnorm2d_forward_train then relu_forward in
  *   one pass over y (bit-identical results; NaN passes), for the bn -> relu pairs.
+ * batchnorm2d_add_relu_forward_train: y = max(batchnorm2d_forward_train(x) + z, 0) in one
+ *   pass over y (bit-identical to the BN then add_relu_forward; NaN passes), for the
+ *   residual add that ends a block.
  * batchnorm2d_relu_backward: relu_backward (y: the ReLU's output, dy: its output
  *   gradient) then batchnorm2d_backward (x: the BN's input), without materialising
  *   the masked gradient; bit-identical to the two ops. dx may equal dy; NULL dx

@@ -805,16 +805,24 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
     return aff;
 }
 
-/* Team. y = x * aff[ch] + aff[c + ch], then max(., 0) when relu (NaN passes, as in
- * PyTorch): the same arithmetic as the affine then relu_forward, in one pass. */
+/* Team. y = x * aff[ch] + aff[c + ch], then max(., 0) when relu, or max(. + z, 0)
+ * when z is given (NaN passes, as in PyTorch): the same arithmetic as the affine then
+ * relu_forward or add_relu_forward, in one pass. */
 static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *aff, int relu,
-                                real_t *y) {
+                                const real_t *z, real_t *y) {
     const real_t *scale = aff, *shift = aff + c;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const real_t *xr = x + r * c;
         real_t *yr = y + r * c;
-        if (relu)
+        if (z) {
+            const real_t *zr = z + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                real_t v = xr[ch] * scale[ch] + shift[ch];
+                real_t s = v + zr[ch];
+                yr[ch] = s <= 0 ? 0 : s;
+            }
+        } else if (relu)
             for (int ch = 0; ch < c; ch++) {
                 real_t v = xr[ch] * scale[ch] + shift[ch];
                 yr[ch] = v <= 0 ? 0 : v;
@@ -827,10 +835,10 @@ static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real
 static void opsi_bn_forward_train(int rows, int c, const real_t *x, const real_t *gamma,
                                   const real_t *beta, real_t *y, real_t *save_mean,
                                   real_t *save_invstd, real_t *running_mean, real_t *running_var,
-                                  real_t momentum, real_t eps, int relu) {
+                                  real_t momentum, real_t eps, int relu, const real_t *z) {
     const real_t *aff = opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd,
                                              running_mean, running_var, momentum, eps);
-    opsi_channel_affine(rows, c, x, aff, relu, y);
+    opsi_channel_affine(rows, c, x, aff, relu, z, y);
 }
 
 void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
@@ -838,7 +846,7 @@ void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const r
                                        real_t *save_invstd, real_t *running_mean,
                                        real_t *running_var, real_t momentum, real_t eps) {
     OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
-                                    running_mean, running_var, momentum, eps, 0));
+                                    running_mean, running_var, momentum, eps, 0, NULL));
 }
 
 void OPS_FN(batchnorm2d_relu_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
@@ -846,7 +854,16 @@ void OPS_FN(batchnorm2d_relu_forward_train)(int rows, int c, const real_t *x, co
                                             real_t *save_invstd, real_t *running_mean,
                                             real_t *running_var, real_t momentum, real_t eps) {
     OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
-                                    running_mean, running_var, momentum, eps, 1));
+                                    running_mean, running_var, momentum, eps, 1, NULL));
+}
+
+void OPS_FN(batchnorm2d_add_relu_forward_train)(int rows, int c, const real_t *x,
+                                                const real_t *gamma, const real_t *beta,
+                                                const real_t *z, real_t *y, real_t *save_mean,
+                                                real_t *save_invstd, real_t *running_mean,
+                                                real_t *running_var, real_t momentum, real_t eps) {
+    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 1, z));
 }
 
 static void opsi_bn_forward_eval(int rows, int c, const real_t *x, const real_t *gamma,
@@ -858,7 +875,7 @@ static void opsi_bn_forward_eval(int rows, int c, const real_t *x, const real_t 
         aff[ch] = (real_t)scale;
         aff[c + ch] = (real_t)((double)beta[ch] - (double)running_mean[ch] * scale);
     }
-    opsi_channel_affine(rows, c, x, aff, 0, y);
+    opsi_channel_affine(rows, c, x, aff, 0, NULL, y);
 }
 
 void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const real_t *gamma,
