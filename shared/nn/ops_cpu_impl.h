@@ -117,9 +117,10 @@ static int opsi_conv_is_pointwise(const ConvSpec *cs) {
  * part's dW sum in slices of kernel taps, the forward and the input gradient over
  * work tiles of fewer images. GEMM paths keep their tiles: OpenBLAS's rounding
  * depends on the GEMM's shape (its small-matrix kernels), so a finer split would
- * change the results. Threads take work items dynamically: which thread computes an
- * item never changes a result, and a thread the OS holds up delays only the items it
- * took. */
+ * change the results. Work tiles go to threads statically (each thread keeps the same
+ * images from op to op, and their rows stay in its cache); the dW items, which read
+ * across images anyway, dynamically after the dx tiles. Which thread computes an item
+ * never changes a result. */
 typedef struct {
     int oh, ow, kk;   /* output size, im2col row length cin*k*k */
     int tile_imgs;    /* images per dW tile */
@@ -560,7 +561,7 @@ static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const rea
             opsi_weight_to_hwc(cs, weight, wt);
         wmat = wt;
     }
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(static)
     for (int t = 0; t < p.nwork; t++) {
         int img0 = t * p.work_imgs;
         int nimg = n - img0 < p.work_imgs ? n - img0 : p.work_imgs;
@@ -590,17 +591,14 @@ void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_
     OPSI_TEAM(opsi_conv_forward(cs, n, h, w, x, weight, bias, y, workspace));
 }
 
-/* Where element i of a dW partial (the direct kernel's [kh][kw][ci][co], im2col's
- * [co][kh][kw][ci], or pointwise [co][ci]) goes in PyTorch's [co][ci][kh][kw]. */
-static size_t opsi_dw_index(const ConvSpec *cs, int direct, int pointwise, size_t i) {
+/* Where PyTorch's dW[o][ci][t] (t = kh * k + kw) lies in a dW partial: the direct
+ * kernel's [t][ci][o], im2col's [o][t][ci], or pointwise [o][ci]. */
+static inline size_t opsi_dw_partial_index(const ConvSpec *cs, int direct, int pointwise, int o,
+                                           int ci, int t) {
     const size_t kk2 = (size_t)cs->k * cs->k, cin = (size_t)cs->cin, cout = (size_t)cs->cout;
-    if (pointwise) return i;
-    if (direct) {
-        size_t o = i % cout, ci = i / cout % cin, t = i / (cout * cin);
-        return (o * cin + ci) * kk2 + t;
-    }
-    size_t ci = i % cin, t = i / cin % kk2, o = i / (cin * kk2);
-    return (o * cin + ci) * kk2 + t;
+    if (pointwise) return (size_t)o * cin + ci;
+    if (direct) return ((size_t)t * cin + ci) * cout + o;
+    return ((size_t)o * kk2 + t) * cin + ci;
 }
 
 /* The input gradient of a stride-1 conv is the direct conv of dy with the flipped,
@@ -711,14 +709,16 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
             opsi_weight_to_hwc(cs, weight, wt);
         wmat = wt;
     }
-    /* items: every (part, slice) of dW, then every work tile of dx */
-    const int ndw = p.nparts * p.nslices, nitems = ndw + (dx ? p.ndx : 0);
+    /* dx first, each thread on its share of the images (static: the same images as the
+     * ops before and after, whose rows stay in its cache), then the (part, slice)
+     * items of dW, taken dynamically: a thread done with its dx takes more of them */
+    if (dx) {
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < p.ndx; t++) opsi_conv_bwd_dx_tile(cs, &p, n, h, w, wmat, dy, t, dx);
+    }
+    const int ndw = p.nparts * p.nslices;
 #pragma omp for schedule(dynamic)
-    for (int it = 0; it < nitems; it++) {
-        if (it >= ndw) {
-            opsi_conv_bwd_dx_tile(cs, &p, n, h, w, wmat, dy, it - ndw, dx);
-            continue;
-        }
+    for (int it = 0; it < ndw; it++) {
         int q = it / p.nslices, sl = it % p.nslices;
         int t0 = (int)((int64_t)p.ntiles * q / p.nparts);
         int t1 = (int)((int64_t)p.ntiles * (q + 1) / p.nparts);
@@ -737,12 +737,16 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
             dbias[o] = (real_t)s;
         }
     }
+    const int cin = cs->cin, kk2 = cs->k * cs->k;
 #pragma omp for schedule(static)
-    for (size_t i = 0; i < p.part_len; i++) {
-        real_t s = parts[i];
-        for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
-        dweight[opsi_dw_index(cs, direct, pointwise, i)] = s;
-    }
+    for (int o = 0; o < cout; o++)
+        for (int ci = 0; ci < cin; ci++)
+            for (int t = 0; t < kk2; t++) {
+                size_t i = opsi_dw_partial_index(cs, direct, pointwise, o, ci, t);
+                real_t s = parts[i];
+                for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
+                dweight[((size_t)o * cin + ci) * kk2 + t] = s;
+            }
 }
 
 void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
@@ -766,7 +770,7 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
     double *part = ops_team_scratch((size_t)nb * 2 * (size_t)c * sizeof(double));
     real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
     const int first = omp_get_thread_num() == 0; /* writes the statistics */
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(static)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
         for (int ch = 0; ch < 2 * c; ch++) a1[ch] = 0.0;
@@ -931,7 +935,7 @@ opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t
     double *part = ops_team_scratch((size_t)nb * 2 * (size_t)cs * sizeof(double));
     real_t *kc = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 3);
     const int first = omp_get_thread_num() == 0; /* writes dgamma, dbeta; all get kc */
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(static)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * cs, *a2 = a1 + cs;
         for (int64_t ch = 0; ch < 2 * cs; ch++) a1[ch] = 0.0;
