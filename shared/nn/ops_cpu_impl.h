@@ -591,16 +591,6 @@ void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_
     OPSI_TEAM(opsi_conv_forward(cs, n, h, w, x, weight, bias, y, workspace));
 }
 
-/* Where PyTorch's dW[o][ci][t] (t = kh * k + kw) lies in a dW partial: the direct
- * kernel's [t][ci][o], im2col's [o][t][ci], or pointwise [o][ci]. */
-static inline size_t opsi_dw_partial_index(const ConvSpec *cs, int direct, int pointwise, int o,
-                                           int ci, int t) {
-    const size_t kk2 = (size_t)cs->k * cs->k, cin = (size_t)cs->cin, cout = (size_t)cs->cout;
-    if (pointwise) return (size_t)o * cin + ci;
-    if (direct) return ((size_t)t * cin + ci) * cout + o;
-    return ((size_t)o * kk2 + t) * cin + ci;
-}
-
 /* The input gradient of a stride-1 conv is the direct conv of dy with the flipped,
  * transposed weight and padding k-1-pad. */
 static int opsi_conv_dx_is_direct(const ConvSpec *cs) {
@@ -737,16 +727,21 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
             dbias[o] = (real_t)s;
         }
     }
+    /* read in the partials' order (the direct kernel's [t][ci][o], else [o][t][ci]) */
     const int cin = cs->cin, kk2 = cs->k * cs->k;
-#pragma omp for schedule(static)
-    for (int o = 0; o < cout; o++)
-        for (int ci = 0; ci < cin; ci++)
-            for (int t = 0; t < kk2; t++) {
-                size_t i = opsi_dw_partial_index(cs, direct, pointwise, o, ci, t);
-                real_t s = parts[i];
-                for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
-                dweight[((size_t)o * cin + ci) * kk2 + t] = s;
+    const int outer = direct ? kk2 : cout, mid = direct ? cin : kk2, inner = direct ? cout : cin;
+#pragma omp for collapse(2) schedule(static)
+    for (int a = 0; a < outer; a++)
+        for (int b = 0; b < mid; b++) {
+            const size_t row = ((size_t)a * mid + b) * inner;
+            for (int c = 0; c < inner; c++) {
+                real_t s = parts[row + c];
+                for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + row + c];
+                /* (o, ci, t) = direct ? (c, b, a) : (a, c, b) */
+                size_t dst = direct ? ((size_t)c * cin + b) * kk2 + a : ((size_t)a * cin + c) * kk2 + b;
+                dweight[dst] = s;
             }
+        }
 }
 
 void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
