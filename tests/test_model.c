@@ -133,13 +133,18 @@ static void expect_shape(const Model *m, const char *name, int ndim, int64_t d0,
            (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
 }
 
-static void test_seed_layout(void) {
+/* The seed model for 32x32 RGB images and 10 classes (CIFAR-10). */
+static void build_seed_cifar(Model *m) {
     ModelConfig cfg;
     model_config_seed(&cfg);
     set_image(&cfg, 3, 32, 32, 10);
-    Model m;
     char err[256] = "";
-    EXPECT(model_build(&m, &cfg, err, sizeof err) == 0, "%s", err);
+    EXPECT(model_build(m, &cfg, err, sizeof err) == 0, "%s", err);
+}
+
+static void test_seed_layout(void) {
+    Model m;
+    build_seed_cifar(&m);
     /* sum(p.numel() for p in model.parameters()) and len(state_dict()) of
      * nn.Sequential(ResNetBase([6,6,6],[16,32,64],[8,16,16],3,3), nn.Linear(64,10))
      * under torch 1.13. */
@@ -430,12 +435,8 @@ static void train_steps(const Model *m, const NetOps *ops, int threads, const fl
  * ops that each open their own region: every reduction has a fixed order. An odd
  * batch (37) leaves partial tiles and blocks. */
 static void test_threads_bit_identical(void) {
-    ModelConfig cfg;
-    model_config_seed(&cfg);
-    set_image(&cfg, 3, 32, 32, 10);
     Model m;
-    char err[256] = "";
-    EXPECT(model_build(&m, &cfg, err, sizeof err) == 0, "%s", err);
+    build_seed_cifar(&m);
     const int n = 37, steps = 2;
     size_t px = (size_t)32 * 32 * 3;
     float *params = xmalloc(m.num_params * sizeof(float)),
