@@ -9,7 +9,8 @@
  *   - parameter gradients (dweight, dbias, dgamma, dbeta) are OVERWRITTEN, not
  *     accumulated: every parameter is used once per step;
  *   - dx is overwritten; a NULL dx skips the input gradient (the stem conv);
- *   - results are deterministic for a given thread count (fixed reduction order).
+ *   - results are bit-identical for any thread count (reductions over partitions
+ *     fixed by the shapes, combined in a fixed order).
  * The prototypes come from the one op list (ops_list.h). The CUDA versions
  * (ops_cuda.h, same names with a _cuda suffix, a CudaCtx first) take device
  * pointers and follow the same contracts; the network executor reaches both through
@@ -41,7 +42,7 @@ static inline int conv_out_size(int in, int k, int stride, int pad) {
 /* The ops, declared from the one list (ops_list.h); what each does:
  *
  * conv2d_workspace_floats: floats of scratch the CPU conv needs for an input of
- *   n x h x w (im2col buffer).
+ *   n x h x w (the weight gradient's partial sums).
  * conv2d_forward: y[n,oh,ow,cout] = conv(x[n,h,w,cin], weight) + bias.
  * conv2d_backward: from dy[n,oh,ow,cout]: dweight, dbias (overwritten), dx
  *   (overwritten unless NULL).
