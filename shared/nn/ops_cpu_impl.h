@@ -118,10 +118,10 @@ static int opsi_conv_is_pointwise(const ConvSpec *cs) {
  * work tiles of fewer images. GEMM paths keep their tiles: OpenBLAS's rounding
  * depends on the GEMM's shape (how it blocks the rows: measured, a split of 6,144 rows
  * at 2,048 changes bits, at 1,536 not), so a finer split would change the results.
- * The direct kernels' work tiles go to threads statically (each thread keeps the same
- * images from op to op, and their rows stay in its cache); the few, uneven GEMM tiles
- * and the dW items, which read across images anyway, dynamically. Which thread
- * computes an item never changes a result. */
+ * Work tiles go to threads statically (each thread keeps the same images from op to
+ * op, and their rows stay in its cache); the dW items, which read across images
+ * anyway, dynamically after the dx tiles. Which thread computes an item never changes
+ * a result. */
 typedef struct {
     int oh, ow, kk;   /* output size, im2col row length cin*k*k */
     int tile_imgs;    /* images per dW tile */
@@ -588,15 +588,11 @@ static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const rea
             opsi_weight_to_hwc(cs, weight, wt);
         wmat = wt;
     }
-    /* the fine tiles of the direct kernel statically (each thread keeps its images); the
-     * few, uneven GEMM tiles dynamically (3 tiles: 2 against 1 statically, 1.6x dynamically) */
-    if (direct) {
+    /* statically, also the few, uneven GEMM tiles: taking them dynamically (3 tiles on 2
+     * threads: 160 against 96 images, not 192 against 64) measured no faster, as a thread
+     * then reads images the other one has in its cache */
 #pragma omp for schedule(static)
-        for (int t = 0; t < p.nwork; t++) opsi_conv_forward_tile(cs, &p, n, h, w, x, wmat, bias, y, t);
-    } else {
-#pragma omp for schedule(dynamic)
-        for (int t = 0; t < p.nwork; t++) opsi_conv_forward_tile(cs, &p, n, h, w, x, wmat, bias, y, t);
-    }
+    for (int t = 0; t < p.nwork; t++) opsi_conv_forward_tile(cs, &p, n, h, w, x, wmat, bias, y, t);
 }
 
 void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
