@@ -133,13 +133,18 @@ static void expect_shape(const Model *m, const char *name, int ndim, int64_t d0,
            (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
 }
 
-static void test_seed_layout(void) {
+/* The seed model for 32x32 RGB images and 10 classes (CIFAR-10). */
+static void build_seed_cifar(Model *m) {
     ModelConfig cfg;
     model_config_seed(&cfg);
     set_image(&cfg, 3, 32, 32, 10);
-    Model m;
     char err[256] = "";
-    EXPECT(model_build(&m, &cfg, err, sizeof err) == 0, "%s", err);
+    EXPECT(model_build(m, &cfg, err, sizeof err) == 0, "%s", err);
+}
+
+static void test_seed_layout(void) {
+    Model m;
+    build_seed_cifar(&m);
     /* sum(p.numel() for p in model.parameters()) and len(state_dict()) of
      * nn.Sequential(ResNetBase([6,6,6],[16,32,64],[8,16,16],3,3), nn.Linear(64,10))
      * under torch 1.13. */
@@ -406,6 +411,92 @@ static void test_net_inference_only(void) {
     model_free(&m);
 }
 
+/* One training step of m on the CPU table `ops` (the team walk, or ops that each open
+ * their own region when team is NULL) with `threads` threads: a forward/backward and
+ * an SGD step from the same start, writing loss, gradients, parameters and buffers. */
+typedef struct {
+    float loss;
+    float *grads, *params, *buffers;
+} StepOut;
+
+static void train_steps(const Model *m, const NetOps *ops, int threads, const float *params0,
+                        const float *buffers0, const float *x, const int32_t *labels, int n,
+                        int steps, StepOut *out) {
+    int saved = ops_threads();
+    ops_set_threads(threads);
+    Net *net = net_create(m, ops, NULL, n + 3, 1);
+    float *mom = xcalloc(m->num_params, sizeof(float));
+    memcpy(out->params, params0, m->num_params * sizeof(float));
+    memcpy(out->buffers, buffers0, m->num_buffers * sizeof(float));
+    float lr = 0.05f;
+    int32_t first = 1;
+    for (int s = 0; s < steps; s++) {
+        net_forward(net, out->params, out->buffers, 1, x, n);
+        net_backward(net, out->params, labels, n, 0.1f, out->grads, &out->loss, NULL);
+        net_sgd(net, out->params, out->grads, mom, NULL, &lr, 0.9f, 5e-4f, 1, &first);
+        first = 0;
+    }
+    free(mom);
+    net_free(net);
+    ops_set_threads(saved);
+}
+
+/* The seed model trains to bit-identical weights, statistics and loss with 1, 2 and
+ * 3 threads, and the team walk (one parallel region per forward or backward) equals
+ * ops that each open their own region: every reduction has a fixed order. An odd
+ * batch (37) leaves partial tiles and blocks. */
+static void test_threads_bit_identical(void) {
+    Model m;
+    build_seed_cifar(&m);
+    const int n = 37, steps = 2;
+    size_t px = (size_t)32 * 32 * 3;
+    float *params = xmalloc(m.num_params * sizeof(float)),
+          *buffers = xmalloc(m.num_buffers * sizeof(float)), *x = xmalloc(n * px * sizeof(float));
+    int32_t labels[37];
+    model_init(&m, params, buffers, 11);
+    for (size_t i = 0; i < n * px; i++) x[i] = 2.0f * rng_uniform(5, RNG_STREAM_SYNTH, i) - 1.0f;
+    for (int i = 0; i < n; i++) labels[i] = (i * 7) % 10;
+    NetOps per_op = net_cpu_ops;
+    per_op.team = NULL;
+    struct {
+        const char *name;
+        const NetOps *ops;
+        int threads;
+    } runs[] = {{"team, 1 thread", &net_cpu_ops, 1},
+                {"team, 2 threads", &net_cpu_ops, 2},
+                {"team, 3 threads", &net_cpu_ops, 3},
+                {"per-op regions, 2 threads", &per_op, 2}};
+    enum { RUNS = sizeof runs / sizeof runs[0] };
+    StepOut out[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        out[r].grads = xmalloc(m.num_params * sizeof(float));
+        out[r].params = xmalloc(m.num_params * sizeof(float));
+        out[r].buffers = xmalloc(m.num_buffers * sizeof(float));
+        train_steps(&m, runs[r].ops, runs[r].threads, params, buffers, x, labels, n, steps, &out[r]);
+    }
+    EXPECT(isfinite(out[0].loss) && memcmp(out[0].params, params, m.num_params * sizeof(float)) != 0,
+           "training did not move the weights (loss %g)", out[0].loss);
+    for (int r = 1; r < RUNS; r++) {
+        EXPECT(out[r].loss == out[0].loss, "%s: loss %.9g, 1 thread %.9g", runs[r].name,
+               out[r].loss, out[0].loss);
+        EXPECT(memcmp(out[r].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
+               "%s: gradients differ from 1 thread", runs[r].name);
+        EXPECT(memcmp(out[r].params, out[0].params, m.num_params * sizeof(float)) == 0,
+               "%s: weights differ from 1 thread", runs[r].name);
+        EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
+               "%s: BN statistics differ from 1 thread", runs[r].name);
+    }
+    for (int r = 0; r < RUNS; r++) {
+        free(out[r].grads);
+        free(out[r].params);
+        free(out[r].buffers);
+    }
+    free(params);
+    free(buffers);
+    free(x);
+    model_free(&m);
+}
+
 int main(void) {
     log_set_program("test_model");
     test_config_seed_json();
@@ -417,5 +508,6 @@ int main(void) {
     test_init();
     test_basic_blocks_train();
     test_net_inference_only();
+    test_threads_bit_identical();
     return unit_report("test_model");
 }

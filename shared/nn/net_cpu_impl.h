@@ -35,6 +35,11 @@ static void net_cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     if (dst != src) memmove(dst, src, bytes);
 }
 
+static void net_cpu_team(void *ctx, void (*body)(void *arg), void *arg) {
+    (void)ctx;
+    ops_team_run(body, arg);
+}
+
 static void *net_cpu_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
     (void)ctx;
     (void)backward;
@@ -109,9 +114,11 @@ static void net_cpu_bn_add_relu_train(void *ctx, int n, int hw, int c, const rea
                                       real_t *tmp, real_t *y, real_t *save_mean,
                                       real_t *save_invstd, real_t *running_mean,
                                       real_t *running_var, float momentum, float eps) {
-    net_cpu_bn_train(ctx, n, hw, c, x, gamma, beta, tmp, save_mean, save_invstd, running_mean,
-                     running_var, momentum, eps);
-    NET_CPU_OP(add_relu_forward)((size_t)n * hw * c, tmp, z, y);
+    (void)ctx;
+    (void)tmp; /* one pass: no BN output in between */
+    NET_CPU_OP(batchnorm2d_add_relu_forward_train)(n * hw, c, x, gamma, beta, z, y, save_mean,
+                                                   save_invstd, running_mean, running_var,
+                                                   momentum, eps);
 }
 
 static void net_cpu_bn_eval(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
@@ -185,6 +192,8 @@ static void net_cpu_linear_backward(void *ctx, int n, int in, int out, const rea
 static void net_cpu_xent(void *ctx, int n, int k, const real_t *logits, const int32_t *labels,
                          real_t smoothing, real_t *dlogits, real_t *loss, int *correct) {
     (void)ctx;
+    /* serial: on one worker of the team (barrier after) */
+#pragma omp single
     *loss = NET_CPU_OP(softmax_xent_forward_backward)(n, k, logits, labels, smoothing, dlogits,
                                                       correct);
 }
@@ -203,6 +212,7 @@ const struct NET_T(NetOps) NET_T(net_cpu_ops) = {
     .alloc = net_cpu_alloc,
     .release = net_cpu_release,
     .copy = net_cpu_copy,
+    .team = net_cpu_team,
     .conv_plan = net_cpu_conv_plan,
     .conv_workspace_bytes = net_cpu_conv_workspace_bytes,
     .conv_plan_free = net_cpu_conv_plan_free,

@@ -303,12 +303,29 @@ static void NET_T(net_block_forward)(struct NET_T(Net) *net, const Block *b, NET
     }
 }
 
-void NET_T(net_forward)(struct NET_T(Net) *net, const real_t *params, real_t *buffers, int train,
-                        const real_t *x, int n) {
+/* Runs body(arg) on the table's team (every worker walks), or once when it has none. */
+static void NET_T(net_on_team)(struct NET_T(Net) *net, void (*body)(void *arg), void *arg) {
+    if (net->ops->team)
+        net->ops->team(net->ctx, body, arg);
+    else
+        body(arg);
+}
+
+typedef struct {
+    struct NET_T(Net) *net;
+    const real_t *params;
+    real_t *buffers;
+    int train, n;
+} NET_T(NetForwardArgs);
+
+static void NET_T(net_forward_walk)(void *arg) {
+    const NET_T(NetForwardArgs) *f = arg;
+    struct NET_T(Net) *net = f->net;
+    const real_t *params = f->params;
+    real_t *buffers = f->buffers;
+    int train = f->train, n = f->n;
     const Model *m = net->m;
-    if (n < 1 || n > net->max_batch)
-        die("model: batch of %d images, but the run was created for at most %d", n, net->max_batch);
-    net->x = x;
+    const real_t *x = net->x;
     NET_T(net_conv_fwd)(net, net->stem_conv, params, n, x, net->stem_out);
     NET_T(net_bn_fwd)(net, &m->stem_bn, params, buffers, train, n, m->stem_h * m->stem_w,
                       net->stem_out, net->stem_bn_out, net->stem_mean,
@@ -322,6 +339,15 @@ void NET_T(net_forward)(struct NET_T(Net) *net, const real_t *params, real_t *bu
     net->ops->meanpool_forward(net->ctx, n, last->out_h * last->out_w, m->fc_in, in, net->pooled);
     net->ops->linear_forward(net->ctx, n, m->fc_in, m->fc_out, net->pooled, params + m->fc_weight,
                              params + m->fc_bias, net->logits);
+}
+
+void NET_T(net_forward)(struct NET_T(Net) *net, const real_t *params, real_t *buffers, int train,
+                        const real_t *x, int n) {
+    if (n < 1 || n > net->max_batch)
+        die("model: batch of %d images, but the run was created for at most %d", n, net->max_batch);
+    net->x = x;
+    NET_T(NetForwardArgs) f = {net, params, buffers, train, n};
+    NET_T(net_on_team)(net, NET_T(net_forward_walk), &f);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -385,10 +411,25 @@ static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
     return cur;
 }
 
-void NET_T(net_backward)(struct NET_T(Net) *net, const real_t *params, const int32_t *labels, int n,
-                         real_t smoothing, real_t *grads, real_t *loss, int *correct) {
+typedef struct {
+    struct NET_T(Net) *net;
+    const real_t *params;
+    const int32_t *labels;
+    int n;
+    real_t smoothing;
+    real_t *grads, *loss;
+    int *correct;
+} NET_T(NetBackwardArgs);
+
+static void NET_T(net_backward_walk)(void *arg) {
+    const NET_T(NetBackwardArgs) *b = arg;
+    struct NET_T(Net) *net = b->net;
+    const real_t *params = b->params;
+    const int32_t *labels = b->labels;
+    int n = b->n;
+    real_t smoothing = b->smoothing, *grads = b->grads, *loss = b->loss;
+    int *correct = b->correct;
     const Model *m = net->m;
-    if (!net->backward) die("model: backward on an inference-only executor (internal error)");
     net->ops->xent(net->ctx, n, m->fc_out, net->logits, labels, smoothing, net->dlogits, loss,
                    correct);
     const Block *last = &m->blocks[m->n_blocks - 1];
@@ -404,6 +445,13 @@ void NET_T(net_backward)(struct NET_T(Net) *net, const real_t *params, const int
     NET_T(net_bn_bwd)(net, &m->stem_bn, params, grads, n, m->stem_h * m->stem_w, net->stem_out,
                       net->stem_mean, net->stem_invstd, g, dc);
     NET_T(net_conv_bwd)(net, net->stem_conv, params, grads, n, net->x, dc, NULL);
+}
+
+void NET_T(net_backward)(struct NET_T(Net) *net, const real_t *params, const int32_t *labels, int n,
+                         real_t smoothing, real_t *grads, real_t *loss, int *correct) {
+    if (!net->backward) die("model: backward on an inference-only executor (internal error)");
+    NET_T(NetBackwardArgs) b = {net, params, labels, n, smoothing, grads, loss, correct};
+    NET_T(net_on_team)(net, NET_T(net_backward_walk), &b);
 }
 
 void NET_T(net_sgd)(struct NET_T(Net) *net, real_t *params, const real_t *grads, real_t *momentum,

@@ -27,6 +27,12 @@ struct NET_T(NetOps) {
     void *(*alloc)(void *ctx, size_t bytes);
     void (*release)(void *ctx, void *ptr);
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes); /* device to device */
+    /* Optional (NULL: body(arg) runs once, on the calling thread): runs body(arg) on
+     * every worker of the device's team, each walking the network and the ops sharing
+     * out each op's work among them (the CPU: one OpenMP parallel region per forward
+     * or backward, not one per op). Ops that write host memory once (xent's loss) do
+     * it on one worker. */
+    void (*team)(void *ctx, void (*body)(void *arg), void *arg);
 
     /* A plan for conv cs on inputs of up to max_n x h x w; backward == 0 for
      * inference-only executors (no backward algorithm is searched). */

@@ -9,7 +9,8 @@
  *   - parameter gradients (dweight, dbias, dgamma, dbeta) are OVERWRITTEN, not
  *     accumulated: every parameter is used once per step;
  *   - dx is overwritten; a NULL dx skips the input gradient (the stem conv);
- *   - results are deterministic for a given thread count (fixed reduction order).
+ *   - results are bit-identical for any thread count (reductions over partitions
+ *     fixed by the shapes, combined in a fixed order).
  * The prototypes come from the one op list (ops_list.h). The CUDA versions
  * (ops_cuda.h, same names with a _cuda suffix, a CudaCtx first) take device
  * pointers and follow the same contracts; the network executor reaches both through
@@ -41,7 +42,7 @@ static inline int conv_out_size(int in, int k, int stride, int pad) {
 /* The ops, declared from the one list (ops_list.h); what each does:
  *
  * conv2d_workspace_floats: floats of scratch the CPU conv needs for an input of
- *   n x h x w (im2col buffer).
+ *   n x h x w (the weight gradient's partial sums).
  * conv2d_forward: y[n,oh,ow,cout] = conv(x[n,h,w,cin], weight) + bias.
  * conv2d_backward: from dy[n,oh,ow,cout]: dweight, dbias (overwritten), dx
  *   (overwritten unless NULL).
@@ -55,6 +56,9 @@ static inline int conv_out_size(int in, int k, int stride, int pad) {
  * batchnorm2d_backward: dx, dgamma, dbeta from dy and the saved statistics.
  * batchnorm2d_relu_forward_train: batchnorm2d_forward_train then relu_forward in
  *   one pass over y (bit-identical results; NaN passes), for the bn -> relu pairs.
+ * batchnorm2d_add_relu_forward_train: y = max(batchnorm2d_forward_train(x) + z, 0) in one
+ *   pass over y (bit-identical to the BN then add_relu_forward; NaN passes), for the
+ *   residual add that ends a block.
  * batchnorm2d_relu_backward: relu_backward (y: the ReLU's output, dy: its output
  *   gradient) then batchnorm2d_backward (x: the BN's input), without materialising
  *   the masked gradient; bit-identical to the two ops. dx may equal dy; NULL dx
@@ -85,6 +89,24 @@ int ops_threads(void);
  * 2 AVX-512. The default is the best the CPU supports; a level the CPU lacks (or -1)
  * selects that best. Returns the level now in use. For tests and benchmarks. */
 int ops_set_isa(int level);
+
+/* Teams: ops_team_run(body, arg) runs body(arg) once on every thread of one OpenMP
+ * parallel region (ops_threads() threads); every thread makes the same sequence of
+ * op calls with the same arguments and each op shares out its own work among them
+ * (orphaned worksharing, fixed partitions), so a whole network walk costs one
+ * region instead of one per op, with bit-identical results. Outside a team each op
+ * opens a region of its own. Inside one already, ops_team_run just calls body. */
+void ops_team_run(void (*body)(void *arg), void *arg);
+/* For the op bodies (ops_cpu_impl.h): */
+int ops_in_team(void);
+/* The calling thread's scratch, to hand to the threads of a region it opens. */
+void *ops_team_lead(void);
+/* Every thread of a region the leader opened: join (its ops_team_lead()) or leave (NULL). */
+void ops_team_join(void *lead);
+/* A scratch buffer of at least `bytes` (64-byte aligned) shared by the team, the
+ * same pointer in every thread; called by all of them together, one op at a time
+ * (its contents are the op's until its last barrier). Grows, never shrinks. */
+void *ops_team_scratch(size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/check.h"
 #include "nn/ops.h"
 #include "nn/ops_cpu_variants.h"
 
@@ -106,4 +107,49 @@ void ops_set_threads(int threads) {
 
 int ops_threads(void) {
     return ops_thread_count > 0 ? ops_thread_count : omp_get_max_threads();
+}
+
+/* --------------------------------------------------------------- teams */
+
+typedef struct {
+    void *buf;
+    size_t cap;
+} OpsScratch;
+
+static __thread OpsScratch ops_own_scratch; /* of the thread that leads a team */
+static __thread OpsScratch *ops_cur_team;   /* the team's scratch; NULL outside teams */
+
+int ops_in_team(void) { return ops_cur_team != NULL; }
+
+void *ops_team_lead(void) { return &ops_own_scratch; }
+
+void ops_team_join(void *lead) { ops_cur_team = lead; }
+
+void *ops_team_scratch(size_t bytes) {
+    OpsScratch *s = ops_cur_team ? ops_cur_team : &ops_own_scratch;
+    /* every thread reads the same cap: it only changes below, between two barriers */
+    if (s->cap < bytes) {
+#pragma omp barrier
+#pragma omp single
+        {
+            free(s->buf);
+            s->buf = xmalloc_aligned(bytes);
+            s->cap = bytes;
+        }
+    }
+    return s->buf;
+}
+
+void ops_team_run(void (*body)(void *arg), void *arg) {
+    if (ops_in_team()) {
+        body(arg);
+        return;
+    }
+    void *lead = ops_team_lead();
+#pragma omp parallel num_threads(ops_threads())
+    {
+        ops_team_join(lead);
+        body(arg);
+        ops_team_join(NULL);
+    }
 }

@@ -14,9 +14,15 @@
  * schedules. The only reductions left to BLAS are GEMM inner products, which OpenBLAS
  * does not split across threads.
  *
+ * Threads: every public op runs its body on a team (OPSI_TEAM): the team of the
+ * network walk when the caller runs one (ops_team_run: one parallel region per walk),
+ * else a parallel region of its own. Bodies share work with orphaned `omp for` loops
+ * and do serial parts in `omp single`; their scratch comes from ops_team_scratch, and
+ * every body ends on a barrier (the scratch is the next op's after it).
+ *
  * Convolution: NHWC activations; im2col columns are ordered (kh, kw, ci) so each
  * (kh, kw) tap copies `cin` contiguous floats, and the PyTorch weight
- * [cout][cin][kh][kw] is permuted to [cout][kh][kw][cin] (tiny) in the workspace.
+ * [cout][cin][kh][kw] is permuted to [cout][kh][kw][cin] (tiny), a copy per thread.
  * The batch is processed in chunks of whole images so the column buffer stays in
  * cache; 1x1 stride-1 pad-0 convolutions use x directly as the GEMM operand. */
 #include <cblas.h>
@@ -38,6 +44,22 @@ typedef OPS_REAL real_t;
 /* Target size of the im2col buffer per chunk, in elements. */
 #define OPSI_COL_TARGET (96 * 1024)
 
+/* Runs `call` (an op body) on the caller's team, or on a parallel region of its own. */
+#define OPSI_TEAM(call)                              \
+    do {                                             \
+        if (ops_in_team()) {                         \
+            call;                                    \
+        } else {                                     \
+            void *opsi_lead_ = ops_team_lead();      \
+            _Pragma("omp parallel")                  \
+            {                                        \
+                ops_team_join(opsi_lead_);           \
+                call;                                \
+                ops_team_join(NULL);                 \
+            }                                        \
+        }                                            \
+    } while (0)
+
 static int opsi_block_count(int64_t rows) {
     int64_t nb = (rows + OPSI_BLOCK_ROWS - 1) / OPSI_BLOCK_ROWS;
     if (nb > OPSI_MAX_BLOCKS) nb = OPSI_MAX_BLOCKS;
@@ -49,30 +71,31 @@ static int64_t opsi_block_start(int64_t rows, int nb, int b) {
     return rows * b / nb;
 }
 
-/* Column sums of x[rows][c] into out (overwritten), in the fixed block order. */
+/* Column sums of x[rows][c] into out (overwritten), in the fixed block order. Team. */
 static void opsi_colsums(int64_t rows, int c, const real_t *x, real_t *out) {
     int nb = opsi_block_count(rows);
-    double *part = xcalloc((size_t)nb * (size_t)c, sizeof(double));
-#pragma omp parallel for schedule(static)
+    double *part = ops_team_scratch((size_t)nb * (size_t)c * sizeof(double));
+#pragma omp for schedule(static)
     for (int b = 0; b < nb; b++) {
         double *acc = part + (size_t)b * (size_t)c;
+        for (int ch = 0; ch < c; ch++) acc[ch] = 0.0;
         for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
             const real_t *xr = x + r * c;
             for (int ch = 0; ch < c; ch++) acc[ch] += xr[ch];
         }
     }
+#pragma omp single
     for (int ch = 0; ch < c; ch++) {
         double s = 0.0;
         for (int b = 0; b < nb; b++) s += part[(size_t)b * (size_t)c + ch];
         out[ch] = (real_t)s;
     }
-    free(part);
 }
 
-/* y[rows][c] += bias[c] */
+/* y[rows][c] += bias[c]. Team. */
 static void opsi_add_bias(int64_t rows, int c, const real_t *bias, real_t *y) {
     if (bias == NULL) return;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         real_t *yr = y + r * c;
         for (int ch = 0; ch < c; ch++) yr[ch] += bias[ch];
@@ -85,21 +108,44 @@ static int opsi_conv_is_pointwise(const ConvSpec *cs) {
     return cs->k == 1 && cs->stride == 1 && cs->pad == 0;
 }
 
-/* The batch is cut into tiles of whole images (at most OPSI_COL_TARGET im2col
- * elements each, at least one image); threads take tiles. For the weight gradient
- * the tiles are grouped into at most OPSI_MAX_PARTS parts, each summing its tiles
- * in order into its own partial, and the partials are added in part order: the
- * partition depends on the shapes only, never on the thread count. */
+/* The weight gradient: the batch is cut into tiles of whole images (at most
+ * OPSI_COL_TARGET im2col elements each, at least one image), the tiles are grouped
+ * into at most OPSI_MAX_PARTS parts, each summing its tiles in order into its own
+ * partial, and the partials are added in part order: the partition depends on the
+ * shapes only, never on the thread count. The direct kernels (below) compute every
+ * output element the same way whatever the tiling, so they split the work finer: a
+ * part's dW sum in slices of kernel taps, the forward and the input gradient over
+ * work tiles of fewer images. GEMM paths keep their tiles: OpenBLAS's rounding
+ * depends on the GEMM's shape (how it blocks the rows: measured, a split of 6,144 rows
+ * at 2,048 changes bits, at 1,536 not), so a finer split would change the results.
+ * Work tiles go to threads statically (each thread keeps the same images from op to
+ * op, and their rows stay in its cache); the dW items, which read across images
+ * anyway, dynamically after the dx tiles. Which thread computes an item never changes
+ * a result. */
 typedef struct {
     int oh, ow, kk;   /* output size, im2col row length cin*k*k */
-    int tile_imgs;    /* images per tile */
+    int tile_imgs;    /* images per dW tile */
     int ntiles, nparts;
+    int nslices;      /* pieces of one part's dW sum */
+    int work_imgs, nwork; /* forward: images per work tile, work tiles */
+    int dx_imgs, ndx;     /* the same for dx */
     size_t part_len;  /* elements of one dW partial (cout * kk) */
 } OpsiConvPlan;
 
 #define OPSI_MAX_PARTS 32
 /* cap on all partials together, in elements */
 #define OPSI_PARTS_TARGET (4 * 1024 * 1024)
+/* work items an op aims at, so that any team of up to a few threads gets even shares */
+#define OPSI_WORK_ITEMS 16
+
+static int opsi_conv_is_direct(const ConvSpec *cs);
+static int opsi_conv_dx_is_direct(const ConvSpec *cs);
+
+/* Images per work tile: finer than a dW tile where the kernel allows it. */
+static int opsi_work_imgs(int n, int tile_imgs, int fine_ok) {
+    int fine = (n + OPSI_WORK_ITEMS - 1) / OPSI_WORK_ITEMS;
+    return fine_ok && fine >= 1 && fine < tile_imgs ? fine : tile_imgs;
+}
 
 static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
     OpsiConvPlan p;
@@ -118,28 +164,46 @@ static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
     if (parts > p.ntiles) parts = p.ntiles;
     if (parts < 1) parts = 1;
     p.nparts = (int)parts;
+    p.nslices = 1;
+    if (opsi_conv_is_direct(cs)) {
+        int want = (OPSI_WORK_ITEMS + p.nparts - 1) / p.nparts, taps = cs->k * cs->k;
+        p.nslices = want < taps ? want : taps;
+    }
+    p.work_imgs = opsi_work_imgs(n, p.tile_imgs, opsi_conv_is_direct(cs));
+    p.nwork = n > 0 ? (n + p.work_imgs - 1) / p.work_imgs : 0;
+    p.dx_imgs = opsi_work_imgs(n, p.tile_imgs, opsi_conv_dx_is_direct(cs));
+    p.ndx = n > 0 ? (n + p.dx_imgs - 1) / p.dx_imgs : 0;
     return p;
 }
 
 size_t OPS_FN(conv2d_workspace_floats)(const ConvSpec *cs, int n, int h, int w) {
     OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
-    /* permuted weight + the dW partials */
-    return p.part_len + (size_t)p.nparts * p.part_len;
+    /* the dW partials */
+    return (size_t)p.nparts * p.part_len;
 }
 
 /* Per-thread im2col buffer, grown on demand and kept for the thread's lifetime
  * (OpenMP threads persist), so no op allocates in its hot loop. */
-static __thread real_t *opsi_tls_col;
-static __thread size_t opsi_tls_cap;
+enum { OPSI_TLS_COL, OPSI_TLS_WEIGHT, OPSI_TLS_STATS, OPSI_TLS_SLOTS };
+static __thread real_t *opsi_tls_buf[OPSI_TLS_SLOTS];
+static __thread size_t opsi_tls_cap[OPSI_TLS_SLOTS];
 
-static real_t *opsi_col_buffer(size_t elems) {
-    if (elems > opsi_tls_cap) {
-        free(opsi_tls_col);
-        opsi_tls_col = xmalloc_aligned(elems * sizeof(real_t));
-        opsi_tls_cap = elems;
+static real_t *opsi_tls_buffer(int slot, size_t elems) {
+    if (elems > opsi_tls_cap[slot]) {
+        free(opsi_tls_buf[slot]);
+        opsi_tls_buf[slot] = xmalloc_aligned(elems * sizeof(real_t));
+        opsi_tls_cap[slot] = elems;
     }
-    return opsi_tls_col;
+    return opsi_tls_buf[slot];
 }
+
+/* im2col columns, padded tiles: one tile at a time. */
+static real_t *opsi_col_buffer(size_t elems) { return opsi_tls_buffer(OPSI_TLS_COL, elems); }
+
+/* A conv weight permuted for the kernels, or a BN's per-channel coefficients: every
+ * thread of a team makes its own copy (a few thousand values) rather than wait at a
+ * barrier for one shared copy. */
+static real_t *opsi_thread_copy(int slot, size_t elems) { return opsi_tls_buffer(slot, elems); }
 
 /* [cout][cin][k][k] -> [cout][k][k][cin] */
 static void opsi_weight_to_hwc(const ConvSpec *cs, const real_t *w, real_t *wp) {
@@ -148,15 +212,6 @@ static void opsi_weight_to_hwc(const ConvSpec *cs, const real_t *w, real_t *wp) 
         for (int ci = 0; ci < cs->cin; ci++)
             for (int t = 0; t < kk2; t++)
                 wp[((size_t)o * kk2 + t) * cs->cin + ci] = w[((size_t)o * cs->cin + ci) * kk2 + t];
-}
-
-/* [cout][k][k][cin] -> [cout][cin][k][k] */
-static void opsi_weight_from_hwc(const ConvSpec *cs, const real_t *wp, real_t *w) {
-    int kk2 = cs->k * cs->k;
-    for (int o = 0; o < cs->cout; o++)
-        for (int ci = 0; ci < cs->cin; ci++)
-            for (int t = 0; t < kk2; t++)
-                w[((size_t)o * cs->cin + ci) * kk2 + t] = wp[((size_t)o * kk2 + t) * cs->cin + ci];
 }
 
 static void opsi_copy(real_t *dst, const real_t *src, int n) {
@@ -416,10 +471,11 @@ static void opsi_direct_fwd(const OpsiDirect *d, int cout, const real_t *x, cons
  * at a time, its cin * nv accumulators held in registers (constant cin and nv). */
 static inline __attribute__((always_inline)) void
 opsi_direct_dw_vec(const OpsiDirect *d, const int cin, const int nv, const real_t *restrict x,
-                   const real_t *restrict dy, int img0, int nimg, real_t *restrict acc) {
+                   const real_t *restrict dy, int img0, int nimg, int tap0, int tap1,
+                   real_t *restrict acc) {
     const int k = d->k, s = d->s, p = d->p, h = d->h, w = d->w, cout = nv * OPSI_VL;
-    for (int kh = 0; kh < k; kh++)
-        for (int kw = 0; kw < k; kw++) {
+    for (int tap = tap0; tap < tap1; tap++) {
+            const int kh = tap / k, kw = tap % k;
             real_t *a = acc + (size_t)(kh * k + kw) * cin * cout;
             opsi_vec ra[OPSI_DW_REGS];
             for (int r = 0; r < cin * nv; r++) ra[r] = opsi_vload(a + (size_t)r * OPSI_VL);
@@ -447,10 +503,11 @@ opsi_direct_dw_vec(const OpsiDirect *d, const int cin, const int nv, const real_
 }
 
 static void opsi_direct_dw_scalar(const OpsiDirect *d, int cout, const real_t *x,
-                                  const real_t *dy, int img0, int nimg, real_t *acc) {
+                                  const real_t *dy, int img0, int nimg, int tap0, int tap1,
+                                  real_t *acc) {
     const int cin = d->cin, k = d->k, s = d->s, p = d->p, h = d->h, w = d->w;
-    for (int kh = 0; kh < k; kh++)
-        for (int kw = 0; kw < k; kw++) {
+    for (int tap = tap0; tap < tap1; tap++) {
+            const int kh = tap / k, kw = tap % k;
             real_t *a = acc + (size_t)(kh * k + kw) * cin * cout;
             int lo, hi;
             opsi_tap_range(w, d->ow, s, p, kw, &lo, &hi);
@@ -469,12 +526,13 @@ static void opsi_direct_dw_scalar(const OpsiDirect *d, int cout, const real_t *x
         }
 }
 
+/* Taps [tap0, tap1) of acc (kh * k + kw). */
 static void opsi_direct_dw(const OpsiDirect *d, int cout, const real_t *x, const real_t *dy,
-                           int img0, int nimg, real_t *acc) {
+                           int img0, int nimg, int tap0, int tap1, real_t *acc) {
     const int nv = cout / OPSI_VL, cin = d->cin;
 #define OPSI_DW_CASE(CIN, NV)                                          \
     if (cin == CIN && nv == NV && cout % OPSI_VL == 0) {               \
-        opsi_direct_dw_vec(d, CIN, NV, x, dy, img0, nimg, acc);        \
+        opsi_direct_dw_vec(d, CIN, NV, x, dy, img0, nimg, tap0, tap1, acc); \
         return;                                                        \
     }
     OPSI_DW_CASE(3, 1)
@@ -484,46 +542,63 @@ static void opsi_direct_dw(const OpsiDirect *d, int cout, const real_t *x, const
     OPSI_DW_CASE(16, 1)
     OPSI_DW_CASE(16, 2)
 #undef OPSI_DW_CASE
-    opsi_direct_dw_scalar(d, cout, x, dy, img0, nimg, acc);
+    opsi_direct_dw_scalar(d, cout, x, dy, img0, nimg, tap0, tap1, acc);
+}
+
+/* Forward of work tile t. */
+static void opsi_conv_forward_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
+                                   const real_t *x, const real_t *wmat, const real_t *bias,
+                                   real_t *y, int t) {
+    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
+    const int cout = cs->cout, per_img = p->oh * p->ow;
+    const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p->oh, p->ow};
+    int img0 = t * p->work_imgs;
+    int nimg = n - img0 < p->work_imgs ? n - img0 : p->work_imgs;
+    int rows = nimg * per_img;
+    if (direct) {
+        opsi_direct_fwd(&d, cout, x, wmat, bias, img0, nimg, y);
+        return;
+    }
+    const real_t *a = x + (size_t)img0 * per_img * cs->cin;
+    if (!pointwise) {
+        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
+        opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
+        a = col;
+    }
+    real_t *yt = y + (size_t)img0 * per_img * cout;
+    OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cout, p->kk, 1, a, p->kk, wmat,
+             p->kk, 0, yt, cout);
+    if (bias)
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < cout; o++) yt[(size_t)r * cout + o] += bias[o];
+}
+
+static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const real_t *x,
+                              const real_t *weight, const real_t *bias, real_t *y,
+                              real_t *workspace) {
+    const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
+    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
+    (void)workspace;
+    const real_t *wmat = weight;
+    if (!pointwise) {
+        real_t *wt = opsi_thread_copy(OPSI_TLS_WEIGHT, p.part_len);
+        if (direct)
+            opsi_weight_to_hwio(cs, weight, wt, 0);
+        else
+            opsi_weight_to_hwc(cs, weight, wt);
+        wmat = wt;
+    }
+    /* statically, also the few, uneven GEMM tiles: taking them dynamically (3 tiles on 2
+     * threads: 160 against 96 images, not 192 against 64) measured no faster, as a thread
+     * then reads images the other one has in its cache */
+#pragma omp for schedule(static)
+    for (int t = 0; t < p.nwork; t++) opsi_conv_forward_tile(cs, &p, n, h, w, x, wmat, bias, y, t);
 }
 
 void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
                             const real_t *weight, const real_t *bias, real_t *y,
                             real_t *workspace) {
-    const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
-    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
-    const int cout = cs->cout, per_img = p.oh * p.ow;
-    const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p.oh, p.ow};
-    const real_t *wmat = weight;
-    if (direct) {
-        opsi_weight_to_hwio(cs, weight, workspace, 0);
-        wmat = workspace;
-    } else if (!pointwise) {
-        opsi_weight_to_hwc(cs, weight, workspace);
-        wmat = workspace;
-    }
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < p.ntiles; t++) {
-        int img0 = t * p.tile_imgs;
-        int nimg = n - img0 < p.tile_imgs ? n - img0 : p.tile_imgs;
-        int rows = nimg * per_img;
-        if (direct) {
-            opsi_direct_fwd(&d, cout, x, wmat, bias, img0, nimg, y);
-            continue;
-        }
-        const real_t *a = x + (size_t)img0 * per_img * cs->cin;
-        if (!pointwise) {
-            real_t *col = opsi_col_buffer((size_t)rows * p.kk);
-            opsi_im2col(cs, h, w, p.oh, p.ow, x, img0, nimg, col);
-            a = col;
-        }
-        real_t *yt = y + (size_t)img0 * per_img * cout;
-        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cout, p.kk, 1, a, p.kk, wmat,
-                 p.kk, 0, yt, cout);
-        if (bias)
-            for (int r = 0; r < rows; r++)
-                for (int o = 0; o < cout; o++) yt[(size_t)r * cout + o] += bias[o];
-    }
+    OPSI_TEAM(opsi_conv_forward(cs, n, h, w, x, weight, bias, y, workspace));
 }
 
 /* The input gradient of a stride-1 conv is the direct conv of dy with the flipped,
@@ -552,34 +627,47 @@ static void opsi_bias_partial(int rows, int cout, const real_t *dy, double *dbq)
         for (int l = 0; l < OPSI_VL; l++) dbq[j * OPSI_VL + l] += acc[j][l];
 }
 
-/* One tile of the backward: the dW partial (overwritten when `first`), the bias
- * partial in double, and dx of the tile's images. */
-static void opsi_conv_bwd_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
-                               const real_t *x, const real_t *wmat, const real_t *dy, real_t *dx,
-                               int t, int first, real_t *dwq, double *dbq) {
+/* Slice sl of dW tile t's contribution to its part's partial dwq (overwritten when
+ * `first`), and with slice 0 the bias partial in double. Only the direct kernel
+ * has more than one slice. */
+static void opsi_conv_bwd_dw_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
+                                  const real_t *x, const real_t *dy, int t, int sl, int first,
+                                  real_t *dwq, double *dbq) {
     const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout, per_img = p->oh * p->ow;
     int img0 = t * p->tile_imgs;
     int nimg = n - img0 < p->tile_imgs ? n - img0 : p->tile_imgs;
     int rows = nimg * per_img;
     const real_t *dyt = dy + (size_t)img0 * per_img * cout;
-    if (dbq) opsi_bias_partial(rows, cout, dyt, dbq);
-    real_t *col = NULL;
+    if (dbq && sl == 0) opsi_bias_partial(rows, cout, dyt, dbq);
     if (direct) {
         const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p->oh, p->ow};
-        if (first) memset(dwq, 0, p->part_len * sizeof(real_t));
-        opsi_direct_dw(&d, cout, x, dy, img0, nimg, dwq);
-    } else {
-        const real_t *a = x + (size_t)img0 * per_img * cs->cin;
-        if (!pointwise) {
-            col = opsi_col_buffer((size_t)rows * p->kk);
-            opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
-            a = col;
-        }
-        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p->kk, rows, 1, dyt, cout, a,
-                 p->kk, first ? 0 : 1, dwq, p->kk);
+        const int taps = cs->k * cs->k;
+        int tap0 = taps * sl / p->nslices, tap1 = taps * (sl + 1) / p->nslices;
+        size_t per_tap = (size_t)cs->cin * cout;
+        if (first) memset(dwq + tap0 * per_tap, 0, (size_t)(tap1 - tap0) * per_tap * sizeof(real_t));
+        opsi_direct_dw(&d, cout, x, dy, img0, nimg, tap0, tap1, dwq);
+        return;
     }
-    if (!dx) return;
+    const real_t *a = x + (size_t)img0 * per_img * cs->cin;
+    if (!pointwise) {
+        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
+        opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
+        a = col;
+    }
+    OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p->kk, rows, 1, dyt, cout, a, p->kk,
+             first ? 0 : 1, dwq, p->kk);
+}
+
+/* dx of work tile t's images. */
+static void opsi_conv_bwd_dx_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
+                                  const real_t *wmat, const real_t *dy, int t, real_t *dx) {
+    const int pointwise = opsi_conv_is_pointwise(cs);
+    const int cout = cs->cout, per_img = p->oh * p->ow;
+    int img0 = t * p->dx_imgs;
+    int nimg = n - img0 < p->dx_imgs ? n - img0 : p->dx_imgs;
+    int rows = nimg * per_img;
+    const real_t *dyt = dy + (size_t)img0 * per_img * cout;
     if (pointwise) {
         OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->kk, cout, 1, dyt, cout, wmat,
                  p->kk, 0, dx + (size_t)img0 * per_img * cs->cin, p->kk);
@@ -587,192 +675,226 @@ static void opsi_conv_bwd_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n,
         const OpsiDirect dt = {cout, cs->k, 1, cs->k - 1 - cs->pad, p->oh, p->ow, h, w};
         opsi_direct_fwd(&dt, cs->cin, dy, wmat, NULL, img0, nimg, dx);
     } else {
-        if (!col) col = opsi_col_buffer((size_t)rows * p->kk);
+        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
         OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->kk, cout, 1, dyt, cout, wmat,
                  p->kk, 0, col, p->kk);
         opsi_col2im(cs, h, w, p->oh, p->ow, col, img0, nimg, dx);
     }
 }
 
-void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
-                             const real_t *weight, const real_t *dy, real_t *dx,
-                             real_t *dweight, real_t *dbias, real_t *workspace) {
+/* Team. */
+static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const real_t *x,
+                               const real_t *weight, const real_t *dy, real_t *dx,
+                               real_t *dweight, real_t *dbias, real_t *workspace) {
     const OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
     const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout;
     if (p.ntiles == 0) { /* empty batch: zero gradients */
-        memset(dweight, 0, p.part_len * sizeof(real_t));
-        if (dbias) memset(dbias, 0, (size_t)cout * sizeof(real_t));
+#pragma omp single
+        {
+            memset(dweight, 0, p.part_len * sizeof(real_t));
+            if (dbias) memset(dbias, 0, (size_t)cout * sizeof(real_t));
+        }
         return;
     }
-    /* the weight in the layout the dx path reads; the partials after it */
-    real_t *wmat = workspace, *parts = workspace + p.part_len;
-    if (pointwise)
-        memcpy(wmat, weight, p.part_len * sizeof(real_t));
-    else if (opsi_conv_dx_is_direct(cs))
-        opsi_weight_to_hwio(cs, weight, wmat, 1);
-    else
-        opsi_weight_to_hwc(cs, weight, wmat);
-    double *bparts = dbias ? xcalloc((size_t)p.nparts * cout, sizeof(double)) : NULL;
-#pragma omp parallel for schedule(static)
-    for (int q = 0; q < p.nparts; q++) {
+    real_t *parts = workspace;
+    double *bparts = dbias ? ops_team_scratch((size_t)p.nparts * cout * sizeof(double)) : NULL;
+    /* the weight in the layout the dx path reads, this thread's copy */
+    const real_t *wmat = weight;
+    if (dx && !pointwise) {
+        real_t *wt = opsi_thread_copy(OPSI_TLS_WEIGHT, p.part_len);
+        if (opsi_conv_dx_is_direct(cs))
+            opsi_weight_to_hwio(cs, weight, wt, 1);
+        else
+            opsi_weight_to_hwc(cs, weight, wt);
+        wmat = wt;
+    }
+    /* dx first, each thread on its share of the images (static: the same images as the
+     * ops before and after, whose rows stay in its cache), then the (part, slice)
+     * items of dW, taken dynamically: a thread done with its dx takes more of them */
+    if (dx) {
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < p.ndx; t++) opsi_conv_bwd_dx_tile(cs, &p, n, h, w, wmat, dy, t, dx);
+    }
+    const int ndw = p.nparts * p.nslices;
+#pragma omp for schedule(dynamic)
+    for (int it = 0; it < ndw; it++) {
+        int q = it / p.nslices, sl = it % p.nslices;
         int t0 = (int)((int64_t)p.ntiles * q / p.nparts);
         int t1 = (int)((int64_t)p.ntiles * (q + 1) / p.nparts);
+        double *bq = bparts ? bparts + (size_t)q * cout : NULL;
+        if (bq && sl == 0) memset(bq, 0, (size_t)cout * sizeof(double));
         for (int t = t0; t < t1; t++)
-            opsi_conv_bwd_tile(cs, &p, n, h, w, x, wmat, dy, dx, t, t == t0,
-                               parts + (size_t)q * p.part_len,
-                               bparts ? bparts + (size_t)q * cout : NULL);
+            opsi_conv_bwd_dw_tile(cs, &p, n, h, w, x, dy, t, sl, t == t0,
+                                  parts + (size_t)q * p.part_len, bq);
     }
+    /* partials summed in part order, each sum stored at its place in PyTorch's layout */
     if (bparts) {
+#pragma omp for schedule(static) nowait
         for (int o = 0; o < cout; o++) {
             double s = 0.0;
             for (int q = 0; q < p.nparts; q++) s += bparts[(size_t)q * cout + o];
             dbias[o] = (real_t)s;
         }
-        free(bparts);
     }
-    /* partials summed in part order; the permuted sum lands in wmat (free now) */
-    real_t *dsum = pointwise ? dweight : wmat;
-#pragma omp parallel for schedule(static) if (p.part_len * p.nparts > ((size_t)1 << 18))
-    for (size_t i = 0; i < p.part_len; i++) {
-        real_t s = parts[i];
-        for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + i];
-        dsum[i] = s;
-    }
-    if (direct) {
-        const int kk2 = cs->k * cs->k, cin = cs->cin;
-        for (int o = 0; o < cout; o++)
-            for (int ci = 0; ci < cin; ci++)
-                for (int t = 0; t < kk2; t++)
-                    dweight[((size_t)o * cin + ci) * kk2 + t] = wmat[((size_t)t * cin + ci) * cout + o];
-    } else if (!pointwise) {
-        opsi_weight_from_hwc(cs, wmat, dweight);
-    }
+    /* read in the partials' order (the direct kernel's [t][ci][o], else [o][t][ci]) */
+    const int cin = cs->cin, kk2 = cs->k * cs->k;
+    const int outer = direct ? kk2 : cout, mid = direct ? cin : kk2, inner = direct ? cout : cin;
+#pragma omp for collapse(2) schedule(static)
+    for (int a = 0; a < outer; a++)
+        for (int b = 0; b < mid; b++) {
+            const size_t row = ((size_t)a * mid + b) * inner;
+            for (int c = 0; c < inner; c++) {
+                real_t s = parts[row + c];
+                for (int q = 1; q < p.nparts; q++) s += parts[(size_t)q * p.part_len + row + c];
+                /* (o, ci, t) = direct ? (c, b, a) : (a, c, b) */
+                size_t dst = direct ? ((size_t)c * cin + b) * kk2 + a : ((size_t)a * cin + c) * kk2 + b;
+                dweight[dst] = s;
+            }
+        }
+}
+
+void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
+                             const real_t *weight, const real_t *dy, real_t *dx,
+                             real_t *dweight, real_t *dbias, real_t *workspace) {
+    OPSI_TEAM(opsi_conv_backward(cs, n, h, w, x, weight, dy, dx, dweight, dbias, workspace));
 }
 
 /* ------------------------------------------------------------- batchnorm */
 
-/* Per-channel sum of (x - shift) and of its square, in double, fixed order.
- * The shift (the first row) keeps the one-pass variance free of cancellation. */
-static void opsi_bn_moments(int64_t rows, int c, const real_t *x, const double *shift,
-                            double *s1, double *s2) {
+/* Team. Training-mode statistics: per-channel sums of (x - x[0]) and of its square
+ * in double over the fixed row blocks (the shift, the first row, keeps the one-pass
+ * variance free of cancellation), combined in block order; saves mean and invstd,
+ * updates the running ones (thread 0), and returns the per-channel affine (aff[0..c)
+ * scale, aff[c..2c) shift; the calling thread's copy) that maps x to y. */
+static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, const real_t *gamma,
+                                          const real_t *beta, real_t *save_mean,
+                                          real_t *save_invstd, real_t *running_mean,
+                                          real_t *running_var, real_t momentum, real_t eps) {
     int nb = opsi_block_count(rows);
-    double *part = xcalloc((size_t)nb * 2 * (size_t)c, sizeof(double));
-#pragma omp parallel for schedule(static)
+    double *part = ops_team_scratch((size_t)nb * 2 * (size_t)c * sizeof(double));
+    real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
+    const int first = omp_get_thread_num() == 0; /* writes the statistics */
+#pragma omp for schedule(static)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
+        for (int ch = 0; ch < 2 * c; ch++) a1[ch] = 0.0;
         for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
             const real_t *xr = x + r * c;
             for (int ch = 0; ch < c; ch++) {
-                double d = (double)xr[ch] - shift[ch];
+                double d = (double)xr[ch] - (double)x[ch];
                 a1[ch] += d;
                 a2[ch] += d * d;
             }
         }
     }
+    /* every thread combines the partials in block order for its own copy of the affine */
     for (int ch = 0; ch < c; ch++) {
-        double t1 = 0.0, t2 = 0.0;
+        double s1 = 0.0, s2 = 0.0;
         for (int b = 0; b < nb; b++) {
-            t1 += part[(size_t)b * 2 * c + ch];
-            t2 += part[(size_t)b * 2 * c + c + ch];
+            s1 += part[(size_t)b * 2 * c + ch];
+            s2 += part[(size_t)b * 2 * c + c + ch];
         }
-        s1[ch] = t1;
-        s2[ch] = t2;
-    }
-    free(part);
-}
-
-/* y = x * scale[ch] + shift[ch] */
-static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *scale,
-                                const real_t *shift, real_t *y) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const real_t *xr = x + r * c;
-        real_t *yr = y + r * c;
-        for (int ch = 0; ch < c; ch++) yr[ch] = xr[ch] * scale[ch] + shift[ch];
-    }
-}
-
-/* y = max(x * scale[ch] + shift[ch], 0), the same arithmetic as opsi_channel_affine
- * then relu_forward, in one pass (NaN passes, as in PyTorch). */
-static void opsi_channel_affine_relu(int64_t rows, int c, const real_t *x, const real_t *scale,
-                                     const real_t *shift, real_t *y) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const real_t *xr = x + r * c;
-        real_t *yr = y + r * c;
-        for (int ch = 0; ch < c; ch++) {
-            real_t v = xr[ch] * scale[ch] + shift[ch];
-            yr[ch] = v <= 0 ? 0 : v;
-        }
-    }
-}
-
-/* Training-mode statistics: saves mean and invstd, updates the running ones, and
- * writes the per-channel affine (aff[0..c) scale, aff[c..2c) shift) that maps x to y. */
-static void opsi_bn_train_affine(int rows, int c, const real_t *x, const real_t *gamma,
-                                 const real_t *beta, real_t *save_mean, real_t *save_invstd,
-                                 real_t *running_mean, real_t *running_var, real_t momentum,
-                                 real_t eps, real_t *aff) {
-    double *st = xmalloc((size_t)c * 3 * sizeof(double));
-    double *shift = st, *s1 = st + c, *s2 = st + 2 * (size_t)c;
-    for (int ch = 0; ch < c; ch++) shift[ch] = x[ch];
-    opsi_bn_moments(rows, c, x, shift, s1, s2);
-    for (int ch = 0; ch < c; ch++) {
-        double dm = s1[ch] / rows;
-        double mean = shift[ch] + dm;
-        double var = s2[ch] / rows - dm * dm;
+        double dm = s1 / rows;
+        double mean = (double)x[ch] + dm;
+        double var = s2 / rows - dm * dm;
         if (var < 0) var = 0;
         double invstd = 1.0 / sqrt(var + (double)eps);
-        save_mean[ch] = (real_t)mean;
-        save_invstd[ch] = (real_t)invstd;
-        double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
-        running_mean[ch] = (real_t)((1.0 - momentum) * running_mean[ch] + momentum * mean);
-        running_var[ch] = (real_t)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        if (first) {
+            save_mean[ch] = (real_t)mean;
+            save_invstd[ch] = (real_t)invstd;
+            double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
+            running_mean[ch] = (real_t)((1.0 - momentum) * running_mean[ch] + momentum * mean);
+            running_var[ch] = (real_t)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        }
         double scale = (double)gamma[ch] * invstd;
         aff[ch] = (real_t)scale;
         aff[c + ch] = (real_t)((double)beta[ch] - mean * scale);
     }
-    free(st);
+    return aff;
+}
+
+/* Team. y = x * aff[ch] + aff[c + ch], then max(., 0) when relu, or max(. + z, 0)
+ * when z is given (NaN passes, as in PyTorch): the same arithmetic as the affine then
+ * relu_forward or add_relu_forward, in one pass. */
+static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *aff, int relu,
+                                const real_t *z, real_t *y) {
+    const real_t *scale = aff, *shift = aff + c;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real_t *xr = x + r * c;
+        real_t *yr = y + r * c;
+        if (z) {
+            const real_t *zr = z + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                real_t v = xr[ch] * scale[ch] + shift[ch];
+                real_t s = v + zr[ch];
+                yr[ch] = s <= 0 ? 0 : s;
+            }
+        } else if (relu)
+            for (int ch = 0; ch < c; ch++) {
+                real_t v = xr[ch] * scale[ch] + shift[ch];
+                yr[ch] = v <= 0 ? 0 : v;
+            }
+        else
+            for (int ch = 0; ch < c; ch++) yr[ch] = xr[ch] * scale[ch] + shift[ch];
+    }
+}
+
+static void opsi_bn_forward_train(int rows, int c, const real_t *x, const real_t *gamma,
+                                  const real_t *beta, real_t *y, real_t *save_mean,
+                                  real_t *save_invstd, real_t *running_mean, real_t *running_var,
+                                  real_t momentum, real_t eps, int relu, const real_t *z) {
+    const real_t *aff = opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd,
+                                             running_mean, running_var, momentum, eps);
+    opsi_channel_affine(rows, c, x, aff, relu, z, y);
 }
 
 void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
                                        const real_t *beta, real_t *y, real_t *save_mean,
                                        real_t *save_invstd, real_t *running_mean,
                                        real_t *running_var, real_t momentum, real_t eps) {
-    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
-    opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd, running_mean,
-                         running_var, momentum, eps, aff);
-    opsi_channel_affine(rows, c, x, aff, aff + c, y);
-    free(aff);
+    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 0, NULL));
 }
 
 void OPS_FN(batchnorm2d_relu_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
                                             const real_t *beta, real_t *y, real_t *save_mean,
                                             real_t *save_invstd, real_t *running_mean,
                                             real_t *running_var, real_t momentum, real_t eps) {
-    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
-    opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd, running_mean,
-                         running_var, momentum, eps, aff);
-    opsi_channel_affine_relu(rows, c, x, aff, aff + c, y);
-    free(aff);
+    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 1, NULL));
 }
 
-void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const real_t *gamma,
-                                      const real_t *beta, const real_t *running_mean,
-                                      const real_t *running_var, real_t eps, real_t *y) {
-    real_t *aff = xmalloc((size_t)c * 2 * sizeof(real_t));
+void OPS_FN(batchnorm2d_add_relu_forward_train)(int rows, int c, const real_t *x,
+                                                const real_t *gamma, const real_t *beta,
+                                                const real_t *z, real_t *y, real_t *save_mean,
+                                                real_t *save_invstd, real_t *running_mean,
+                                                real_t *running_var, real_t momentum, real_t eps) {
+    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 1, z));
+}
+
+static void opsi_bn_forward_eval(int rows, int c, const real_t *x, const real_t *gamma,
+                                 const real_t *beta, const real_t *running_mean,
+                                 const real_t *running_var, real_t eps, real_t *y) {
+    real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
     for (int ch = 0; ch < c; ch++) {
         double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)eps);
         aff[ch] = (real_t)scale;
         aff[c + ch] = (real_t)((double)beta[ch] - (double)running_mean[ch] * scale);
     }
-    opsi_channel_affine(rows, c, x, aff, aff + c, y);
-    free(aff);
+    opsi_channel_affine(rows, c, x, aff, 0, NULL, y);
+}
+
+void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const real_t *gamma,
+                                      const real_t *beta, const real_t *running_mean,
+                                      const real_t *running_var, real_t eps, real_t *y) {
+    OPSI_TEAM(opsi_bn_forward_eval(rows, c, x, gamma, beta, running_mean, running_var, eps, y));
 }
 
 /* From the per-block partial sums part[b*2cs + 0..c) = sum dy, part[b*2cs + cs..cs+c) =
- * sum dy * (x - mean): dgamma, dbeta (overwritten) and the coefficients of
+ * sum dy * (x - mean): dgamma, dbeta (overwritten, unless NULL) and the coefficients of
  * dx = k1*dy + k2*x + k3 (the usual formula, expanded) into kc[0..3c). */
 static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double *part,
                                const real_t *gamma,
@@ -785,8 +907,10 @@ static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double
             sdyx += part[(size_t)b * 2 * cs + cs + ch];
         }
         double inv = save_invstd[ch], g = gamma[ch];
-        dbeta[ch] = (real_t)sdy;
-        dgamma[ch] = (real_t)(sdyx * inv);
+        if (dgamma) {
+            dbeta[ch] = (real_t)sdy;
+            dgamma[ch] = (real_t)(sdyx * inv);
+        }
         double k1 = g * inv;
         double k2 = -g * inv * inv * inv * sdyx / rows;
         double k3 = -g * inv * sdy / rows - k2 * save_mean[ch];
@@ -796,118 +920,137 @@ static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double
     }
 }
 
-void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t *gamma,
-                                  const real_t *save_mean, const real_t *save_invstd,
-                                  const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
-    int nb = opsi_block_count(rows);
-    double *part = xcalloc((size_t)nb * 2 * (size_t)c, sizeof(double));
-    /* sum dy and sum dy * (x - mean) per channel */
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < nb; b++) {
-        double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
-        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
-            const real_t *xr = x + r * c, *dyr = dy + r * c;
-            for (int ch = 0; ch < c; ch++) {
-                a1[ch] += dyr[ch];
-                a2[ch] += (double)dyr[ch] * ((double)xr[ch] - save_mean[ch]);
-            }
-        }
-    }
-    real_t *kc = xmalloc((size_t)c * 3 * sizeof(real_t));
-    opsi_bn_bwd_coeffs(rows, c, nb, c, part, gamma, save_mean, save_invstd, dgamma, dbeta, kc);
-    free(part);
-    if (dx) {
-        const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const real_t *xr = x + r * c, *dyr = dy + r * c;
-            real_t *dxr = dx + r * c;
-            for (int ch = 0; ch < c; ch++) dxr[ch] = k1[ch] * dyr[ch] + k2[ch] * xr[ch] + k3[ch];
-        }
-    }
-    free(kc);
-}
-
-/* The mask feeding the double accumulators stays a branch (scalar code) unless GCC
- * may assume FP operations do not trap; no effect on the results (no reassociation). */
+/* Team. The backward of batch norm, with the gradient g = relu ? (y > 0 ? dy : 0) : dy
+ * formed on the fly in both passes (the ReLU's backward fused in: the same values in
+ * the same order as the two ops, with no g buffer). The mask feeding the double
+ * accumulators stays a branch (scalar code) unless GCC may assume FP operations do
+ * not trap; no effect on the results (no reassociation). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
 #endif
-/* relu_backward then batchnorm2d_backward with the masked gradient
- * g = y > 0 ? dy : 0 formed on the fly in both passes: the same values in the same
- * order, so the results are bit-identical to the two ops, with no g buffer. */
-void OPS_FN(batchnorm2d_relu_backward)(int rows, int c, const real_t *x, const real_t *y,
-                                       const real_t *gamma, const real_t *save_mean,
-                                       const real_t *save_invstd, const real_t *dy, real_t *dx,
-                                       real_t *dgamma, real_t *dbeta) {
+static inline __attribute__((always_inline)) void
+opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t *gamma,
+                 const real_t *save_mean, const real_t *save_invstd, const real_t *dy, real_t *dx,
+                 real_t *dgamma, real_t *dbeta, const int relu) {
     int nb = opsi_block_count(rows);
     /* a2 at least 16 doubles past a1: for narrow layers (8 channels) GCC's run-time
      * overlap check fails otherwise and the loop runs scalar, on a branch */
-    int64_t cs = c < 16 ? 16 : c;
-    double *part = xcalloc((size_t)nb * 2 * (size_t)cs, sizeof(double));
-#pragma omp parallel for schedule(static)
+    int64_t cs = relu && c < 16 ? 16 : c;
+    double *part = ops_team_scratch((size_t)nb * 2 * (size_t)cs * sizeof(double));
+    real_t *kc = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 3);
+    const int first = omp_get_thread_num() == 0; /* writes dgamma, dbeta; all get kc */
+#pragma omp for schedule(static)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * cs, *a2 = a1 + cs;
+        for (int64_t ch = 0; ch < 2 * cs; ch++) a1[ch] = 0.0;
         for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
-            const real_t *xr = x + r * c, *yr = y + r * c, *dyr = dy + r * c;
+            const real_t *xr = x + r * c, *dyr = dy + r * c;
+            const real_t *yr = relu ? y + r * c : NULL;
             for (int ch = 0; ch < c; ch++) {
-                real_t g = yr[ch] > 0 ? dyr[ch] : 0;
+                real_t g = relu ? (yr[ch] > 0 ? dyr[ch] : 0) : dyr[ch];
                 a1[ch] += g;
                 a2[ch] += (double)g * ((double)xr[ch] - save_mean[ch]);
             }
         }
     }
-    real_t *kc = xmalloc((size_t)c * 3 * sizeof(real_t));
-    opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd, dgamma, dbeta, kc);
-    free(part);
-    if (dx) {
+    opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd,
+                       first ? dgamma : NULL, dbeta, kc);
+    if (!dx) {
+#pragma omp barrier
+        return; /* the partials (scratch) are read until here */
+    }
+    {
         const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
-            const real_t *xr = x + r * c, *yr = y + r * c, *dyr = dy + r * c;
+            const real_t *xr = x + r * c, *dyr = dy + r * c;
+            const real_t *yr = relu ? y + r * c : NULL;
             real_t *dxr = dx + r * c;
             for (int ch = 0; ch < c; ch++) {
-                real_t g = yr[ch] > 0 ? dyr[ch] : 0;
+                real_t g = relu ? (yr[ch] > 0 ? dyr[ch] : 0) : dyr[ch];
                 dxr[ch] = k1[ch] * g + k2[ch] * xr[ch] + k3[ch];
             }
         }
     }
-    free(kc);
+}
+
+static void opsi_bn_backward_plain(int rows, int c, const real_t *x, const real_t *gamma,
+                                   const real_t *save_mean, const real_t *save_invstd,
+                                   const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
+    opsi_bn_backward(rows, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 0);
+}
+
+static void opsi_bn_relu_backward(int rows, int c, const real_t *x, const real_t *y,
+                                  const real_t *gamma, const real_t *save_mean,
+                                  const real_t *save_invstd, const real_t *dy, real_t *dx,
+                                  real_t *dgamma, real_t *dbeta) {
+    opsi_bn_backward(rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 1);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
 
+void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t *gamma,
+                                  const real_t *save_mean, const real_t *save_invstd,
+                                  const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
+    OPSI_TEAM(opsi_bn_backward_plain(rows, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
+                                     dbeta));
+}
+
+void OPS_FN(batchnorm2d_relu_backward)(int rows, int c, const real_t *x, const real_t *y,
+                                       const real_t *gamma, const real_t *save_mean,
+                                       const real_t *save_invstd, const real_t *dy, real_t *dx,
+                                       real_t *dgamma, real_t *dbeta) {
+    OPSI_TEAM(opsi_bn_relu_backward(rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma,
+                                    dbeta));
+}
+
 /* ---------------------------------------------------------- elementwise */
 
-void OPS_FN(relu_forward)(size_t n, const real_t *x, real_t *y) {
-#pragma omp parallel for simd schedule(static)
+static void opsi_relu_forward(size_t n, const real_t *x, real_t *y) {
+#pragma omp for simd schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? 0 : x[i]; /* NaN passes, as in PyTorch */
 }
 
-void OPS_FN(relu_backward)(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
-#pragma omp parallel for simd schedule(static)
+static void opsi_relu_backward(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
+#pragma omp for simd schedule(static)
     for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
 }
 
-void OPS_FN(add_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
-#pragma omp parallel for simd schedule(static)
+static void opsi_add_forward(size_t n, const real_t *a, const real_t *b, real_t *y) {
+#pragma omp for simd schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
-void OPS_FN(add_relu_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
-#pragma omp parallel for simd schedule(static)
+static void opsi_add_relu_forward(size_t n, const real_t *a, const real_t *b, real_t *y) {
+#pragma omp for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         real_t s = a[i] + b[i];
         y[i] = s <= 0 ? 0 : s; /* NaN passes, as in PyTorch */
     }
 }
 
+void OPS_FN(relu_forward)(size_t n, const real_t *x, real_t *y) {
+    OPSI_TEAM(opsi_relu_forward(n, x, y));
+}
+
+void OPS_FN(relu_backward)(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
+    OPSI_TEAM(opsi_relu_backward(n, y, dy, dx));
+}
+
+void OPS_FN(add_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
+    OPSI_TEAM(opsi_add_forward(n, a, b, y));
+}
+
+void OPS_FN(add_relu_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
+    OPSI_TEAM(opsi_add_relu_forward(n, a, b, y));
+}
+
 /* --------------------------------------------------------------- pooling */
 
-void OPS_FN(meanpool_forward)(int n, int hw, int c, const real_t *x, real_t *y) {
-#pragma omp parallel for schedule(static)
+static void opsi_meanpool_forward(int n, int hw, int c, const real_t *x, real_t *y) {
+#pragma omp for schedule(static)
     for (int i = 0; i < n; i++) {
         real_t *yi = y + (size_t)i * c;
         const real_t *xi = x + (size_t)i * hw * c;
@@ -918,32 +1061,54 @@ void OPS_FN(meanpool_forward)(int n, int hw, int c, const real_t *x, real_t *y) 
     }
 }
 
-void OPS_FN(meanpool_backward)(int n, int hw, int c, const real_t *dy, real_t *dx) {
+static void opsi_meanpool_backward(int n, int hw, int c, const real_t *dy, real_t *dx) {
     const real_t inv = (real_t)1 / (real_t)hw;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int i = 0; i < n; i++)
         for (int j = 0; j < hw; j++)
             for (int ch = 0; ch < c; ch++)
                 dx[((size_t)i * hw + j) * c + ch] = dy[(size_t)i * c + ch] * inv;
 }
 
+void OPS_FN(meanpool_forward)(int n, int hw, int c, const real_t *x, real_t *y) {
+    OPSI_TEAM(opsi_meanpool_forward(n, hw, c, x, y));
+}
+
+void OPS_FN(meanpool_backward)(int n, int hw, int c, const real_t *dy, real_t *dx) {
+    OPSI_TEAM(opsi_meanpool_backward(n, hw, c, dy, dx));
+}
+
 /* ---------------------------------------------------------------- linear */
 
-void OPS_FN(linear_forward)(int n, int in, int out, const real_t *x, const real_t *weight,
-                            const real_t *bias, real_t *y) {
+static void opsi_linear_forward(int n, int in, int out, const real_t *x, const real_t *weight,
+                                const real_t *bias, real_t *y) {
+#pragma omp single
     OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1, x, in, weight, in, 0, y,
              out);
     opsi_add_bias(n, out, bias, y);
 }
 
+static void opsi_linear_backward(int n, int in, int out, const real_t *x, const real_t *weight,
+                                 const real_t *dy, real_t *dx, real_t *dweight, real_t *dbias) {
+#pragma omp single
+    {
+        if (dx)
+            OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1, dy, out, weight,
+                     in, 0, dx, in);
+        OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1, dy, out, x, in, 0,
+                 dweight, in);
+    }
+    if (dbias) opsi_colsums(n, out, dy, dbias);
+}
+
+void OPS_FN(linear_forward)(int n, int in, int out, const real_t *x, const real_t *weight,
+                            const real_t *bias, real_t *y) {
+    OPSI_TEAM(opsi_linear_forward(n, in, out, x, weight, bias, y));
+}
+
 void OPS_FN(linear_backward)(int n, int in, int out, const real_t *x, const real_t *weight,
                              const real_t *dy, real_t *dx, real_t *dweight, real_t *dbias) {
-    if (dx)
-        OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1, dy, out, weight, in,
-                 0, dx, in);
-    OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1, dy, out, x, in, 0, dweight,
-             in);
-    if (dbias) opsi_colsums(n, out, dy, dbias);
+    OPSI_TEAM(opsi_linear_backward(n, in, out, x, weight, dy, dx, dweight, dbias));
 }
 
 /* ------------------------------------------------------------------ loss */
@@ -969,11 +1134,10 @@ real_t OPS_FN(softmax_xent_forward_backward)(int n, int k, const real_t *logits,
 }
 
 /* ------------------------------------------------------------- optimizer */
-
-void OPS_FN(sgd_update)(size_t n, real_t *param, const real_t *grad, real_t *momentum_buf,
-                        const uint8_t *decay_mask, real_t lr, real_t momentum,
-                        real_t weight_decay, int nesterov, int first_step) {
-#pragma omp parallel for schedule(static)
+static void opsi_sgd_update(size_t n, real_t *param, const real_t *grad, real_t *momentum_buf,
+                            const uint8_t *decay_mask, real_t lr, real_t momentum,
+                            real_t weight_decay, int nesterov, int first_step) {
+#pragma omp for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real_t g = grad[i];
         if (decay_mask == NULL || decay_mask[i]) g = g + weight_decay * param[i];
@@ -982,4 +1146,11 @@ void OPS_FN(sgd_update)(size_t n, real_t *param, const real_t *grad, real_t *mom
         real_t step = nesterov ? g + momentum * buf : buf;
         param[i] = param[i] - lr * step;
     }
+}
+
+void OPS_FN(sgd_update)(size_t n, real_t *param, const real_t *grad, real_t *momentum_buf,
+                        const uint8_t *decay_mask, real_t lr, real_t momentum,
+                        real_t weight_decay, int nesterov, int first_step) {
+    OPSI_TEAM(opsi_sgd_update(n, param, grad, momentum_buf, decay_mask, lr, momentum,
+                              weight_decay, nesterov, first_step));
 }

@@ -64,6 +64,11 @@
           R *save_invstd, R *running_mean, R *running_var, R momentum, R eps),                     \
          (rows, c, x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var,           \
           momentum, eps))                                                                          \
+    VOID(batchnorm2d_add_relu_forward_train,                                                       \
+         (int rows, int c, const R *x, const R *gamma, const R *beta, const R *z, R *y,            \
+          R *save_mean, R *save_invstd, R *running_mean, R *running_var, R momentum, R eps),       \
+         (rows, c, x, gamma, beta, z, y, save_mean, save_invstd, running_mean, running_var,        \
+          momentum, eps))                                                                          \
     VOID(batchnorm2d_relu_backward,                                                                \
          (int rows, int c, const R *x, const R *y, const R *gamma, const R *save_mean,             \
           const R *save_invstd, const R *dy, R *dx, R *dgamma, R *dbeta),                          \

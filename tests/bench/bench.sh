@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # make bench: speed figures side by side with PyTorch on this machine's CPU.
 #   1. cifar-prep images/s against its floor (prep_floor) and the seed's loading path (bench_prep.sh)
-#   2. training images/s of the seed model, batch 256, 2 threads, against PyTorch
+#   2. training images/s of the seed model, batch 256, on 1 thread and on $THREADS
+#      (default: every core) with the scaling between them, against PyTorch
 #      (../shared/bench/torch_anchor.py with Debian's python3-torch), per-op breakdown
-#   3. data parallel: 2 workers x 1 thread against 1 worker x 2 threads, and the
-#      all-reduce cost per step
+#   3. cifar-train from an LMDB, 1 epoch: the default (1 worker, every core),
+#      --threads 1, and 2 workers x 1 thread; the all-reduce cost per step
 #   4. 2 CPU ranks over MPI (TCP) beside 2 over shared memory (bench_mpi.sh)
 #   5. peak private memory and epoch speed, records read in place against the
 #      in-memory copy (bench_memory.sh; BENCH_MEMORY=0 skips its several minutes)
+# Each timed pair runs alternately, RUNS times (default 3), so that other work on the
+# machine falls on both alike; every run is printed, then the range.
 # Environment: BIN (commands), BENCH_TRAIN (bench_train program), PREP_FLOOR (prep_floor program), PYTHON_TORCH.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,20 +20,38 @@ BENCH_TRAIN=${BENCH_TRAIN:-$repo/build/cpu/bench/bench_train}
 PYTHON_TORCH=${PYTHON_TORCH:-/usr/bin/python3}
 ANCHOR=${ANCHOR:-$repo/../shared/bench/torch_anchor.py}
 STEPS=${BENCH_STEPS:-20}
-THREADS=${BENCH_THREADS:-2}
+THREADS=${BENCH_THREADS:-$(nproc)}
+RUNS=${BENCH_RUNS:-3}
 work=$(mktemp -d /tmp/cifar-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-field() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" | head -1; }
+column() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p"; } # the field's value on every line
+field() { column "$1" | head -1; }
+range() { sort -g | awk '{ v[NR] = $1 } END { printf "%.0f to %.0f", v[1], v[NR] }'; }
 
 echo "== 1. cifar-prep"
 "$here/bench_prep.sh"
 
 echo
-echo "== 2. training step, seed model, batch 256, $THREADS threads, data in memory"
-ours=$("$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS")
-echo "$ours"
-ours_ips=$(echo "$ours" | field images_per_s)
+echo "== 2. training step, seed model, batch 256, data in memory: 1 thread and $THREADS threads, $RUNS runs each"
+: > "$work/t1"; : > "$work/tn"
+for r in $(seq "$RUNS"); do
+  one=$("$BENCH_TRAIN" --batch 256 --threads 1 --steps "$STEPS" 2>/dev/null)
+  echo "1 thread:  $one"; echo "$one" >> "$work/t1"
+  if [ "$r" -lt "$RUNS" ]; then
+    many=$("$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS" 2>/dev/null)
+  else # the last run shows where the time goes
+    many=$("$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS")
+  fi
+  echo "$THREADS threads: $many"; echo "$many" >> "$work/tn"
+done
+for f in images_per_s images_per_s_median images_per_s_peak; do
+  a=$(column "$f" < "$work/t1" | range); b=$(column "$f" < "$work/tn" | range)
+  best1=$(column "$f" < "$work/t1" | sort -g | tail -1); bestn=$(column "$f" < "$work/tn" | sort -g | tail -1)
+  awk -v f="$f" -v a="$a" -v b="$b" -v x="$best1" -v y="$bestn" -v t="$THREADS" \
+    'BEGIN { printf "%-20s 1 thread %s, %d threads %s images/s; scaling (best against best) %.2fx\n", f, a, t, b, y / x }'
+done
+ours_ips=$(column images_per_s < "$work/tn" | sort -g | tail -1)
 if [ -f "$ANCHOR" ] && "$PYTHON_TORCH" -c 'import torch' 2>/dev/null; then
   # PyTorch as it comes, and with the passive OpenMP wait cifar-train uses: the
   # ratio is taken against the faster of the two, so it is never flattered.
@@ -45,19 +66,23 @@ else
 fi
 
 echo
-echo "== 3. data parallel on this machine (cifar-train, 1 epoch of 8192 synthetic images, batch 256)"
+echo "== 3. cifar-train from an LMDB, 1 epoch of 8192 synthetic images, batch 256 per worker, $RUNS runs each"
 "$BIN/cifar-synth" "$work/data" --train 8192 --test 512 --seed 3 >/dev/null 2>&1
 "$BIN/cifar-prep" --quiet "$work/data" -o "$work/data.lmdb" >/dev/null
 run_ips() { # name, args...
-  local dir="$work/run-$1"; shift
-  "$BIN/cifar-train" --quiet --epochs 1 --run-dir "$dir" "$@" "$work/data.lmdb" >/dev/null
+  local dir="$work/run-$1-$r"; shift
+  "$BIN/cifar-train" --quiet --device cpu --epochs 1 --run-dir "$dir" "$@" "$work/data.lmdb" >/dev/null
   field images_per_s < "$dir/metrics.jsonl"
 }
-one=$(run_ips one --threads 2)
-two=$(run_ips two --nproc-per-node 2 --threads 1)
-echo "1 worker x 2 threads: $one images/s"
-echo "2 workers x 1 thread: $two images/s"
-awk -v a="$two" -v b="$one" 'BEGIN { printf "ratio 2x1 / 1x2: %.2f\n", a / b }'
+: > "$work/default"; : > "$work/one"; : > "$work/two"
+for r in $(seq "$RUNS"); do
+  d=$(run_ips default); o=$(run_ips one --threads 1); t=$(run_ips two --nproc-per-node 2 --threads 1)
+  echo "run $r: default (1 worker, $(nproc) threads) $d, --threads 1 $o, 2 workers x 1 thread $t images/s (load $(cut -d' ' -f1 /proc/loadavg))"
+  echo "$d" >> "$work/default"; echo "$o" >> "$work/one"; echo "$t" >> "$work/two"
+done
+d=$(sort -g "$work/default" | tail -1); o=$(sort -g "$work/one" | tail -1); t=$(sort -g "$work/two" | tail -1)
+echo "default: $(range < "$work/default"); --threads 1: $(range < "$work/one"); 2 workers x 1 thread: $(range < "$work/two") images/s"
+awk -v d="$d" -v o="$o" -v t="$t" 'BEGIN { printf "best runs: default / 1 thread %.2fx, 2 workers / 1 thread %.2fx, default / 2 workers %.2f\n", d / o, t / o, d / t }'
 if [ -x "${BENCH_COMM:-}" ]; then
   echo "all-reduce cost (shared memory, 2 processes; the seed model's gradient is 58,042 floats):"
   "$BENCH_COMM" bench 2>&1 | grep allreduce
