@@ -281,7 +281,7 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
             cuda_upload(ctx, gepoch, &s.epoch, sizeof(int64_t));
             sd.epoch = 999;
         }
-        augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL);
+        augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL, 0);
         float *got = host_from(ctx, gout, (size_t)n * rec);
         cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
         snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d epoch %s: bit-identical", c, pad, flip,
