@@ -532,11 +532,11 @@ static size_t split_device_bytes(const HostSplit *s, size_t rec_bytes) {
 
 static double mib(size_t bytes) { return (double)bytes / (1 << 20); }
 
-/* "train 703.1 MiB resident" or "... streamed"; nothing for an empty split. */
-static int split_plan_text(char *out, size_t len, const char *name, const HostSplit *s, size_t bytes,
-                           int streamed) {
+/* sep + "train 703.1 MiB resident" (or "streamed"); nothing for an empty split. */
+static int split_plan_text(char *out, size_t len, const char *sep, const char *name, const HostSplit *s,
+                           size_t bytes, int streamed) {
     if (s->count == 0) return 0;
-    return snprintf(out, len, ", %s %.1f MiB %s", name, mib(bytes), streamed ? "streamed" : "resident");
+    return snprintf(out, len, "%s%s %.1f MiB %s", sep, name, mib(bytes), streamed ? "streamed" : "resident");
 }
 
 /* The data rule (see the top of this file), decided once the model, its arena and
@@ -561,8 +561,9 @@ static void data_plan(GpuEngine *g, const EngineConfig *cfg, size_t rec_bytes) {
     g->stream_chunk = chunk ? (chunk < cfg->max_batch ? chunk : cfg->max_batch)
                             : batch_loader_chunk_records(rec_bytes, STREAM_CHUNK_BYTES, cfg->max_batch);
     char splits[160] = "";
-    int at = split_plan_text(splits, sizeof splits, "train", &cfg->train, train_b, g->train_streamed);
-    split_plan_text(splits + at, sizeof splits - at, "test", &cfg->test, test_b, g->test_streamed);
+    int at = split_plan_text(splits, sizeof splits, "", "train", &cfg->train, train_b, g->train_streamed);
+    split_plan_text(splits + at, sizeof splits - at, at ? ", " : "", "test", &cfg->test, test_b,
+                    g->test_streamed);
     char why[200];
     if (mode == DATA_AUTO)
         snprintf(why, sizeof why, "a split stays on the device when it takes at most 1/%d of the free "
@@ -573,7 +574,7 @@ static void data_plan(GpuEngine *g, const EngineConfig *cfg, size_t rec_bytes) {
     if (g->loader_needed)
         snprintf(pinned, sizeof pinned, "; streamed batches through 2 pinned buffers of %d records",
                  g->stream_chunk);
-    log_info("cuda engine: data%s (%s)%s", splits[0] ? splits : ": no split", why, pinned);
+    log_info("cuda engine: data: %s (%s)%s", splits[0] ? splits : "no split", why, pinned);
 }
 
 /* Where the augmentation reads each split's batches, once the plan is carried out. */
