@@ -5,7 +5,9 @@
  * then the whole CUDA engine against the CPU engine on two tiny networks
  * (bottleneck and basic blocks): a few SGD steps (the second full batch is
  * captured as a CUDA graph, the third replays it, the fourth is a partial batch),
- * then the weights, BN buffers, momentum and an evaluation compared.
+ * then the weights, BN buffers, momentum and an evaluation compared; and an
+ * engine that streams its splits through pinned buffers (CIFAR_CUDA_DATA=stream)
+ * against one that keeps them in device memory, bit for bit.
  *
  * Without a usable GPU (or in a CPU-only build) it prints one line saying why and
  * exits 0 (SKIP, as one of the unit tests) or, with --gpu-only (make test-gpu), 77.
@@ -35,6 +37,7 @@ int main(int argc, char **argv) { return skip(argc, argv, "CPU-only build (no GP
 #include <string.h>
 
 #include "data/augment.h"
+#include "data/dataset.h"
 #include "util/check.h"
 #include "dist/comm.h"
 #include "nn/engine.h"
@@ -281,7 +284,7 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
             cuda_upload(ctx, gepoch, &s.epoch, sizeof(int64_t));
             sd.epoch = 999;
         }
-        augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL);
+        augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL, 0);
         float *got = host_from(ctx, gout, (size_t)n * rec);
         cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
         snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d epoch %s: bit-identical", c, pad, flip,
@@ -290,6 +293,23 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
                               memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
         free(got);
     }
+    /* staged: the batch's records in batch order (as the streaming engine copies
+     * them), the crop and flip still keyed by the sample indices */
+    uint8_t *staged = xmalloc((size_t)n * rec);
+    int32_t staged_lab[17];
+    HostSplit split = {.pixels = px, .labels = lab, .count = count};
+    host_split_gather(&split, rec, idx, 0, n, staged, staged_lab);
+    cuda_upload(ctx, gpx, staged, (size_t)n * rec);
+    cuda_upload(ctx, glab, staged_lab, n * sizeof(int32_t));
+    cuda_memset_async(ctx, gout, 0, (size_t)n * rec * sizeof(float));
+    augment_batch_cuda(ctx, &s, gpx, glab, gidx, n, gout, gol, NULL, 1);
+    float *got = host_from(ctx, gout, (size_t)n * rec);
+    cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
+    snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d staged batch: bit-identical", c, pad, flip);
+    expect_true(name, memcmp(got, out, (size_t)n * rec * sizeof(float)) == 0 &&
+                          memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
+    free(got);
+    free(staged);
     cuda_free(gpx); cuda_free(glab); cuda_free(gol); cuda_free(gidx); cuda_free(gepoch); cuda_free(gout);
     free(px); free(lab); free(out);
 }
@@ -338,7 +358,13 @@ static void expect_tensors(const char *what, const Model *m, TensorKind kind, co
 
 /* ---------------------------------------------------------------- engine */
 
-static void test_engine(int bottleneck, Precision prec, float tol) {
+/* The engine tests' data set and batches: 48 random 16x16x3 images, batches of 8;
+ * steps 0..2 full batches (eager, captured, replayed), step 3 a partial one. */
+enum { ENGINE_COUNT = 48, ENGINE_BATCH = 8, ENGINE_STEPS = 4 };
+static const int engine_step_sizes[ENGINE_STEPS] = {ENGINE_BATCH, ENGINE_BATCH, ENGINE_BATCH, 5};
+static const size_t engine_rec = (size_t)16 * 16 * 3;
+
+static void engine_test_model(Model *m, int bottleneck) {
     ModelConfig cfg;
     model_config_seed(&cfg);
     cfg.n_stages = 2;
@@ -353,58 +379,109 @@ static void test_engine(int bottleneck, Precision prec, float tol) {
     cfg.img_height = 16;
     cfg.img_width = 16;
     cfg.num_classes = 10;
-    Model m;
     char err[256];
-    if (model_build(&m, &cfg, err, sizeof err) != 0) die("test model: %s", err);
-    const int count = 48, batch = 8;
-    size_t rec = (size_t)16 * 16 * 3;
-    uint8_t *px = xmalloc(count * rec);
-    int32_t *lab = xmalloc(count * sizeof(int32_t));
-    for (size_t i = 0; i < count * rec; i++) px[i] = (uint8_t)(rng_u64(11, 12, i) & 255);
-    for (int i = 0; i < count; i++) lab[i] = (int32_t)rng_below(13, 14, (uint64_t)i, 10);
+    if (model_build(m, &cfg, err, sizeof err) != 0) die("test model: %s", err);
+}
+
+static void engine_test_data(uint8_t **px, int32_t **lab) {
+    *px = xmalloc(ENGINE_COUNT * engine_rec);
+    *lab = xmalloc(ENGINE_COUNT * sizeof(int32_t));
+    for (size_t i = 0; i < ENGINE_COUNT * engine_rec; i++) (*px)[i] = (uint8_t)(rng_u64(11, 12, i) & 255);
+    for (int i = 0; i < ENGINE_COUNT; i++) (*lab)[i] = (int32_t)rng_below(13, 14, (uint64_t)i, 10);
+}
+
+static Comm *engine_test_comm(void) {
     DistEnv env;
     memset(&env, 0, sizeof env);
     env.world_size = env.local_world_size = 1;
-    Comm *comm = comm_create(COMM_SINGLE, &env);
-    EngineConfig ec;
-    memset(&ec, 0, sizeof ec);
-    ec.model = &m;
-    ec.train = (HostSplit){.pixels = px, .labels = lab, .count = count};
-    ec.test = (HostSplit){.pixels = px, .labels = lab, .count = count};
-    for (int i = 0; i < 3; i++) {
-        ec.mean[i] = 0.5f;
-        ec.std[i] = 0.25f;
-    }
-    ec.pad = 4;
-    ec.max_batch = batch;
-    ec.seed = 21;
-    ec.label_smoothing = 0.1f;
-    ec.momentum = 0.9f;
-    ec.weight_decay = 5e-4f;
-    ec.threads = 1;
-    ec.precision = prec;
-    ec.deterministic = 1;
-    ec.comm = comm;
-    Engine *cpu = engine_create_cpu(&ec);
-    Engine *gpu = engine_create_cuda(&ec, err, sizeof err);
-    if (!gpu) die("engine_create_cuda: %s", err);
+    return comm_create(COMM_SINGLE, &env);
+}
 
-    float *params = xmalloc(m.num_params * sizeof(float)), *buffers = xmalloc(m.num_buffers * sizeof(float));
-    model_init(&m, params, buffers, 5);
-    cpu->ops->state_from_host(cpu, params, buffers, NULL);
-    gpu->ops->state_from_host(gpu, params, buffers, NULL);
+/* One process, deterministic, both splits the same data. */
+static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data, Comm *comm,
+                               Precision prec) {
+    memset(ec, 0, sizeof *ec);
+    ec->model = m;
+    ec->train = data;
+    ec->test = data;
+    for (int i = 0; i < 3; i++) {
+        ec->mean[i] = 0.5f;
+        ec->std[i] = 0.25f;
+    }
+    ec->pad = 4;
+    ec->max_batch = ENGINE_BATCH;
+    ec->seed = 21;
+    ec->label_smoothing = 0.1f;
+    ec->momentum = 0.9f;
+    ec->weight_decay = 5e-4f;
+    ec->threads = 1;
+    ec->precision = prec;
+    ec->deterministic = 1;
+    ec->comm = comm;
+}
+
+static Engine *engine_test_cuda(const EngineConfig *ec) {
+    char err[256];
+    Engine *gpu = engine_create_cuda(ec, err, sizeof err);
+    if (!gpu) die("engine_create_cuda: %s", err);
+    return gpu;
+}
+
+/* Step s's sample indices (engine_step_sizes[s] of them). */
+static void engine_step_idx(int s, int64_t *idx) {
+    for (int i = 0; i < engine_step_sizes[s]; i++) idx[i] = (s * 11 + i * 5) % ENGINE_COUNT;
+}
+
+/* Step s of the test on engines a and b alike: their losses and hits. */
+typedef struct {
+    float loss[2];
+    int hits[2];
+} PairStep;
+
+static PairStep engine_pair_step(Engine *a, Engine *b, int s) {
+    int64_t idx[ENGINE_BATCH];
+    engine_step_idx(s, idx);
+    PairStep r = {{0, 0}, {-1, -1}};
+    float lr = 0.05f * (float)(s + 1);
+    Engine *e[2] = {a, b};
+    for (int k = 0; k < 2; k++)
+        r.loss[k] = e[k]->ops->train_step(e[k], idx, engine_step_sizes[s], 1 + s / 2, s, lr, &r.hits[k]);
+    return r;
+}
+
+/* The same initial state (model_init, seed 5) into engines a and b; the caller
+ * frees *params and *buffers. */
+static void engine_pair_init(Engine *a, Engine *b, const Model *m, float **params, float **buffers) {
+    *params = xmalloc(m->num_params * sizeof(float));
+    *buffers = xmalloc(m->num_buffers * sizeof(float));
+    model_init(m, *params, *buffers, 5);
+    a->ops->state_from_host(a, *params, *buffers, NULL);
+    b->ops->state_from_host(b, *params, *buffers, NULL);
+}
+
+static void test_engine(int bottleneck, Precision prec, float tol) {
+    Model m;
+    engine_test_model(&m, bottleneck);
+    const int count = ENGINE_COUNT, batch = ENGINE_BATCH;
+    uint8_t *px;
+    int32_t *lab;
+    engine_test_data(&px, &lab);
+    Comm *comm = engine_test_comm();
+    EngineConfig ec;
+    engine_test_config(&ec, &m, (HostSplit){.pixels = px, .labels = lab, .count = count}, comm, prec);
+    Engine *cpu = engine_create_cpu(&ec);
+    Engine *gpu = engine_test_cuda(&ec);
+
+    float *params, *buffers;
+    engine_pair_init(cpu, gpu, &m, &params, &buffers);
     char name[160];
     const char *kind = bottleneck ? "bottleneck" : "basic";
     const char *pn = prec == PRECISION_TF32 ? "tf32" : "fp32";
-    /* steps 0..2 full batches (eager, captured, replayed), step 3 a partial one */
-    const int sizes[4] = {batch, batch, batch, 5};
-    for (int s = 0; s < 4; s++) {
-        int64_t idx[8];
-        for (int i = 0; i < sizes[s]; i++) idx[i] = (s * 11 + i * 5) % count;
-        int cc = -1, gc = -1;
-        float lr = 0.05f * (float)(s + 1);
-        float lc = cpu->ops->train_step(cpu, idx, sizes[s], 1 + s / 2, s, lr, &cc);
-        float lg = gpu->ops->train_step(gpu, idx, sizes[s], 1 + s / 2, s, lr, &gc);
+    const int *sizes = engine_step_sizes;
+    for (int s = 0; s < ENGINE_STEPS; s++) {
+        PairStep r = engine_pair_step(cpu, gpu, s);
+        float lc = r.loss[0], lg = r.loss[1];
+        int cc = r.hits[0], gc = r.hits[1];
         snprintf(name, sizeof name, "engine %s %s step %d (n=%d): loss", kind, pn, s, sizes[s]);
         expect_close(name, &lg, &lc, 1, tol, tol);
         snprintf(name, sizeof name, "engine %s %s step %d: correct %d == %d", kind, pn, s, gc, cc);
@@ -451,6 +528,91 @@ static void test_engine(int bottleneck, Precision prec, float tol) {
     free(bc); free(bg); free(mc); free(mg);
 }
 
+/* Model state of an engine, on the host. */
+typedef struct {
+    float *params, *buffers, *momentum;
+} HostState;
+
+static HostState engine_state(Engine *e, const Model *m) {
+    HostState st = {xmalloc(m->num_params * sizeof(float)), xmalloc(m->num_buffers * sizeof(float)),
+                    xmalloc(m->num_params * sizeof(float))};
+    e->ops->state_to_host(e, st.params, st.buffers, st.momentum);
+    return st;
+}
+
+static int host_state_equal(const HostState *a, const HostState *b, const Model *m) {
+    return memcmp(a->params, b->params, m->num_params * sizeof(float)) == 0 &&
+           memcmp(a->buffers, b->buffers, m->num_buffers * sizeof(float)) == 0 &&
+           memcmp(a->momentum, b->momentum, m->num_params * sizeof(float)) == 0;
+}
+
+static void host_state_free(HostState *st) {
+    free(st->params);
+    free(st->buffers);
+    free(st->momentum);
+}
+
+static Engine *engine_with_data_mode(const EngineConfig *ec, const char *mode) {
+    setenv("CIFAR_CUDA_DATA", mode, 1);
+    Engine *e = engine_test_cuda(ec);
+    unsetenv("CIFAR_CUDA_DATA");
+    return e;
+}
+
+/* The same steps on an engine whose splits stay in device memory and on one that
+ * streams them (CIFAR_CUDA_DATA=resident / stream:3: 3 records per pinned buffer,
+ * so a batch of 8 cycles both buffers), from record pointers as a dataset's map
+ * gives them (in reverse memory order): losses, hits, weights, BN buffers,
+ * momentum, evaluation and predictions bit for bit. */
+static void test_engine_stream(void) {
+    Model m;
+    engine_test_model(&m, 0);
+    uint8_t *px;
+    int32_t *lab;
+    engine_test_data(&px, &lab);
+    const uint8_t **recs = xmalloc(ENGINE_COUNT * sizeof *recs);
+    uint8_t *rev = xmalloc(ENGINE_COUNT * engine_rec); /* record i at the mirrored place */
+    for (int i = 0; i < ENGINE_COUNT; i++) {
+        recs[i] = rev + (size_t)(ENGINE_COUNT - 1 - i) * engine_rec;
+        memcpy(rev + (size_t)(ENGINE_COUNT - 1 - i) * engine_rec, px + (size_t)i * engine_rec, engine_rec);
+    }
+    Comm *comm = engine_test_comm();
+    EngineConfig ec;
+    engine_test_config(&ec, &m, (HostSplit){.labels = lab, .count = ENGINE_COUNT, .records = recs}, comm,
+                       PRECISION_FP32);
+    Engine *res = engine_with_data_mode(&ec, "resident");
+    Engine *str = engine_with_data_mode(&ec, "stream:3");
+    float *params, *buffers;
+    engine_pair_init(res, str, &m, &params, &buffers);
+    char name[160];
+    for (int s = 0; s < ENGINE_STEPS; s++) {
+        PairStep r = engine_pair_step(res, str, s);
+        snprintf(name, sizeof name, "engine streamed step %d (n=%d): loss %.9g == resident %.9g, hits %d == %d",
+                 s, engine_step_sizes[s], r.loss[1], r.loss[0], r.hits[1], r.hits[0]);
+        expect_true(name, memcmp(&r.loss[0], &r.loss[1], sizeof(float)) == 0 && r.hits[0] == r.hits[1]);
+    }
+    HostState a = engine_state(res, &m), b = engine_state(str, &m);
+    expect_true("engine streamed after 4 steps: params, BN buffers and momentum bit-identical to resident",
+                host_state_equal(&a, &b, &m));
+    int64_t eidx[ENGINE_BATCH];
+    for (int i = 0; i < ENGINE_BATCH; i++) eidx[i] = (i * 3 + 1) % ENGINE_COUNT;
+    double ls_res = 0, ls_str = 0;
+    int64_t h_res = 0, h_str = 0;
+    int32_t p_res[ENGINE_BATCH], p_str[ENGINE_BATCH];
+    res->ops->eval_batch(res, eidx, ENGINE_BATCH, &ls_res, &h_res, p_res);
+    str->ops->eval_batch(str, eidx, ENGINE_BATCH, &ls_str, &h_str, p_str);
+    expect_true("engine streamed eval: loss sum, hits and predictions bit-identical to resident",
+                memcmp(&ls_res, &ls_str, sizeof ls_res) == 0 && h_res == h_str &&
+                    memcmp(p_res, p_str, sizeof p_res) == 0);
+    host_state_free(&a);
+    host_state_free(&b);
+    res->ops->destroy(res);
+    str->ops->destroy(str);
+    comm_destroy(comm);
+    model_free(&m);
+    free(px); free(lab); free(recs); free(rev); free(params); free(buffers);
+}
+
 /* The engine functions of this program are cuda_loader.c's forwarders (libcifar.a
  * defines them too): point the loader at the library this test is linked with, so
  * it finds it already loaded. */
@@ -487,6 +649,7 @@ int main(int argc, char **argv) {
     test_engine(1, PRECISION_FP32, 2e-3f);
     test_engine(0, PRECISION_FP32, 2e-3f);
     test_engine(1, PRECISION_TF32, 5e-2f);
+    test_engine_stream();
     return unit_report("test_ops_cuda");
 }
 #endif

@@ -3,7 +3,12 @@
  * pixel (all its channels) exactly as augment.c's augment_one does, with the same
  * rng_augment draw, so CPU and GPU batches are bit-identical: the normalisation is
  * written with explicit _rn operations so that nvcc cannot fuse it into an FMA
- * (the CPU build does not). */
+ * (the CPU build does not).
+ *
+ * Staged batches (a split streamed through pinned buffers, engine_cuda.cu): the
+ * pixels and labels hold the batch's records in batch order, so sample i's record
+ * is row i, while its random crop and flip are still keyed by its index in the
+ * split, idx[i]: the same batch as from the resident split. */
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
 #include "util/rng.h"
@@ -12,7 +17,7 @@
 
 __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32_t *labels,
                                const int64_t *idx, int n, float *out, int32_t *out_labels,
-                               const int64_t *epoch_dev) {
+                               const int64_t *epoch_dev, int staged) {
     const int h = s.h, w = s.w, c = s.c;
     const int64_t epoch = epoch_dev ? *epoch_dev : s.epoch;
     const int64_t rec_bytes = (int64_t)h * w * c;
@@ -23,6 +28,7 @@ __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32
         const int y = (int)((t / w) % h);
         const int x = (int)(t % w);
         const int64_t sample = idx[i];
+        const int64_t row = staged ? (int64_t)i : sample;
         AugmentDraw d;
         d.dy = s.pad;
         d.dx = s.pad;
@@ -35,25 +41,25 @@ __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32
         const int sx = xx + d.dx - s.pad;
         float *o = out + (int64_t)i * rec_bytes + ((int64_t)y * w + x) * c;
         const int inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
-        const uint8_t *p = inside ? pixels + sample * rec_bytes + ((int64_t)sy * w + sx) * c : pixels;
+        const uint8_t *p = inside ? pixels + row * rec_bytes + ((int64_t)sy * w + sx) * c : pixels;
         for (int ch = 0; ch < c; ch++) {
             const float scale = __fdiv_rn(1.0f, __fmul_rn(255.0f, s.std[ch]));
             const float shift = __fdiv_rn(-s.mean[ch], s.std[ch]);
             o[ch] = inside ? __fadd_rn(__fmul_rn((float)p[ch], scale), shift) : shift;
         }
-        if (y == 0 && x == 0) out_labels[i] = labels[sample];
+        if (y == 0 && x == 0) out_labels[i] = labels[row];
     }
 }
 
 extern "C" void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const uint8_t *pixels,
                                    const int32_t *labels, const int64_t *idx, int n, float *out,
-                                   int32_t *out_labels, const int64_t *epoch_dev) {
+                                   int32_t *out_labels, const int64_t *epoch_dev, int staged) {
     if (n <= 0) return;
     if (spec->c < 1 || spec->c > 4) die("augment: %d channels (1 to 4 supported)", spec->c);
     int64_t total = (int64_t)n * spec->h * spec->w;
     int64_t blocks = (total + AUGMENT_BLOCK - 1) / AUGMENT_BLOCK;
     if (blocks > (1 << 20)) blocks = 1 << 20;
     augment_kernel<<<(unsigned)blocks, AUGMENT_BLOCK, 0, (cudaStream_t)cuda_ctx_stream(ctx)>>>(
-        *spec, pixels, labels, idx, n, out, out_labels, epoch_dev);
+        *spec, pixels, labels, idx, n, out, out_labels, epoch_dev, staged);
     CHECK_CUDA_LAST();
 }

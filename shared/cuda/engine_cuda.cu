@@ -9,9 +9,22 @@
  * Model's offsets, except that conv weights (and their gradients and momentum) are
  * held in the CUDA table's layout (cuDNN's KRSC) so no step converts anything;
  * state_to_host / state_from_host convert through net_params_export / _import.
- * The dataset splits are copied to the device once, as uint8. An engine with no
- * training split (cifar-eval) plans inference only: no backward conv algorithm is
- * searched.
+ * An engine with no training split (cifar-eval) plans inference only: no backward
+ * conv algorithm is searched.
+ *
+ * Data (README "Memory"): after the model, its activations and the conv workspace
+ * are allocated, each split (the training split first) stays resident, copied to
+ * the device once as uint8, when its pixels and labels take at most half of the
+ * device memory then free (cudaMemGetInfo); otherwise it streams: every batch's
+ * records are gathered on the host by the loader thread (loader_cuda.h) into
+ * pinned buffers and copied into a fixed device staging buffer on the engine's
+ * stream, and the same augmentation kernel reads them there in batch order, keyed
+ * by the same sample indices, so both paths give the same batch bit for bit.
+ * CIFAR_CUDA_DATA=resident|stream forces either (stream:N: N records per pinned
+ * buffer, for tests); one line at creation says which path each split took and why.
+ * The staging copies are enqueued before the step's graph is launched (or its
+ * kernels run), so the CUDA graph holds no copy and no host work: it reads the
+ * staging buffer, a fixed pointer, as it reads a resident split.
  *
  * Per step: the sample indices, epoch, learning rate and first-step flag are copied
  * to device memory, then the step runs. From the second full-size batch on, the
@@ -30,6 +43,7 @@
 #include <string.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/loader_cuda.h"
 #include "cuda/ops_cuda.h"
 #include "nn/engine.h"
 #include "nn/model.h"
@@ -47,6 +61,21 @@ typedef struct {
     int32_t first_step;
 } StepArgs;
 
+/* Where a split's batches are read by the augmentation: the whole split resident
+ * on the device (gathered there by sample index), or the staging buffer the loader
+ * filled with the batch's records in batch order (staged = 1). */
+typedef struct {
+    const uint8_t *px;
+    const int32_t *lab;
+    int staged;
+} BatchSource;
+
+/* The data rule: a split stays resident when it takes at most 1/RESIDENT_SHARE of
+ * the device memory free after the model; streamed batches go through pinned
+ * buffers of STREAM_CHUNK_BYTES each. */
+#define RESIDENT_SHARE 2
+#define STREAM_CHUNK_BYTES ((size_t)1 << 20)
+
 typedef struct {
     CudaCtx *ctx;
     int tf32;
@@ -55,13 +84,18 @@ typedef struct {
     float *params, *grads, *momentum, *buffers;
     float *stage;        /* num_params floats: layout conversion at state transfers */
     uint8_t *decay_mask;
-    /* dataset */
+    /* dataset: resident splits (NULL when streamed), or the staging of a batch */
     uint8_t *train_px, *test_px;
     int32_t *train_lab, *test_lab;
+    int train_streamed, test_streamed, loader_needed, stream_chunk;
+    BatchSource train_src, test_src;
+    BatchLoader *loader;
     /* batch staging, one device allocation */
     char *staging;
     float *batch_x;
     int32_t *batch_y, *pred;
+    uint8_t *stage_px; /* a streamed batch's records (max_batch), when a split streams */
+    int32_t *stage_lab;
     int64_t *idx;
     StepArgs *args;
     float *loss;
@@ -99,6 +133,11 @@ static size_t staging_layout(GpuEngine *g, const ModelConfig *mc, int max_batch)
     staging_carve(base, &at, nb * sizeof(int32_t), (void **)&g->batch_y);
     staging_carve(base, &at, nb * sizeof(int32_t), (void **)&g->pred);
     staging_carve(base, &at, nb * sizeof(int64_t), (void **)&g->idx);
+    if (g->loader_needed) {
+        staging_carve(base, &at, nb * mc->img_height * mc->img_width * mc->img_channels,
+                      (void **)&g->stage_px);
+        staging_carve(base, &at, nb * sizeof(int32_t), (void **)&g->stage_lab);
+    }
     staging_carve(base, &at, sizeof(StepArgs), (void **)&g->args);
     staging_carve(base, &at, sizeof(float), (void **)&g->loss);
     return staging_carve(base, &at, sizeof(int), (void **)&g->correct);
@@ -148,8 +187,9 @@ static void phase_report(const GpuEngine *g) {
 
 static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     AugmentSpec spec = engine_augment_spec(e, 0, 1);
-    augment_batch_cuda(g->ctx, &spec, g->train_px, g->train_lab, g->idx, n, g->batch_x, g->batch_y,
-                       &g->args->epoch);
+    const BatchSource *src = &g->train_src;
+    augment_batch_cuda(g->ctx, &spec, src->px, src->lab, g->idx, n, g->batch_x, g->batch_y,
+                       &g->args->epoch, src->staged);
     phase_mark(g, PHASE_FORWARD);
     net_forward(g->net, g->params, g->buffers, 1, g->batch_x, n);
     phase_mark(g, PHASE_BACKWARD);
@@ -266,6 +306,15 @@ static void idx_check(const int64_t *idx, int n, int64_t count, const char *spli
                 (long long)idx[i], split, (long long)count);
 }
 
+/* A streamed split: the batch's records into the staging buffer, enqueued on the
+ * stream before anything that reads them (never inside a graph capture). */
+static void batch_stage(GpuEngine *g, const BatchSource *src, const HostSplit *split,
+                        const int64_t *idx, int n) {
+    if (!src->staged) return;
+    batch_loader_stage(g->loader, split, idx, n, g->stage_px, g->stage_lab,
+                       (cudaStream_t)cuda_ctx_stream(g->ctx));
+}
+
 static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                              float lr, int *correct) {
     GpuEngine *g = (GpuEngine *)e->impl;
@@ -281,6 +330,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
     g->h_args->first_step = step == 0;
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     CHECK_CUDA(cudaMemcpyAsync(g->args, g->h_args, sizeof(StepArgs), cudaMemcpyHostToDevice, s));
+    batch_stage(g, &g->train_src, &e->cfg.train, idx, n);
     int world = comm_world(e);
     int fuse_sgd = world == 1;
     const int full = n == e->cfg.max_batch;
@@ -324,8 +374,10 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     idx_check(idx, n, e->cfg.test.count, "test");
     memcpy(g->h_idx, idx, (size_t)n * sizeof(int64_t));
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    batch_stage(g, &g->test_src, &e->cfg.test, idx, n);
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
-    augment_batch_cuda(g->ctx, &spec, g->test_px, g->test_lab, g->idx, n, g->batch_x, g->batch_y, NULL);
+    augment_batch_cuda(g->ctx, &spec, g->test_src.px, g->test_src.lab, g->idx, n, g->batch_x,
+                       g->batch_y, NULL, g->test_src.staged);
     net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
     cuda_deferred_flush(g->ctx);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
@@ -391,6 +443,7 @@ static void cuda_broadcast_buffers(Engine *e, int root) {
 static void cuda_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     cuda_ctx_sync(g->ctx);
+    batch_loader_destroy(g->loader); /* joins the loader thread, frees the pinned buffers */
     phase_report(g);
     if (g->phases)
         for (int i = 0; i <= PHASE_COUNT; i++) CHECK_CUDA(cudaEventDestroy(g->ev[i]));
@@ -447,6 +500,89 @@ static void split_upload(GpuEngine *g, const HostSplit *s, size_t rec_bytes, uin
         cuda_upload(g->ctx, *px, s->pixels, (size_t)s->count * rec_bytes);
     }
     cuda_upload(g->ctx, *lab, s->labels, (size_t)s->count * sizeof(int32_t));
+}
+
+/* CIFAR_CUDA_DATA: unset or "auto" (the rule), "resident", "stream", or
+ * "stream:N" (streamed, N records per pinned buffer: tests use it to cycle both
+ * buffers within small batches). */
+typedef enum { DATA_AUTO, DATA_RESIDENT, DATA_STREAM } DataMode;
+
+static DataMode data_mode_from_env(int *chunk_records) {
+    const char *v = getenv("CIFAR_CUDA_DATA");
+    *chunk_records = 0;
+    if (!v || !*v || strcmp(v, "auto") == 0) return DATA_AUTO;
+    if (strcmp(v, "resident") == 0) return DATA_RESIDENT;
+    if (strcmp(v, "stream") == 0) return DATA_STREAM;
+    if (strncmp(v, "stream:", 7) == 0) {
+        char *end = NULL;
+        long n = strtol(v + 7, &end, 10);
+        if (end != v + 7 && *end == '\0' && n >= 1 && n <= (1L << 20)) {
+            *chunk_records = (int)n;
+            return DATA_STREAM;
+        }
+    }
+    die("CIFAR_CUDA_DATA=%s: expected auto, resident, stream or stream:N (N records per pinned "
+        "buffer, 1 to 1048576)", v);
+}
+
+/* Device bytes of a resident split: its uint8 pixels and int32 labels. */
+static size_t split_device_bytes(const HostSplit *s, size_t rec_bytes) {
+    return (size_t)s->count * (rec_bytes + sizeof(int32_t));
+}
+
+static double mib(size_t bytes) { return (double)bytes / (1 << 20); }
+
+/* sep + "train 703.1 MiB resident" (or "streamed"); nothing for an empty split. */
+static int split_plan_text(char *out, size_t len, const char *sep, const char *name, const HostSplit *s,
+                           size_t bytes, int streamed) {
+    if (s->count == 0) return 0;
+    return snprintf(out, len, "%s%s %.1f MiB %s", sep, name, mib(bytes), streamed ? "streamed" : "resident");
+}
+
+/* The data rule (see the top of this file), decided once the model, its arena and
+ * workspace are allocated; says in one line which path each split took and why. */
+static void data_plan(GpuEngine *g, const EngineConfig *cfg, size_t rec_bytes) {
+    int chunk = 0;
+    DataMode mode = data_mode_from_env(&chunk);
+    size_t free_b = 0, total_b = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    size_t train_b = split_device_bytes(&cfg->train, rec_bytes);
+    size_t test_b = split_device_bytes(&cfg->test, rec_bytes);
+    size_t left = free_b;
+    if (mode == DATA_AUTO) {
+        g->train_streamed = cfg->train.count > 0 && train_b > left / RESIDENT_SHARE;
+        if (!g->train_streamed) left -= train_b < left ? train_b : left;
+        g->test_streamed = cfg->test.count > 0 && test_b > left / RESIDENT_SHARE;
+    } else {
+        g->train_streamed = mode == DATA_STREAM && cfg->train.count > 0;
+        g->test_streamed = mode == DATA_STREAM && cfg->test.count > 0;
+    }
+    g->loader_needed = g->train_streamed || g->test_streamed;
+    g->stream_chunk = chunk ? (chunk < cfg->max_batch ? chunk : cfg->max_batch)
+                            : batch_loader_chunk_records(rec_bytes, STREAM_CHUNK_BYTES, cfg->max_batch);
+    char splits[160] = "";
+    int at = split_plan_text(splits, sizeof splits, "", "train", &cfg->train, train_b, g->train_streamed);
+    split_plan_text(splits + at, sizeof splits - at, at ? ", " : "", "test", &cfg->test, test_b,
+                    g->test_streamed);
+    char why[200];
+    if (mode == DATA_AUTO)
+        snprintf(why, sizeof why, "a split stays on the device when it takes at most 1/%d of the free "
+                 "memory: %.1f of %.1f MiB free after the model", RESIDENT_SHARE, mib(free_b), mib(total_b));
+    else
+        snprintf(why, sizeof why, "forced by CIFAR_CUDA_DATA=%s", getenv("CIFAR_CUDA_DATA"));
+    char pinned[96] = "";
+    if (g->loader_needed)
+        snprintf(pinned, sizeof pinned, "; streamed batches through 2 pinned buffers of %d records",
+                 g->stream_chunk);
+    log_info("cuda engine: data: %s (%s)%s", splits[0] ? splits : "no split", why, pinned);
+}
+
+/* Where the augmentation reads each split's batches, once the plan is carried out. */
+static void data_sources(GpuEngine *g) {
+    g->train_src = g->train_streamed ? BatchSource{g->stage_px, g->stage_lab, 1}
+                                     : BatchSource{g->train_px, g->train_lab, 0};
+    g->test_src = g->test_streamed ? BatchSource{g->stage_px, g->stage_lab, 1}
+                                   : BatchSource{g->test_px, g->test_lab, 0};
 }
 
 static uint8_t *decay_mask_upload(GpuEngine *g, const Model *m) {
@@ -545,15 +681,18 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     cuda_memset_async(g->ctx, g->momentum, 0, np * sizeof(float));
     g->decay_mask = decay_mask_upload(g, m);
 
+    /* cifar-eval (no training split) plans inference only. */
+    g->net = net_create(m, net_cuda_ops(), g->ctx, cfg->max_batch, cfg->train.count > 0);
     size_t rec = (size_t)mc->img_height * mc->img_width * mc->img_channels;
-    split_upload(g, &cfg->train, rec, &g->train_px, &g->train_lab);
-    split_upload(g, &cfg->test, rec, &g->test_px, &g->test_lab);
+    data_plan(g, cfg, rec); /* after the model's memory: the rule weighs what is left */
 
     g->staging = NULL;
     g->staging = (char *)cuda_alloc(staging_layout(g, mc, cfg->max_batch)); /* count */
     staging_layout(g, mc, cfg->max_batch);                                  /* place */
-    /* cifar-eval (no training split) plans inference only. */
-    g->net = net_create(m, net_cuda_ops(), g->ctx, cfg->max_batch, cfg->train.count > 0);
+    if (!g->train_streamed) split_upload(g, &cfg->train, rec, &g->train_px, &g->train_lab);
+    if (!g->test_streamed) split_upload(g, &cfg->test, rec, &g->test_px, &g->test_lab);
+    if (g->loader_needed) g->loader = batch_loader_create(cfg->device, rec, g->stream_chunk);
+    data_sources(g);
 
     g->h_idx = (int64_t *)host_pinned((size_t)cfg->max_batch * sizeof(int64_t));
     g->h_args = (StepArgs *)host_pinned(sizeof(StepArgs));

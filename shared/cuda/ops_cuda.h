@@ -215,10 +215,12 @@ const struct NetOps *net_cuda_ops(void);
 
 /* augment.h's augment_batch on the device: pixels/labels are the whole split on
  * the device, idx (n int64) on the device. When epoch_dev is non-NULL the epoch is
- * read from it when the kernel runs (CUDA graphs), else spec->epoch is used. */
+ * read from it when the kernel runs (CUDA graphs), else spec->epoch is used. With
+ * staged = 1, pixels/labels hold only the batch's n records, in batch order
+ * (record i for idx[i]); idx[i] still keys the random crop and flip. */
 void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const uint8_t *pixels,
                         const int32_t *labels, const int64_t *idx, int n, float *out,
-                        int32_t *out_labels, const int64_t *epoch_dev);
+                        int32_t *out_labels, const int64_t *epoch_dev, int staged);
 
 #ifdef __cplusplus
 }

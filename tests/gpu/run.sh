@@ -20,7 +20,9 @@
 #      broadcasts over 1 MiB, barrier, destroy), the only NCCL one GPU can run;
 #   3. training: synthetic data -> cifar-prep -> cifar-train 3 epochs on the CPU and
 #      on the GPU (fp32, deterministic), per-epoch train loss compared; the same GPU run
-#      with CIFAR_CUDA_GRAPH=0 (eager) as a control;
+#      with CIFAR_CUDA_GRAPH=0 (eager) as a control, and with CIFAR_CUDA_DATA=stream:50
+#      (both splits streamed through pinned buffers instead of resident on the GPU),
+#      whose curves must equal the resident run's;
 #   4. resume: the GPU run's snapshot continued one epoch on the CPU and one on the
 #      GPU (the layout conversion of the conv weights, end to end), and cifar-eval
 #      of the snapshot on both devices (same hits);
@@ -175,9 +177,16 @@ stage "$T_EVAL" "$BIN/cifar-synth" "$work/data" --train 2048 --test 512 --seed 1
 if [ -z "${lmdb:-}" ] || [ ! -f "$lmdb" ]; then
     fail "synthetic data / cifar-prep (see train.log)"
 else
-    common=(--quiet --epochs 3 --batch-size 128 --seed 1 --save-every 1 --keep 0)
+    common=(--epochs 3 --batch-size 128 --seed 1 --save-every 1 --keep 0)
     gpu=(--device cuda --precision fp32 --deterministic)
-    train() { stage "$T_TRAIN" "$BIN/cifar-train" "${common[@]}" "$@" "$lmdb" >>"$log" 2>&1; }
+    train() { stage "$T_TRAIN" "$BIN/cifar-train" --quiet "${common[@]}" "$@" "$lmdb" >>"$log" 2>&1; }
+    # curves_close A B REL: two series of 3 per-epoch values, B within REL of A (relative).
+    curves_close() {
+        awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+            if (n != 3 || m != 3) exit 1;
+            for (i = 1; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; t = x[i] < 0 ? -x[i] : x[i];
+                if (d > r * t) exit 1 } }'
+    }
     train --device cpu --run-dir "$work/cpu" || fail "cifar-train --device cpu"
     train "${gpu[@]}" --run-dir "$work/gpu" || fail "cifar-train --device cuda"
     CIFAR_CUDA_GRAPH=0 train "${gpu[@]}" --run-dir "$work/eager" || fail "cifar-train --device cuda with CIFAR_CUDA_GRAPH=0"
@@ -198,13 +207,35 @@ else
     # The same deterministic run without CUDA graphs: the same kernels, so the same losses.
     eager_loss=$(field train_loss <"$work/eager/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
     say "train loss per epoch: gpu without CUDA graphs [$eager_loss]"
-    if awk -v a="$gpu_loss" -v b="$eager_loss" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
-            if (n != 3 || m != 3) exit 1;
-            for (i = 1; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-4 * x[i]) exit 1 } }'; then
+    if curves_close "$gpu_loss" "$eager_loss" 1e-4; then
         pass "GPU train loss with and without CUDA graphs within 1e-4, epoch by epoch"
     else
         fail "GPU train loss with CUDA graphs differs from the eager run's (CIFAR_CUDA_GRAPH=0)"
     fi
+    # The same run with both splits streamed from the dataset's map through pinned
+    # buffers (50 records each: three chunks per batch of 128, both buffers cycling),
+    # CUDA graph included: the same batches, so the resident run's curves. Not quiet:
+    # the engine's data line must say that both splits streamed.
+    CIFAR_CUDA_DATA=stream:50 stage "$T_TRAIN" "$BIN/cifar-train" "${common[@]}" "${gpu[@]}" \
+        --run-dir "$work/stream" "$lmdb" >"$out/train_stream.log" 2>&1 ||
+        fail "cifar-train --device cuda with CIFAR_CUDA_DATA=stream:50 (see train_stream.log)"
+    grep -h 'cuda engine: data:' "$out/train_stream.log" | head -1 | tee -a "$summary"
+    if grep -q 'cuda engine: data: train [0-9.]* MiB streamed, test [0-9.]* MiB streamed' "$out/train_stream.log"; then
+        pass "CIFAR_CUDA_DATA=stream:50: both splits streamed"
+    else
+        fail "CIFAR_CUDA_DATA=stream:50: the engine did not say that both splits streamed (train_stream.log)"
+    fi
+    cp "$work/stream/metrics.jsonl" "$out/metrics_stream.jsonl" 2>/dev/null
+    for f in train_loss train_acc test_loss test_acc; do
+        resident=$(field "$f" <"$work/gpu/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+        streamed=$(field "$f" <"$work/stream/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+        say "$f per epoch: gpu resident [$resident] streamed [$streamed]"
+        if curves_close "$resident" "$streamed" 1e-4; then
+            pass "GPU $f with the data streamed within 1e-4 of the resident run's, epoch by epoch"
+        else
+            fail "GPU $f with the data streamed (CIFAR_CUDA_DATA=stream:50) differs from the resident run's"
+        fi
+    done
 
     # ------------------------------------------------------------ 4. resume
     say "== 4. resume and eval across devices [$(elapsed)]"
@@ -227,6 +258,8 @@ else
     hc=$(echo "$ec" | sed -n 's/.*"correct":\([0-9]*\).*/\1/p')
     hg=$(echo "$eg" | sed -n 's/.*"correct":\([0-9]*\).*/\1/p')
     say "cifar-eval of $(basename "$snap"): cpu correct=$hc, cuda correct=$hg"
+    # the rule's choice for the test split, with the free memory it weighed
+    grep -h 'cuda engine: data:' "$log" | tail -1 | tee -a "$summary"
     if [ -n "$hc" ] && [ -n "$hg" ] && [ $(( hc > hg ? hc - hg : hg - hc )) -le 2 ]; then
         pass "cifar-eval agrees across devices (within 2 images of ties)"
     else
