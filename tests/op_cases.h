@@ -229,11 +229,15 @@ static const OpCase opc_cases[] = {
     {OPC_CONV, 3, 4, 0, 5, {5, 3, 1, 1, 0}, 1e-4f, 1e-3f, 1e-6, "conv 1x1 5->3 on 4x5"},
     {OPC_CONV, 2, 7, 0, 5, {4, 6, 1, 2, 0}, 1e-4f, 1e-3f, 1e-6, "conv 1x1/2 on 7x5"},
     {OPC_CONV, 2, 9, 0, 8, {3, 4, 5, 2, 2}, 1e-4f, 1e-3f, 1e-6, "conv 5x5/2"},
+    /* several im2col chunks (see OPSI_COL_TARGET) */
     {OPC_CONV, 25, 8, 0, 8, {8, 6, 3, 1, 1}, 1e-4f, 1e-3f, 1e-6, "conv 3x3 25 images (im2col chunks)"},
+    /* the vector direct kernels (cout a multiple of the vector width; register-held
+     * dW taps for cin 3/8/16; padded rows in blocks of 8, 4, 2, 1 pixels) */
     {OPC_CONV, 2, 6, 0, 11, {16, 16, 3, 1, 1}, 1e-4f, 1e-3f, 1e-6, "conv 3x3 16->16 on 6x11 (direct)"},
     {OPC_CONV, 2, 9, 0, 8, {3, 16, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv 3x3/2 3->16 (direct)"},
     {OPC_CONV, 2, 8, 0, 8, {8, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv 3x3/2 8->8 (direct)"},
     {OPC_CONV, 1, 5, 0, 7, {8, 32, 3, 1, 1}, 1e-4f, 1e-3f, 1e-6, "conv 3x3 8->32 on 5x7 (direct)"},
+    /* cout above the direct kernels' limit: im2col + GEMM */
     {OPC_CONV, 1, 4, 0, 4, {2, 70, 3, 1, 1}, 1e-4f, 1e-3f, 1e-6, "conv 3x3 cout 70 (im2col + GEMM)"},
     {OPC_BN_TRAIN, 3, 49, 16, 0, {0}, 1e-4f, 1e-4f, 1e-6, "bn train"},
     {OPC_BN_TRAIN, 1, 37, 3, 0, {0}, 1e-4f, 1e-4f, 1e-6, "bn train 37 rows"},
@@ -313,7 +317,7 @@ static void opc_check_all(const OpBackend *ref, const OpBackend *dut, int verbos
 #define OPC_FD_STEP 1e-5
 #define OPC_FD_FLOOR 1e-2
 #define OPC_FD_MAX_ENTRIES 100 /* per tensor; larger ones are sampled */
-#define OPC_FD_KINK 1e-4
+#define OPC_FD_KINK 1e-6
 
 typedef double (*OpcLossFn)(void *ctx);
 
@@ -329,13 +333,33 @@ static size_t opc_fd_stride(size_t n) {
     }
 }
 
+/* The central difference of f in *param, step h; f(x + h) and f(x - h) into fp, fm. */
+static double opc_fd_central(OpcLossFn f, void *ctx, double *param, double h, double *fp,
+                             double *fm) {
+    double keep = *param;
+    *param = keep + h;
+    *fp = f(ctx);
+    *param = keep - h;
+    *fm = f(ctx);
+    *param = keep;
+    return (*fp - *fm) / (2 * h);
+}
+
+/* Whether f has a kink (a ReLU switching) within a step of *param, where the central
+ * difference num is no derivative. For f linear on each side of a kink at distance
+ * c < h, (f(x+h) + f(x-h) - 2f(x)) / 2h is num's error, and the difference at h/2
+ * differs from num by |jump| min(c, h - c) / 2h; for a smooth f, by h^2 |f'''| / 8. */
+static int opc_fd_kink(OpcLossFn f, void *ctx, double *param, double f0, double fp, double fm,
+                       double num) {
+    if (fabs(fp + fm - 2 * f0) / (2 * OPC_FD_STEP) <= OPC_FD_KINK) return 0;
+    double hp, hm;
+    return fabs(opc_fd_central(f, ctx, param, OPC_FD_STEP / 2, &hp, &hm) - num) > OPC_FD_KINK;
+}
+
 /* Differences f in param[i] (central, step OPC_FD_STEP) for every opc_fd_stride(n)-th
  * entry and compares with analytic[i]: max|analytic - numeric| / max(max|numeric|,
- * OPC_FD_FLOOR) must stay below tol. An entry where f has a kink within a step (a
- * ReLU switching) is left out: (f(x+h) + f(x-h) - 2f(x)) / 2h is exactly the central
- * difference's error for f linear on each side of a kink, and h f''/2 for a smooth f;
- * above OPC_FD_KINK the entry is counted as a kink, and kinks must stay rare.
- * Returns the relative error. */
+ * OPC_FD_FLOOR) must stay below tol. Entries at a kink (opc_fd_kink) are left out,
+ * counted, and must stay rare. Returns the relative error. */
 static double opc_fd_check(const char *what, OpcLossFn f, void *ctx, double *param,
                            const double *analytic, size_t n, double tol) {
     int threads = ops_threads();
@@ -343,17 +367,12 @@ static double opc_fd_check(const char *what, OpcLossFn f, void *ctx, double *par
     size_t stride = opc_fd_stride(n), checked = 0, kinks = 0;
     double f0 = f(ctx), diff = 0, scale = 0;
     for (size_t i = 0; i < n; i += stride) {
-        double keep = param[i];
-        param[i] = keep + OPC_FD_STEP;
-        double fp = f(ctx);
-        param[i] = keep - OPC_FD_STEP;
-        double fm = f(ctx);
-        param[i] = keep;
-        if (fabs(fp + fm - 2 * f0) / (2 * OPC_FD_STEP) > OPC_FD_KINK) {
+        double fp, fm, num = opc_fd_central(f, ctx, param + i, OPC_FD_STEP, &fp, &fm);
+        if (opc_fd_kink(f, ctx, param + i, f0, fp, fm, num)) {
             kinks++;
             continue;
         }
-        double num = (fp - fm) / (2 * OPC_FD_STEP), d = fabs(analytic[i] - num);
+        double d = fabs(analytic[i] - num);
         if (isnan(d)) d = INFINITY;
         if (d > diff) diff = d;
         scale = fmax(scale, fabs(num));

@@ -1,21 +1,20 @@
 /* test_ops.c: unit tests of the CPU ops (ops.h).
  *
- * The op bodies (shared/nn/ops_cpu_impl.h) are compiled a second time here in double
- * precision (ops_d_*), and every backward is checked against central finite
- * differences of its forward in double, with a tight tolerance: per tensor,
- * max|analytic - numeric| / max(max|analytic|, 1e-2) < 1e-6. Also: the convolution
- * against a direct 7-loop reference, the float ops against the double ones, the
- * SGD rule and the CE loss against values computed with PyTorch 1.13, the BN running
- * statistics, and bitwise determinism (two runs, and 1 vs 2 threads); and the case
- * table of op_cases.h on every CPU instruction-set variant against the baseline.
+ * op_cases.h's table, twice: every backward on the CPU's op table compiled in double
+ * (tests/cpu_double.h: the very op bodies of shared/nn/ops_cpu_impl.h, ops_d_*)
+ * against central finite differences, and every CPU instruction-set variant against
+ * the baseline. Also: one bottleneck block's gradients against finite differences, the
+ * convolution against a direct 7-loop reference, the float ops against the double
+ * ones, the SGD rule and the CE loss against values computed with PyTorch 1.13, the BN
+ * running statistics, the fused BN+ReLU against BN then ReLU bit for bit, and bitwise
+ * determinism (two runs, and 1 vs 2 threads).
  *
- * OPS_BENCH=1 also prints per-op timings at the seed model's shapes. */
+ * OPS_VERBOSE=1 lists every finite-difference check with its error. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "util/check.h"
 #include "nn/ops.h"
@@ -172,7 +171,7 @@ static double conv_loss(void *ctx) {
 
 /* The double forward against the direct reference, the backward with dx NULL, and
  * the float op against the double one in every instruction-set variant (the
- * gradients against finite differences: op_cases.h, at the same shapes). */
+ * gradients against finite differences: op_cases.h). */
 static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, int w) {
     ConvCase c;
     conv_case_init(&c, cin, cout, k, s, p, n, h, w);
@@ -216,23 +215,13 @@ static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, 
     conv_case_free(&c);
 }
 
+/* At the shapes of op_cases.h's conv cases. */
 static void test_conv(void) {
-    test_conv_one(3, 5, 3, 1, 1, 2, 7, 6);
-    test_conv_one(4, 6, 3, 2, 1, 2, 7, 7);
-    test_conv_one(2, 3, 3, 2, 0, 2, 8, 7);
-    test_conv_one(5, 3, 1, 1, 0, 3, 4, 5);
-    test_conv_one(4, 6, 1, 2, 0, 2, 7, 5);
-    test_conv_one(3, 4, 5, 2, 2, 2, 9, 8);
-    /* several im2col chunks (see OPSI_COL_TARGET) */
-    test_conv_one(8, 6, 3, 1, 1, 25, 8, 8);
-    /* the vector direct kernels (cout a multiple of the vector width; register-held
-     * dW taps for cin 3/8/16; padded rows in blocks of 8, 4, 2, 1 pixels) */
-    test_conv_one(16, 16, 3, 1, 1, 2, 6, 11);
-    test_conv_one(3, 16, 3, 2, 1, 2, 9, 8);
-    test_conv_one(8, 8, 3, 2, 1, 2, 8, 8);
-    test_conv_one(8, 32, 3, 1, 1, 1, 5, 7);
-    /* cout above the direct kernels' limit: im2col + GEMM */
-    test_conv_one(2, 70, 3, 1, 1, 1, 4, 4);
+    for (size_t i = 0; i < sizeof opc_cases / sizeof *opc_cases; i++) {
+        const OpCase *c = &opc_cases[i];
+        if (c->op == OPC_CONV)
+            test_conv_one(c->cs.cin, c->cs.cout, c->cs.k, c->cs.stride, c->cs.pad, c->n, c->hw, c->k);
+    }
 }
 
 /* ------------------------------------------------------------ batchnorm */
@@ -698,10 +687,5 @@ int main(void) {
     test_determinism();
     test_isa_cases();
     test_fd_cases();
-    if (g_failures) {
-        fprintf(stderr, "test_ops: %d of %d checks failed\n", g_failures, g_checks);
-        return 1;
-    }
-    printf("test_ops: all %d checks passed\n", g_checks);
-    return 0;
+    return unit_report("test_ops");
 }
