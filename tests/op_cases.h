@@ -13,8 +13,9 @@
  * backward input; the loss itself for xent) is differenced in every input that has
  * a gradient output, and per tensor max|analytic - numeric| / max(max|numeric|, 1e-2)
  * must stay below fd_tol. Checks are counted by tests/unit.h.
+ * How a case runs on a table is written once over the scalar type (op_cases_run.h).
  * Include after unit.h and nn/net.h; include tests/cpu_double.h first to get the
- * double instance (OpBackendD, opc_checkD) and the finite differences. */
+ * double instance (OpBackendD, opc_runD) and the finite differences. */
 #ifndef CIFAR_TESTS_OP_CASES_H
 #define CIFAR_TESTS_OP_CASES_H
 
