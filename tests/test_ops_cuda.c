@@ -561,8 +561,8 @@ static Engine *engine_with_data_mode(const EngineConfig *ec, const char *mode) {
 
 /* What engine e is told before step s of test_engine_stream: step s+1's indices
  * as the epoch loop does (step 0 is gathered on demand), and at step 1 indices
- * that no step takes (step 2 is gathered on demand, the stale hint is dropped when
- * step 3, prefetched, is staged) and step 1's own again (not gathered twice). */
+ * that no step takes (step 2 is gathered on demand, into the stale hint's slot:
+ * both slots are taken then) and step 1's own again (not gathered twice). */
 static void engine_stream_hint(Engine *e, int s) {
     int64_t idx[ENGINE_BATCH];
     if (s + 1 >= ENGINE_STEPS) return;
