@@ -199,6 +199,16 @@ GPU_TEST_BINS = $(OBJ)/tests/test_comm_nccl
 $(OBJ)/tests/test_ops_cuda $(OBJ)/tests/test_comm_nccl: $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB) $(CUDA_SO)
 	$(CC) $(LDFLAGS) -o $@ $(OBJ)/tests/$*.o $(LIB) $(LDLIBS) \
 	    -L$(BIN) -Wl,-rpath,$(abspath $(BIN)) -lcifar-cuda
+
+# The CUDA loader's hand-over on the CPU (tests/test_loader_cuda.c): loader_cuda.cu
+# compiled as host C++ and linked with the test's fake CUDA runtime; no GPU needed.
+LOADER_HOST_O = $(OBJ)/tests/loader_cuda.host.o
+$(LOADER_HOST_O): shared/cuda/loader_cuda.cu shared/cuda/loader_cuda.h shared/cuda/cuda_check.h shared/data/dataset.h
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Ishared -I$(CUDA_INC) -I$(CUDA_HOME)/include \
+	    -DCIFAR_CUDA -c $< -o $@
+$(OBJ)/tests/test_loader_cuda: $(OBJ)/tests/test_loader_cuda.o $(LOADER_HOST_O) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lstdc++
 endif
 
 ifeq ($(MPI),1)

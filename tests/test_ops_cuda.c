@@ -559,58 +559,111 @@ static Engine *engine_with_data_mode(const EngineConfig *ec, const char *mode) {
     return e;
 }
 
+/* What engine e is told before step s of test_engine_stream: step s+1's indices
+ * as the epoch loop does (step 0 is gathered on demand), and at step 1 indices
+ * that no step takes (step 2 is gathered on demand, into the stale hint's slot:
+ * both slots are taken then) and step 1's own again (not gathered twice). */
+static void engine_stream_hint(Engine *e, int s) {
+    int64_t idx[ENGINE_BATCH];
+    if (s + 1 >= ENGINE_STEPS) return;
+    engine_step_idx(s + 1, idx);
+    if (s == 1)
+        for (int i = 0; i < engine_step_sizes[s + 1]; i++) idx[i] = (idx[i] + 1) % ENGINE_COUNT;
+    e->ops->prefetch(e, idx, engine_step_sizes[s + 1], 1);
+    if (s == 1) {
+        engine_step_idx(s, idx);
+        e->ops->prefetch(e, idx, engine_step_sizes[s], 1);
+    }
+}
+
+/* Evaluation i of test_engine_stream on engine e (its loss sum, hits and
+ * predictions): the first after a hint of other test indices and a hint of its
+ * own indices for the training split (gathered on demand from the test split),
+ * the second after a hint of its own. */
+typedef struct {
+    double loss;
+    int64_t hits;
+    int32_t pred[ENGINE_BATCH];
+} EvalOut;
+
+static EvalOut engine_stream_eval(Engine *e, int i) {
+    int64_t eidx[ENGINE_BATCH], other[ENGINE_BATCH];
+    for (int k = 0; k < ENGINE_BATCH; k++) {
+        eidx[k] = (k * 3 + 1 + i * 5) % ENGINE_COUNT;
+        other[k] = (k * 7 + 2) % ENGINE_COUNT;
+    }
+    if (i == 0) {
+        e->ops->prefetch(e, other, ENGINE_BATCH, 0);
+        e->ops->prefetch(e, eidx, ENGINE_BATCH, 1);
+    } else {
+        e->ops->prefetch(e, eidx, ENGINE_BATCH, 0);
+    }
+    EvalOut r = {0, 0, {0}};
+    e->ops->eval_batch(e, eidx, ENGINE_BATCH, &r.loss, &r.hits, r.pred);
+    return r;
+}
+
 /* The same steps on an engine whose splits stay in device memory and on one that
- * streams them (CIFAR_CUDA_DATA=resident / stream:3: 3 records per pinned buffer,
- * so a batch of 8 cycles both buffers), from record pointers as a dataset's map
- * gives them (in reverse memory order): losses, hits, weights, BN buffers,
- * momentum, evaluation and predictions bit for bit. */
+ * streams them (CIFAR_CUDA_DATA=resident / stream:3: the loader hands 3 records
+ * over at a time, so the copies of a batch of 8 gathered on demand interleave with
+ * its gather), from record pointers as a dataset's map gives them (in reverse
+ * memory order; the test split another order of the same records), with the
+ * prefetch hints of engine_stream_hint and engine_stream_eval, some matching and
+ * some not: losses, hits, weights, BN buffers, momentum, evaluation and
+ * predictions bit for bit. */
 static void test_engine_stream(void) {
     Model m;
     engine_test_model(&m, 0);
     uint8_t *px;
     int32_t *lab;
     engine_test_data(&px, &lab);
-    const uint8_t **recs = xmalloc(ENGINE_COUNT * sizeof *recs);
+    const uint8_t **recs = xmalloc(ENGINE_COUNT * sizeof *recs), **recs_t = xmalloc(ENGINE_COUNT * sizeof *recs_t);
+    int32_t *lab_t = xmalloc(ENGINE_COUNT * sizeof *lab_t);
     uint8_t *rev = xmalloc(ENGINE_COUNT * engine_rec); /* record i at the mirrored place */
     for (int i = 0; i < ENGINE_COUNT; i++) {
         recs[i] = rev + (size_t)(ENGINE_COUNT - 1 - i) * engine_rec;
         memcpy(rev + (size_t)(ENGINE_COUNT - 1 - i) * engine_rec, px + (size_t)i * engine_rec, engine_rec);
     }
+    for (int i = 0; i < ENGINE_COUNT; i++) { /* 5 is prime to 48: a permutation */
+        recs_t[i] = recs[(i * 5 + 3) % ENGINE_COUNT];
+        lab_t[i] = lab[(i * 5 + 3) % ENGINE_COUNT];
+    }
     Comm *comm = engine_test_comm();
     EngineConfig ec;
     engine_test_config(&ec, &m, (HostSplit){.labels = lab, .count = ENGINE_COUNT, .records = recs}, comm,
                        PRECISION_FP32);
+    ec.test = (HostSplit){.labels = lab_t, .count = ENGINE_COUNT, .records = recs_t};
     Engine *res = engine_with_data_mode(&ec, "resident");
     Engine *str = engine_with_data_mode(&ec, "stream:3");
+    expect_true("engine: the CUDA engine has a prefetch op", str->ops->prefetch != NULL);
     float *params, *buffers;
     engine_pair_init(res, str, &m, &params, &buffers);
-    char name[160];
+    char name[200];
     for (int s = 0; s < ENGINE_STEPS; s++) {
+        engine_stream_hint(res, s); /* nothing to gather on a resident split */
+        engine_stream_hint(str, s);
         PairStep r = engine_pair_step(res, str, s);
-        snprintf(name, sizeof name, "engine streamed step %d (n=%d): loss %.9g == resident %.9g, hits %d == %d",
+        snprintf(name, sizeof name, "engine streamed step %d (n=%d, prefetch hints): loss %.9g == resident %.9g, hits %d == %d",
                  s, engine_step_sizes[s], r.loss[1], r.loss[0], r.hits[1], r.hits[0]);
         expect_true(name, memcmp(&r.loss[0], &r.loss[1], sizeof(float)) == 0 && r.hits[0] == r.hits[1]);
     }
     HostState a = engine_state(res, &m), b = engine_state(str, &m);
     expect_true("engine streamed after 4 steps: params, BN buffers and momentum bit-identical to resident",
                 host_state_equal(&a, &b, &m));
-    int64_t eidx[ENGINE_BATCH];
-    for (int i = 0; i < ENGINE_BATCH; i++) eidx[i] = (i * 3 + 1) % ENGINE_COUNT;
-    double ls_res = 0, ls_str = 0;
-    int64_t h_res = 0, h_str = 0;
-    int32_t p_res[ENGINE_BATCH], p_str[ENGINE_BATCH];
-    res->ops->eval_batch(res, eidx, ENGINE_BATCH, &ls_res, &h_res, p_res);
-    str->ops->eval_batch(str, eidx, ENGINE_BATCH, &ls_str, &h_str, p_str);
-    expect_true("engine streamed eval: loss sum, hits and predictions bit-identical to resident",
-                memcmp(&ls_res, &ls_str, sizeof ls_res) == 0 && h_res == h_str &&
-                    memcmp(p_res, p_str, sizeof p_res) == 0);
+    for (int i = 0; i < 2; i++) {
+        EvalOut er = engine_stream_eval(res, i), es = engine_stream_eval(str, i);
+        snprintf(name, sizeof name, "engine streamed eval %d (%s hint): loss sum, hits and predictions bit-identical to resident",
+                 i, i == 0 ? "mismatching" : "matching");
+        expect_true(name, memcmp(&er.loss, &es.loss, sizeof er.loss) == 0 && er.hits == es.hits &&
+                              memcmp(er.pred, es.pred, sizeof er.pred) == 0);
+    }
     host_state_free(&a);
     host_state_free(&b);
     res->ops->destroy(res);
-    str->ops->destroy(str);
+    str->ops->destroy(str); /* logs: 3 batches prefetched (steps 1 and 3, eval 1), 3 on demand */
     comm_destroy(comm);
     model_free(&m);
-    free(px); free(lab); free(recs); free(rev); free(params); free(buffers);
+    free(px); free(lab); free(recs); free(recs_t); free(lab_t); free(rev); free(params); free(buffers);
 }
 
 /* The engine functions of this program are cuda_loader.c's forwarders (libcifar.a

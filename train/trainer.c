@@ -247,25 +247,37 @@ static void resume_or_init(Worker *w) {
     }
 }
 
+/* This rank's next evaluation batch into idx: test images *next, *next + world, ...
+ * below n, at most b of them. Returns how many (0 when none is left). */
+static int eval_batch_fill(int64_t *idx, int b, int64_t *next, int64_t n, int world) {
+    int k = 0;
+    for (; k < b && *next < n; k++, *next += world) idx[k] = *next;
+    return k;
+}
+
 static void evaluate(Worker *w, double *loss, double *acc) {
     int64_t n = w->data.test.count;
     *loss = *acc = 0;
     if (n == 0) return;
     const int world = w->env->world_size, rank = w->env->rank, b = w->o->batch_size;
-    /* Every test image exactly once: rank r takes r, r+W, ... (no padding). */
-    int64_t *idx = xmalloc((size_t)b * sizeof(int64_t));
+    /* Every test image exactly once: rank r takes r, r+W, ... (no padding). Batch
+     * i+1 is named to the engine (prefetch) before batch i runs. */
+    int64_t *idx[2] = {xmalloc((size_t)b * sizeof(int64_t)), xmalloc((size_t)b * sizeof(int64_t))};
     double sums[2] = {0, 0};
     int64_t hits = 0, next = rank;
-    while (next < n) {
-        int k = 0;
-        for (; k < b && next < n; k++, next += world) idx[k] = next;
-        w->engine->ops->eval_batch(w->engine, idx, k, &sums[0], &hits, NULL);
+    int k = eval_batch_fill(idx[0], b, &next, n, world);
+    for (int cur = 0; k > 0; cur ^= 1) {
+        int k_next = eval_batch_fill(idx[cur ^ 1], b, &next, n, world);
+        if (k_next > 0) engine_prefetch(w->engine, idx[cur ^ 1], k_next, 0);
+        w->engine->ops->eval_batch(w->engine, idx[cur], k, &sums[0], &hits, NULL);
+        k = k_next;
     }
     sums[1] = (double)hits;
     comm_allreduce_sum_f64(w->comm, sums, 2);
     *loss = sums[0] / (double)n;
     *acc = sums[1] / (double)n;
-    free(idx);
+    free(idx[0]);
+    free(idx[1]);
 }
 
 /* All ranks agree whether to stop (a signal reaches them at different steps). */
@@ -286,6 +298,12 @@ static void run_test_hooks(Worker *w) {
 
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;
 
+/* Images in step s of an epoch on this rank (the last one may be short). */
+static int step_images(const Worker *w, int64_t s) {
+    int64_t first = s * w->o->batch_size;
+    return (int)(w->per_rank - first < w->o->batch_size ? w->per_rank - first : w->o->batch_size);
+}
+
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     const TrainOptions *o = w->o;
     const int world = w->env->world_size;
@@ -298,7 +316,10 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     double t0 = now_seconds() - w->progress.partial_seconds;
     for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
         int64_t first = s * o->batch_size;
-        int n = (int)(w->per_rank - first < o->batch_size ? w->per_rank - first : o->batch_size);
+        int n = step_images(w, s);
+        /* the engine may gather step s+1's samples while step s runs */
+        if (s + 1 < w->steps_per_epoch)
+            engine_prefetch(w->engine, w->mine + (s + 1) * o->batch_size, step_images(w, s + 1), 1);
         double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
         float lr = (float)train_lr_at(o, pos);
         int correct = 0;

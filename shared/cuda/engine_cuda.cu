@@ -16,12 +16,16 @@
  * are allocated, each split (the training split first) stays resident, copied to
  * the device once as uint8, when its pixels and labels take at most half of the
  * device memory then free (cudaMemGetInfo); otherwise it streams: every batch's
- * records are gathered on the host by the loader thread (loader_cuda.h) into
- * pinned buffers and copied into a fixed device staging buffer on the engine's
+ * records are gathered on the host by the loader thread (loader_cuda.h) into a
+ * pinned slot and copied into a fixed device staging buffer on the engine's
  * stream, and the same augmentation kernel reads them there in batch order, keyed
- * by the same sample indices, so both paths give the same batch bit for bit.
- * CIFAR_CUDA_DATA=resident|stream forces either (stream:N: N records per pinned
- * buffer, for tests); one line at creation says which path each split took and why.
+ * by the same sample indices, so both paths give the same batch bit for bit. The
+ * epoch loop names batch i+1 (the prefetch op) before it runs batch i: the loader
+ * gathers it while the GPU runs step i, and step i+1 only copies it. A batch not
+ * prefetched, or other indices than those prefetched, is gathered when it is run.
+ * CIFAR_CUDA_DATA=resident|stream forces either (stream:N: the loader hands over
+ * N records at a time, for tests); one line at creation says which path each split
+ * took and why, and one at the end how the streamed batches were gathered.
  * The staging copies are enqueued before the step's graph is launched (or its
  * kernels run), so the CUDA graph holds no copy and no host work: it reads the
  * staging buffer, a fixed pointer, as it reads a resident split.
@@ -71,8 +75,8 @@ typedef struct {
 } BatchSource;
 
 /* The data rule: a split stays resident when it takes at most 1/RESIDENT_SHARE of
- * the device memory free after the model; streamed batches go through pinned
- * buffers of STREAM_CHUNK_BYTES each. */
+ * the device memory free after the model; the loader hands a streamed batch over
+ * STREAM_CHUNK_BYTES at a time. */
 #define RESIDENT_SHARE 2
 #define STREAM_CHUNK_BYTES ((size_t)1 << 20)
 
@@ -315,6 +319,19 @@ static void batch_stage(GpuEngine *g, const BatchSource *src, const HostSplit *s
                        (cudaStream_t)cuda_ctx_stream(g->ctx));
 }
 
+/* engine.h's prefetch: a streamed split's next batch, gathered by the loader while
+ * the GPU runs the current step; nothing for a resident split. */
+static void cuda_prefetch(Engine *e, const int64_t *idx, int n, int train) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    const HostSplit *split = train ? &e->cfg.train : &e->cfg.test;
+    if (!(train ? g->train_streamed : g->test_streamed)) return;
+    if (n < 1 || n > e->cfg.max_batch)
+        die("cuda engine: prefetch of %d images, but the engine was created for at most %d", n,
+            e->cfg.max_batch);
+    idx_check(idx, n, split->count, train ? "training" : "test");
+    batch_loader_prefetch(g->loader, split, idx, n);
+}
+
 static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                              float lr, int *correct) {
     GpuEngine *g = (GpuEngine *)e->impl;
@@ -440,9 +457,19 @@ static void cuda_broadcast_buffers(Engine *e, int root) {
     }
 }
 
+/* One line: how the streamed batches were gathered (the GPU script reads it). */
+static void loader_report(const GpuEngine *g) {
+    if (!g->loader) return;
+    BatchLoaderStats st = batch_loader_stats(g->loader);
+    log_info("cuda engine: streamed batches: %lld gathered ahead, %lld still being gathered when run, "
+             "%lld gathered on demand",
+             (long long)st.ready, (long long)st.late, (long long)st.demand);
+}
+
 static void cuda_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     cuda_ctx_sync(g->ctx);
+    loader_report(g);
     batch_loader_destroy(g->loader); /* joins the loader thread, frees the pinned buffers */
     phase_report(g);
     if (g->phases)
@@ -503,8 +530,8 @@ static void split_upload(GpuEngine *g, const HostSplit *s, size_t rec_bytes, uin
 }
 
 /* CIFAR_CUDA_DATA: unset or "auto" (the rule), "resident", "stream", or
- * "stream:N" (streamed, N records per pinned buffer: tests use it to cycle both
- * buffers within small batches). */
+ * "stream:N" (streamed, the loader handing over N records at a time: tests use it
+ * to interleave gathers and copies within small batches). */
 typedef enum { DATA_AUTO, DATA_RESIDENT, DATA_STREAM } DataMode;
 
 static DataMode data_mode_from_env(int *chunk_records) {
@@ -521,8 +548,8 @@ static DataMode data_mode_from_env(int *chunk_records) {
             return DATA_STREAM;
         }
     }
-    die("CIFAR_CUDA_DATA=%s: expected auto, resident, stream or stream:N (N records per pinned "
-        "buffer, 1 to 1048576)", v);
+    die("CIFAR_CUDA_DATA=%s: expected auto, resident, stream or stream:N (N records handed "
+        "over at a time, 1 to 1048576)", v);
 }
 
 /* Device bytes of a resident split: its uint8 pixels and int32 labels. */
@@ -572,7 +599,7 @@ static void data_plan(GpuEngine *g, const EngineConfig *cfg, size_t rec_bytes) {
         snprintf(why, sizeof why, "forced by CIFAR_CUDA_DATA=%s", getenv("CIFAR_CUDA_DATA"));
     char pinned[96] = "";
     if (g->loader_needed)
-        snprintf(pinned, sizeof pinned, "; streamed batches through 2 pinned buffers of %d records",
+        snprintf(pinned, sizeof pinned, "; streamed batches through 2 pinned batch slots, %d records at a time",
                  g->stream_chunk);
     log_info("cuda engine: data: %s (%s)%s", splits[0] ? splits : "no split", why, pinned);
 }
@@ -624,6 +651,7 @@ static const EngineOps cuda_engine_ops = {
     "cuda",
     cuda_train_step,
     cuda_eval_batch,
+    cuda_prefetch,
     cuda_state_to_host,
     cuda_state_from_host,
     cuda_broadcast_buffers,
@@ -691,7 +719,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     staging_layout(g, mc, cfg->max_batch);                                  /* place */
     if (!g->train_streamed) split_upload(g, &cfg->train, rec, &g->train_px, &g->train_lab);
     if (!g->test_streamed) split_upload(g, &cfg->test, rec, &g->test_px, &g->test_lab);
-    if (g->loader_needed) g->loader = batch_loader_create(cfg->device, rec, g->stream_chunk);
+    if (g->loader_needed) g->loader = batch_loader_create(rec, cfg->max_batch, g->stream_chunk);
     data_sources(g);
 
     g->h_idx = (int64_t *)host_pinned((size_t)cfg->max_batch * sizeof(int64_t));

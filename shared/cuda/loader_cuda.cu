@@ -1,15 +1,24 @@
-/* loader_cuda.cu: loader_cuda.h's streaming of a batch through two pinned buffers.
+/* loader_cuda.cu: loader_cuda.h's streaming of batches through two pinned slots.
  *
- * The hand-over, all under one mutex: the caller posts a batch (job = 1, filled =
- * queued = 0); the loader gathers chunk k into buffer k % 2 and sets filled = k+1;
- * the caller, once filled > k, enqueues the copies of chunk k, records the
- * buffer's event after them and sets queued = k+1. Buffer k % 2 last held chunk
- * k-2: the loader refills it once queued >= k-1 (its event was recorded for that
- * copy, not an older one) and cudaEventSynchronize on it returned (the copy has
- * read it). Between batches the events keep their last record, so the first two
- * chunks of a batch wait for the previous batch's copies the same way (an event
- * never recorded returns at once). The last chunk's filled and job = 0 are set in
- * one critical section: when stage returns the loader is idle again. */
+ * The hand-over, all under one mutex. A slot is FREE, QUEUED (a batch posted,
+ * its indices copied into the slot), GATHERING (the loader thread at work;
+ * `filled` records done so far) or DONE (every record gathered, not yet staged).
+ * Only the calling thread posts and frees slots; the loader thread only takes a
+ * QUEUED slot (the one stage waits for first, else the oldest), gathers it chunk
+ * by chunk and sets it DONE with its last chunk, in one critical section, so a
+ * slot whose filled == n is never touched by the loader again. Stage copies the
+ * gathered records [copied, filled) as they come, records the slot's event after
+ * the copies and sets the slot FREE. Before a FREE slot is posted again, the
+ * calling thread waits for that event (cudaEventSynchronize: the copy has read
+ * the slot; it is done already when the previous engine call synchronised its
+ * stream, and an event never recorded returns at once), so the loader thread
+ * makes no CUDA call and nothing it does meets a CUDA graph capture.
+ *
+ * Prefetches are consumed in order: staging a prefetched batch drops the
+ * prefetches posted before it (QUEUED or DONE ones are freed at once, a GATHERING
+ * one when its gather ends). A stage with no matching prefetch keeps them (the
+ * epoch loop prefetches batch i+1 before it runs batch i) and gathers its batch
+ * into a free slot, else into the oldest one (waiting for a gather in progress). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,123 +37,86 @@
                        "(ulimit -u, ulimit -v)");                                          \
     } while (0)
 
-typedef struct {
-    uint8_t *px;         /* pinned: chunk records */
-    int32_t *lab;        /* pinned: their labels */
-    cudaEvent_t copied;  /* recorded after the copies that read this buffer */
-} PinnedBuffer;
+typedef enum { SLOT_FREE, SLOT_QUEUED, SLOT_GATHERING, SLOT_DONE } SlotState;
 
-struct BatchLoader {
-    int device;
-    size_t rec_bytes;
-    int chunk;           /* records per buffer */
-    PinnedBuffer buf[2];
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;   /* any change of the fields below */
+typedef struct {
+    uint8_t *px;         /* pinned: max_batch records */
+    int32_t *lab;        /* pinned: their labels */
+    int64_t *idx;        /* the posted batch's sample indices (a copy) */
+    cudaEvent_t copied;  /* recorded after the copies that read this slot */
     /* guarded by mu */
     const HostSplit *split;
-    const int64_t *idx;
     int n;
-    int job;             /* 1 from the post of a batch until its last chunk is gathered */
-    int filled, queued;  /* chunks of the batch gathered / copied (copies enqueued) */
+    SlotState state;
+    int filled;          /* records gathered */
+    int wanted;          /* stage waits for it: the loader takes it first */
+    int dropped;         /* a stale prefetch: FREE instead of DONE when gathered */
+    int64_t seq;         /* post order */
+} Slot;
+
+struct BatchLoader {
+    size_t rec_bytes;
+    int max_batch, chunk;
+    Slot slot[2];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;   /* any change of the guarded fields */
+    /* guarded by mu */
+    int64_t posted;      /* batches posted so far: the next seq */
     int quit;
-    cudaError_t err;     /* a failure of the loader thread, reported by the caller */
-    const char *err_what;
-    int err_line;
+    /* the calling thread's own */
+    BatchLoaderStats stats;
 };
-
-static int chunks_of(int n, int chunk) { return (n + chunk - 1) / chunk; }
-
-static int chunk_size(const BatchLoader *l, int k) {
-    int left = l->n - k * l->chunk;
-    return left < l->chunk ? left : l->chunk;
-}
 
 static void loader_lock(BatchLoader *l) { CHECK_PTHREAD(pthread_mutex_lock(&l->mu)); }
 static void loader_unlock(BatchLoader *l) { CHECK_PTHREAD(pthread_mutex_unlock(&l->mu)); }
 static void loader_wait(BatchLoader *l) { CHECK_PTHREAD(pthread_cond_wait(&l->cv, &l->mu)); }
 static void loader_wake(BatchLoader *l) { CHECK_PTHREAD(pthread_cond_broadcast(&l->cv)); }
 
-/* On the caller's thread, mu held: a failure of the loader thread ends the process
- * here, with the loader's call and line (as CHECK_CUDA would have said there). */
-static void loader_raise(const BatchLoader *l) {
-    if (l->err != cudaSuccess)
-        check_fail(__FILE__, l->err_line, l->err_what, cudaGetErrorString(l->err),
-                   cuda_check_hint(l->err));
+/* ---------------------------------------------------------------- loader thread */
+
+/* mu held: the QUEUED slot to gather next (the wanted one first, else the oldest),
+ * or NULL. */
+static Slot *loader_next_job(BatchLoader *l) {
+    Slot *pick = NULL;
+    for (int i = 0; i < 2; i++) {
+        Slot *b = &l->slot[i];
+        if (b->state != SLOT_QUEUED) continue;
+        if (!pick || b->wanted > pick->wanted || (b->wanted == pick->wanted && b->seq < pick->seq))
+            pick = b;
+    }
+    return pick;
 }
 
-/* A CUDA call of the loader thread, made without mu: its result, text and line. */
-typedef struct {
-    cudaError_t rc;
-    const char *what;
-    int line;
-} LoaderCall;
-static LoaderCall loader_call_result(cudaError_t rc, const char *what, int line) {
-    LoaderCall c = {rc, what, line};
-    return c;
-}
-#define LOADER_CALL(call) loader_call_result((call), #call, __LINE__)
-
-/* On the loader thread, mu held: 0 when the call succeeded, else note the failure
- * for the caller, wake it and return -1. */
-static int loader_check(BatchLoader *l, LoaderCall c) {
-    if (c.rc == cudaSuccess) return 0;
-    l->err = c.rc;
-    l->err_what = c.what;
-    l->err_line = c.line;
+/* Gather slot b chunk by chunk. Called and returns with mu held; between chunks
+ * the caller may copy what is filled. Ends early when the loader is told to quit. */
+static void loader_gather(BatchLoader *l, Slot *b) {
+    b->state = SLOT_GATHERING;
+    for (int first = 0; first < b->n && !l->quit;) {
+        const int m = b->n - first < l->chunk ? b->n - first : l->chunk;
+        loader_unlock(l);
+        host_split_gather(b->split, l->rec_bytes, b->idx + first, 0, m, b->px + (size_t)first * l->rec_bytes,
+                          b->lab + first);
+        loader_lock(l);
+        first += m;
+        b->filled = first;
+        loader_wake(l);
+    }
+    b->state = b->dropped ? SLOT_FREE : SLOT_DONE; /* with the last filled, in one critical section */
     loader_wake(l);
-    return -1;
-}
-
-/* Gather chunk k of the posted batch into buffer k % 2 once the copy that last read
- * it is done. Called and returns with mu held. 0, or -1 after noting a failure. */
-static int loader_fill(BatchLoader *l, int k) {
-    PinnedBuffer *b = &l->buf[k % 2];
-    const HostSplit *s = l->split;
-    const int64_t *idx = l->idx + (size_t)k * l->chunk;
-    const int n = chunk_size(l, k);
-    loader_unlock(l);
-    LoaderCall done = LOADER_CALL(cudaEventSynchronize(b->copied));
-    if (done.rc == cudaSuccess) host_split_gather(s, l->rec_bytes, idx, 0, n, b->px, b->lab);
-    loader_lock(l);
-    if (loader_check(l, done) != 0) return -1;
-    l->filled = k + 1;
-    loader_wake(l);
-    return 0;
 }
 
 static void *loader_main(void *arg) {
     BatchLoader *l = (BatchLoader *)arg;
-    /* the events belong to this device */
-    LoaderCall set = LOADER_CALL(cudaSetDevice(l->device));
     loader_lock(l);
-    if (loader_check(l, set) != 0) {
-        loader_unlock(l);
-        return NULL;
-    }
     for (;;) {
-        while (!l->quit && !l->job) loader_wait(l);
+        Slot *b = NULL;
+        while (!l->quit && !(b = loader_next_job(l))) loader_wait(l);
         if (l->quit) break;
-        const int chunks = chunks_of(l->n, l->chunk);
-        for (int k = 0; k < chunks; k++) {
-            while (!l->quit && l->queued < k - 1) loader_wait(l); /* chunk k-2 enqueued */
-            if (l->quit || loader_fill(l, k) != 0) {
-                loader_unlock(l);
-                return NULL;
-            }
-        }
-        l->job = 0; /* with the last filled, in one critical section */
+        loader_gather(l, b);
     }
     loader_unlock(l);
     return NULL;
-}
-
-extern "C" int batch_loader_chunk_records(size_t rec_bytes, size_t chunk_bytes, int max_batch) {
-    size_t k = rec_bytes ? chunk_bytes / rec_bytes : 1;
-    if (k < 1) k = 1;
-    if (k > (size_t)max_batch) k = (size_t)max_batch;
-    return (int)k;
 }
 
 /* The loader thread takes no asynchronous signal (SIGINT, SIGTERM, ...: the
@@ -162,21 +134,31 @@ static void loader_start_thread(BatchLoader *l) {
     CHECK_PTHREAD(pthread_sigmask(SIG_SETMASK, &old, NULL));
 }
 
-extern "C" BatchLoader *batch_loader_create(int device, size_t rec_bytes, int chunk_records) {
-    if (chunk_records < 1 || rec_bytes == 0)
-        die("cuda loader: %d records of %zu bytes per buffer (internal error)", chunk_records, rec_bytes);
+/* ---------------------------------------------------------------- calling thread */
+
+extern "C" int batch_loader_chunk_records(size_t rec_bytes, size_t chunk_bytes, int max_batch) {
+    size_t k = rec_bytes ? chunk_bytes / rec_bytes : 1;
+    if (k < 1) k = 1;
+    if (k > (size_t)max_batch) k = (size_t)max_batch;
+    return (int)k;
+}
+
+extern "C" BatchLoader *batch_loader_create(size_t rec_bytes, int max_batch, int chunk_records) {
+    if (max_batch < 1 || chunk_records < 1 || chunk_records > max_batch || rec_bytes == 0)
+        die("cuda loader: slots of %d records of %zu bytes, published %d at a time (internal error)",
+            max_batch, rec_bytes, chunk_records);
     BatchLoader *l = (BatchLoader *)xcalloc(1, sizeof *l);
-    l->device = device;
     l->rec_bytes = rec_bytes;
+    l->max_batch = max_batch;
     l->chunk = chunk_records;
-    l->err = cudaSuccess;
     for (int i = 0; i < 2; i++) {
-        PinnedBuffer *b = &l->buf[i];
-        CHECK_CUDA(cudaHostAlloc((void **)&b->px, (size_t)chunk_records * rec_bytes, cudaHostAllocDefault));
-        CHECK_CUDA(cudaHostAlloc((void **)&b->lab, (size_t)chunk_records * sizeof(int32_t),
-                                 cudaHostAllocDefault));
-        /* blocking: the loader sleeps in cudaEventSynchronize instead of spinning */
+        Slot *b = &l->slot[i];
+        CHECK_CUDA(cudaHostAlloc((void **)&b->px, (size_t)max_batch * rec_bytes, cudaHostAllocDefault));
+        CHECK_CUDA(cudaHostAlloc((void **)&b->lab, (size_t)max_batch * sizeof(int32_t), cudaHostAllocDefault));
+        b->idx = (int64_t *)xmalloc((size_t)max_batch * sizeof(int64_t));
+        /* blocking: a wait for the slot's copy sleeps instead of spinning */
         CHECK_CUDA(cudaEventCreateWithFlags(&b->copied, cudaEventDisableTiming | cudaEventBlockingSync));
+        b->state = SLOT_FREE;
     }
     CHECK_PTHREAD(pthread_mutex_init(&l->mu, NULL));
     CHECK_PTHREAD(pthread_cond_init(&l->cv, NULL));
@@ -184,35 +166,131 @@ extern "C" BatchLoader *batch_loader_create(int device, size_t rec_bytes, int ch
     return l;
 }
 
-extern "C" void batch_loader_stage(BatchLoader *l, const HostSplit *s, const int64_t *idx, int n,
-                                   uint8_t *dev_px, int32_t *dev_lab, cudaStream_t stream) {
-    if (n < 1) return;
-    loader_lock(l);
-    loader_raise(l);
-    l->split = s;
-    l->idx = idx;
-    l->n = n;
-    l->filled = l->queued = 0;
-    l->job = 1;
-    loader_wake(l);
-    const int chunks = chunks_of(n, l->chunk);
-    for (int k = 0; k < chunks; k++) {
-        while (l->filled <= k && l->err == cudaSuccess) loader_wait(l);
-        loader_raise(l);
-        loader_unlock(l);
-        const PinnedBuffer *b = &l->buf[k % 2];
-        const size_t first = (size_t)k * l->chunk, m = (size_t)chunk_size(l, k);
-        CHECK_CUDA(cudaMemcpyAsync(dev_px + first * l->rec_bytes, b->px, m * l->rec_bytes,
-                                   cudaMemcpyHostToDevice, stream));
-        CHECK_CUDA(cudaMemcpyAsync(dev_lab + first, b->lab, m * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                   stream));
-        CHECK_CUDA(cudaEventRecord(b->copied, stream));
-        loader_lock(l);
-        l->queued = k + 1;
-        loader_wake(l);
+static void batch_check(const BatchLoader *l, int n) {
+    if (n < 1 || n > l->max_batch)
+        die("cuda loader: a batch of %d records, slots of %d (internal error)", n, l->max_batch);
+}
+
+/* mu held: the slot posted with split s and indices idx[0..n), or NULL. */
+static Slot *slot_find(BatchLoader *l, const HostSplit *s, const int64_t *idx, int n) {
+    for (int i = 0; i < 2; i++) {
+        Slot *b = &l->slot[i];
+        if (b->state != SLOT_FREE && !b->dropped && b->split == s && b->n == n &&
+            memcmp(b->idx, idx, (size_t)n * sizeof *idx) == 0)
+            return b;
     }
+    return NULL;
+}
+
+/* mu held: a FREE slot (the least recently posted when both are), or NULL. */
+static Slot *slot_free(BatchLoader *l) {
+    Slot *pick = NULL;
+    for (int i = 0; i < 2; i++) {
+        Slot *b = &l->slot[i];
+        if (b->state == SLOT_FREE && (!pick || b->seq < pick->seq)) pick = b;
+    }
+    return pick;
+}
+
+/* mu held: a stale prefetch is let go: FREE at once unless the loader is
+ * gathering it (then FREE when its gather ends). */
+static void slot_drop(Slot *b) {
+    if (b->state == SLOT_GATHERING)
+        b->dropped = 1;
+    else
+        b->state = SLOT_FREE;
+}
+
+/* mu held: a FREE slot, the oldest posted one let go when none is (waiting for a
+ * gather in progress to end). */
+static Slot *slot_evict(BatchLoader *l) {
+    Slot *b = slot_free(l);
+    if (b) return b;
+    b = l->slot[0].seq < l->slot[1].seq ? &l->slot[0] : &l->slot[1];
+    slot_drop(b);
+    while (b->state != SLOT_FREE) loader_wait(l);
+    return b;
+}
+
+/* mu held: post batch (s, idx[0..n)) on FREE slot b for the loader. The copy that
+ * last read b is waited for first (without mu: only the calling thread posts, and
+ * the loader takes no FREE slot). */
+static void slot_post(BatchLoader *l, Slot *b, const HostSplit *s, const int64_t *idx, int n, int wanted) {
+    loader_unlock(l);
+    CHECK_CUDA(cudaEventSynchronize(b->copied));
+    loader_lock(l);
+    memcpy(b->idx, idx, (size_t)n * sizeof *idx);
+    b->split = s;
+    b->n = n;
+    b->filled = 0;
+    b->wanted = wanted;
+    b->dropped = 0;
+    b->seq = l->posted++;
+    b->state = SLOT_QUEUED;
+    loader_wake(l);
+}
+
+extern "C" void batch_loader_prefetch(BatchLoader *l, const HostSplit *s, const int64_t *idx, int n) {
+    batch_check(l, n);
+    loader_lock(l);
+    Slot *b = slot_find(l, s, idx, n) ? NULL : slot_free(l);
+    if (b) slot_post(l, b, s, idx, n, 0);
     loader_unlock(l);
 }
+
+/* mu held: the prefetches posted before the batch staged from b are stale. */
+static void drop_older(BatchLoader *l, const Slot *b) {
+    for (int i = 0; i < 2; i++) {
+        Slot *o = &l->slot[i];
+        if (o != b && o->state != SLOT_FREE && o->seq < b->seq) slot_drop(o);
+    }
+}
+
+/* mu held: the slot holding (or about to hold) the batch to stage; counts how. */
+static Slot *slot_for_stage(BatchLoader *l, const HostSplit *s, const int64_t *idx, int n) {
+    Slot *b = slot_find(l, s, idx, n);
+    if (b) {
+        if (b->state == SLOT_DONE)
+            l->stats.ready++;
+        else
+            l->stats.late++;
+        drop_older(l, b);
+    } else {
+        b = slot_evict(l);
+        slot_post(l, b, s, idx, n, 1);
+        l->stats.demand++;
+    }
+    b->wanted = 1;
+    loader_wake(l);
+    return b;
+}
+
+extern "C" void batch_loader_stage(BatchLoader *l, const HostSplit *s, const int64_t *idx, int n,
+                                   uint8_t *dev_px, int32_t *dev_lab, cudaStream_t stream) {
+    batch_check(l, n);
+    loader_lock(l);
+    Slot *b = slot_for_stage(l, s, idx, n);
+    for (int copied = 0; copied < n;) {
+        while (b->filled <= copied) loader_wait(l);
+        const int upto = b->filled;
+        loader_unlock(l);
+        const size_t m = (size_t)(upto - copied);
+        CHECK_CUDA(cudaMemcpyAsync(dev_px + (size_t)copied * l->rec_bytes, b->px + (size_t)copied * l->rec_bytes,
+                                   m * l->rec_bytes, cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(dev_lab + copied, b->lab + copied, m * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream));
+        loader_lock(l);
+        copied = upto;
+    }
+    loader_unlock(l);
+    /* filled == n: the loader set the slot DONE with it and never touches it again */
+    CHECK_CUDA(cudaEventRecord(b->copied, stream));
+    loader_lock(l);
+    b->state = SLOT_FREE;
+    loader_unlock(l);
+}
+
+extern "C" BatchLoaderStats batch_loader_stats(const BatchLoader *l) { return l->stats; }
 
 extern "C" void batch_loader_destroy(BatchLoader *l) {
     if (!l) return;
@@ -222,11 +300,12 @@ extern "C" void batch_loader_destroy(BatchLoader *l) {
     loader_unlock(l);
     CHECK_PTHREAD(pthread_join(l->thread, NULL));
     for (int i = 0; i < 2; i++) {
-        PinnedBuffer *b = &l->buf[i];
-        CHECK_CUDA(cudaEventSynchronize(b->copied)); /* no copy still reads the buffer */
+        Slot *b = &l->slot[i];
+        CHECK_CUDA(cudaEventSynchronize(b->copied)); /* no copy still reads the slot */
         CHECK_CUDA(cudaEventDestroy(b->copied));
         CHECK_CUDA(cudaFreeHost(b->px));
         CHECK_CUDA(cudaFreeHost(b->lab));
+        free(b->idx);
     }
     CHECK_PTHREAD(pthread_cond_destroy(&l->cv));
     CHECK_PTHREAD(pthread_mutex_destroy(&l->mu));

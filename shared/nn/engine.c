@@ -18,3 +18,7 @@ AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
     memcpy(s.std, e->cfg.std, sizeof s.std);
     return s;
 }
+
+void engine_prefetch(Engine *e, const int64_t *idx, int n, int train) {
+    if (e->ops->prefetch) e->ops->prefetch(e, idx, n, train);
+}

@@ -3,9 +3,10 @@
  *
  * An engine owns the model state on its device (params, BN buffers, momentum),
  * the dataset splits it was given (the GPU engine copies them to the device once,
- * as uint8), and does per step: gather + crop/flip/normalise the batch
- * (augment.h, counter-based randomness keyed by (seed, epoch, sample index)),
- * forward, backward, gradient all-reduce over the communicator, SGD update. */
+ * as uint8, or streams their batches), and does per step: gather +
+ * crop/flip/normalise the batch (augment.h, counter-based randomness keyed by
+ * (seed, epoch, sample index)), forward, backward, gradient all-reduce over the
+ * communicator, SGD update. */
 #ifndef CIFAR_ENGINE_H
 #define CIFAR_ENGINE_H
 
@@ -54,6 +55,13 @@ typedef struct {
      * and hits, writes arg-max predictions when non-NULL. */
     void (*eval_batch)(Engine *e, const int64_t *idx, int n, double *loss_sum, int64_t *correct,
                        int32_t *predictions);
+    /* Optional (NULL: nothing to do): a hint that a coming train_step (train = 1)
+     * or eval_batch (train = 0), the next one or the one after, takes samples
+     * idx[0..n) (n <= max_batch; idx is copied, the caller may reuse it at once).
+     * An engine that stages data may start gathering them; a call with other
+     * indices is still correct (the engine gathers what it is given). The epoch
+     * loops call it for batch i+1 before they run batch i (engine_prefetch). */
+    void (*prefetch)(Engine *e, const int64_t *idx, int n, int train);
     /* Model state <-> host flat buffers (num_params, num_buffers, num_params floats;
      * momentum may be NULL). */
     void (*state_to_host)(Engine *e, float *params, float *buffers, float *momentum);
@@ -73,6 +81,9 @@ struct Engine {
 /* The batch augmentation of an engine's data: training (crop + flip, keyed by
  * epoch) or evaluation (normalise only). */
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train);
+
+/* ops->prefetch when the engine has one, else nothing. */
+void engine_prefetch(Engine *e, const int64_t *idx, int n, int train);
 
 Engine *engine_create_cpu(const EngineConfig *cfg);
 /* NULL with a reason in err when no usable GPU (or a CPU-only build). */

@@ -101,6 +101,7 @@ static const EngineOps cpu_engine_ops = {
     "cpu",
     cpu_train_step,
     cpu_eval_batch,
+    NULL, /* prefetch: the CPU engine reads the batch where it lies */
     cpu_state_to_host,
     cpu_state_from_host,
     cpu_broadcast_buffers,

@@ -21,8 +21,8 @@
 #   3. training: synthetic data -> cifar-prep -> cifar-train 3 epochs on the CPU and
 #      on the GPU (fp32, deterministic), per-epoch train loss compared; the same GPU run
 #      with CIFAR_CUDA_GRAPH=0 (eager) as a control, and with CIFAR_CUDA_DATA=stream:50
-#      (both splits streamed through pinned buffers instead of resident on the GPU),
-#      whose curves must equal the resident run's;
+#      (both splits streamed through pinned buffers instead of resident on the GPU,
+#      gathered one step ahead), whose curves must equal the resident run's;
 #   4. resume: the GPU run's snapshot continued one epoch on the CPU and one on the
 #      GPU (the layout conversion of the conv weights, end to end), and cifar-eval
 #      of the snapshot on both devices (same hits);
@@ -213,9 +213,12 @@ else
         fail "GPU train loss with CUDA graphs differs from the eager run's (CIFAR_CUDA_GRAPH=0)"
     fi
     # The same run with both splits streamed from the dataset's map through pinned
-    # buffers (50 records each: three chunks per batch of 128, both buffers cycling),
-    # CUDA graph included: the same batches, so the resident run's curves. Not quiet:
-    # the engine's data line must say that both splits streamed.
+    # batch slots (the loader handing 50 records over at a time: three pieces per
+    # batch of 128 gathered on demand), CUDA graph included: the same batches, so the
+    # resident run's curves. Not quiet: the engine's data line must say that both
+    # splits streamed, and its last line that the batches were gathered one step
+    # ahead (the epoch loops name batch i+1 before running batch i: 15 of 16 training
+    # batches and 3 of 4 test batches per epoch; the first of each loop on demand).
     CIFAR_CUDA_DATA=stream:50 stage "$T_TRAIN" "$BIN/cifar-train" "${common[@]}" "${gpu[@]}" \
         --run-dir "$work/stream" "$lmdb" >"$out/train_stream.log" 2>&1 ||
         fail "cifar-train --device cuda with CIFAR_CUDA_DATA=stream:50 (see train_stream.log)"
@@ -224,6 +227,17 @@ else
         pass "CIFAR_CUDA_DATA=stream:50: both splits streamed"
     else
         fail "CIFAR_CUDA_DATA=stream:50: the engine did not say that both splits streamed (train_stream.log)"
+    fi
+    ahead_line=$(grep -h 'cuda engine: streamed batches:' "$out/train_stream.log" | tail -1)
+    say "${ahead_line:-no 'streamed batches' line in train_stream.log}"
+    ahead=$(printf '%s\n' "$ahead_line" | sed -n 's/.*: \([0-9][0-9]*\) gathered ahead,.*/\1/p')
+    late=$(printf '%s\n' "$ahead_line" | sed -n 's/.*, \([0-9][0-9]*\) still being gathered when run,.*/\1/p')
+    demand=$(printf '%s\n' "$ahead_line" | sed -n 's/.*, \([0-9][0-9]*\) gathered on demand.*/\1/p')
+    if [ -n "$ahead" ] && [ -n "$late" ] && [ -n "$demand" ] &&
+        [ $((ahead + late)) -gt 0 ] && [ $((ahead + late)) -ge $((3 * demand)) ]; then
+        pass "streamed batches gathered one step ahead: $((ahead + late)) prefetched ($late still being gathered when run), $demand on demand"
+    else
+        fail "streamed batches were not gathered ahead (want at least 3 prefetched per batch on demand): ${ahead_line:-no line}"
     fi
     cp "$work/stream/metrics.jsonl" "$out/metrics_stream.jsonl" 2>/dev/null
     for f in train_loss train_acc test_loss test_acc; do
