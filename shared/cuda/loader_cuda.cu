@@ -89,10 +89,13 @@ static Slot *loader_next_job(BatchLoader *l) {
 }
 
 /* Gather slot b chunk by chunk. Called and returns with mu held; between chunks
- * the caller may copy what is filled. Ends early when the loader is told to quit. */
+ * the caller may copy what is filled. Ends early when the loader is told to quit,
+ * or when the slot is dropped (a stale prefetch: no stage copies from it, and
+ * slot_evict may be waiting for it to become FREE, so the rest of its gather
+ * would only delay the batch that stage waits for). */
 static void loader_gather(BatchLoader *l, Slot *b) {
     b->state = SLOT_GATHERING;
-    for (int first = 0; first < b->n && !l->quit;) {
+    for (int first = 0; first < b->n && !l->quit && !b->dropped;) {
         const int m = b->n - first < l->chunk ? b->n - first : l->chunk;
         loader_unlock(l);
         host_split_gather(b->split, l->rec_bytes, b->idx + first, 0, m, b->px + (size_t)first * l->rec_bytes,

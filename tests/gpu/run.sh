@@ -228,6 +228,16 @@ else
     else
         fail "CIFAR_CUDA_DATA=stream:50: the engine did not say that both splits streamed (train_stream.log)"
     fi
+    # "CUDA graph included" must be so: a failed capture falls back to eager steps,
+    # whose curves match too, and the staged batches replayed through the graph's
+    # fixed staging buffer would then go unchecked.
+    if grep -q 'CUDA graph capture failed' "$out/train_stream.log"; then
+        fail "CIFAR_CUDA_DATA=stream:50: $(grep -h 'CUDA graph capture failed' "$out/train_stream.log" | head -1)"
+    elif grep -q 'cuda engine: CUDA graph of one step' "$out/train_stream.log"; then
+        pass "CIFAR_CUDA_DATA=stream:50: the streamed steps were replayed through the CUDA graph"
+    else
+        fail "CIFAR_CUDA_DATA=stream:50: no 'CUDA graph of one step' line: the streamed run was never captured (train_stream.log)"
+    fi
     ahead_line=$(grep -h 'cuda engine: streamed batches:' "$out/train_stream.log" | tail -1)
     say "${ahead_line:-no 'streamed batches' line in train_stream.log}"
     ahead=$(printf '%s\n' "$ahead_line" | sed -n 's/.*: \([0-9][0-9]*\) gathered ahead,.*/\1/p')
