@@ -10,7 +10,7 @@
  * back to back without waiting for the stream (the slot events must hold refills
  * back); the caller may overwrite its index arrays at once; the epoch loop's
  * pattern (batch i+1 named before batch i is staged) gathers every batch but the
- * first ahead. */
+ * first ahead; no CUDA call comes from the loader thread. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +52,15 @@ static FakeOp *fake_head, *fake_tail;
 static long fake_pending;
 static int fake_started;
 static unsigned fake_seed = 1;
+/* The loader thread must make no CUDA call (it would meet a graph capture of the
+ * engine's thread, and it has no device set): every fake entry point counts the
+ * calls made from another thread than the test's. */
+static pthread_t fake_caller;
+static long fake_foreign_calls;
+
+static void fake_called(void) {
+    if (!pthread_equal(pthread_self(), fake_caller)) __atomic_add_fetch(&fake_foreign_calls, 1, __ATOMIC_RELAXED);
+}
 
 static void *fake_device_main(void *arg) {
     (void)arg;
@@ -99,25 +108,30 @@ static void fake_stream_sync(void) {
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+    fake_called();
     (void)flags;
     *p = xmalloc(n);
     memset(*p, 0xAB, n);
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void *p) {
+    fake_called();
     free(p);
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+    fake_called();
     (void)flags;
     *e = (cudaEvent_t)xcalloc(1, sizeof(FakeEvent));
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    fake_called();
     free(e);
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    fake_called();
     (void)s;
     FakeEvent *fe = (FakeEvent *)e;
     FakeOp *op = xcalloc(1, sizeof *op);
@@ -130,6 +144,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 /* Waits for the most recent record (at once when never recorded). */
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    fake_called();
     FakeEvent *fe = (FakeEvent *)e;
     pthread_mutex_lock(&fake_mu);
     long want = fe->recorded;
@@ -138,6 +153,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
+    fake_called();
     (void)kind;
     (void)s;
     FakeOp *op = xcalloc(1, sizeof *op);
@@ -304,6 +320,7 @@ static void test_epoch_pattern(const Splits *d, int chunk, int named_first) {
 
 int main(void) {
     log_set_program("test_loader_cuda");
+    fake_caller = pthread_self();
     srand(7);
     Splits d;
     splits_make(&d);
@@ -316,6 +333,8 @@ int main(void) {
     EXPECT(batch_loader_chunk_records(100, 1000, 64) == 10 && batch_loader_chunk_records(100, 50, 64) == 1 &&
                batch_loader_chunk_records(1, 1 << 20, 64) == 64,
            "batch_loader_chunk_records: chunk_bytes worth of records, within [1, max_batch]");
+    EXPECT(__atomic_load_n(&fake_foreign_calls, __ATOMIC_RELAXED) == 0,
+           "the loader thread made %ld CUDA calls (only the calling thread may)", fake_foreign_calls);
     splits_free(&d);
     return unit_report("test_loader_cuda");
 }
