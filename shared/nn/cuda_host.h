@@ -20,7 +20,10 @@
 extern "C" {
 #endif
 
-#define CUDA_HOST_API_VERSION 3
+/* Also guards engine.h's EngineOps, which the library hands back: 4 since the
+ * prefetch entry was inserted after eval_batch (a library of an older build would
+ * have its state_to_host called as prefetch). */
+#define CUDA_HOST_API_VERSION 4
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 
