@@ -16,9 +16,10 @@
  *
  * Prefetches are consumed in order: staging a prefetched batch drops the
  * prefetches posted before it (QUEUED or DONE ones are freed at once, a GATHERING
- * one when its gather ends). A stage with no matching prefetch keeps them (the
- * epoch loop prefetches batch i+1 before it runs batch i) and gathers its batch
- * into a free slot, else into the oldest one (waiting for a gather in progress). */
+ * one when the chunk being gathered ends). A stage with no matching prefetch
+ * keeps them (the epoch loop prefetches batch i+1 before it runs batch i) and
+ * gathers its batch into a free slot, else into the oldest one (waiting for the
+ * chunk being gathered into it). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -196,7 +197,7 @@ static Slot *slot_free(BatchLoader *l) {
 }
 
 /* mu held: a stale prefetch is let go: FREE at once unless the loader is
- * gathering it (then FREE when its gather ends). */
+ * gathering it (then FREE once the chunk being gathered is done). */
 static void slot_drop(Slot *b) {
     if (b->state == SLOT_GATHERING)
         b->dropped = 1;
@@ -204,8 +205,8 @@ static void slot_drop(Slot *b) {
         b->state = SLOT_FREE;
 }
 
-/* mu held: a FREE slot, the oldest posted one let go when none is (waiting for a
- * gather in progress to end). */
+/* mu held: a FREE slot, the oldest posted one let go when none is (waiting for the
+ * chunk being gathered into it). */
 static Slot *slot_evict(BatchLoader *l) {
     Slot *b = slot_free(l);
     if (b) return b;
