@@ -61,6 +61,23 @@ static void wait_forever(void) {
     for (int i = 0; i < 600; i++) usleep(100 * 1000); /* 60 s at most: never an orphan for long */
 }
 
+/* Until every rank of this attempt has started (its record written, so its SIGTERM
+ * handler is in place): a failing rank that goes first must not race a slow start
+ * (ASan, a loaded machine) of the ranks whose SIGTERM the test checks. 10 s at most. */
+static void wait_for_peers(int restart) {
+    int world = env_num("WORLD_SIZE");
+    for (int tries = 0; tries < 1000; tries++) {
+        int started = 0;
+        for (int r = 0; r < world; r++) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/a%d-r%d", g_worker_dir, restart, r);
+            started += access(path, F_OK) == 0;
+        }
+        if (started == world) return;
+        usleep(10 * 1000);
+    }
+}
+
 static int worker_main(int argc, char **argv) {
     const char *mode = getenv("CIFAR_TEST_WORKER_MODE");
     g_worker_dir = getenv("CIFAR_TEST_DIR");
@@ -79,7 +96,7 @@ static int worker_main(int argc, char **argv) {
     if (strcmp(mode, "ok") == 0) return 0;
     if (strcmp(mode, "crash-once") == 0) return rank == 1 && restart == 0 ? 7 : 0;
     if (strcmp(mode, "permanent-all") == 0) {
-        signal(SIGTERM, SIG_IGN); /* every rank gets to its failure (the grace is 0.5 s) */
+        signal(SIGTERM, SIG_IGN); /* every rank gets to its failure (the test's grace is 20 s) */
         usleep(rank * 50 * 1000);
         note("perm");
         die_permanent("bad data: the same on every rank");
@@ -87,6 +104,7 @@ static int worker_main(int argc, char **argv) {
     if (strcmp(mode, "always-crash") == 0 || strcmp(mode, "sigkill") == 0 ||
         strcmp(mode, "permanent") == 0 || strcmp(mode, "usage") == 0) {
         if (rank == 1) {
+            wait_for_peers(restart);
             usleep(100 * 1000);
             if (strcmp(mode, "sigkill") == 0) raise(SIGKILL);
             if (strcmp(mode, "permanent") == 0) return env_num(PERMANENT_STATUS_VAR);
@@ -98,6 +116,7 @@ static int worker_main(int argc, char **argv) {
     }
     if (strcmp(mode, "hang") == 0) {
         if (rank == 1) {
+            wait_for_peers(restart);
             usleep(200 * 1000);
             return 5;
         }
@@ -331,6 +350,10 @@ static void test_permanent_printed_once(void) {
     LaunchOptions o;
     options_for_test(&o, 3);
     o.max_restarts = 5;
+    /* The workers ignore SIGTERM and reach their failure within 0.1 s of starting;
+     * a long grace keeps a slow start (ASan, a loaded machine) from being SIGKILLed
+     * first. It costs nothing when they exit on their own. */
+    o.grace_seconds = 20;
     char log[8192];
     double t;
     int rc = run_captured(&o, "permanent-all", log, sizeof log, &t);
