@@ -83,7 +83,9 @@ static int worker_main(int argc, char **argv) {
     g_worker_dir = getenv("CIFAR_TEST_DIR");
     int rank = env_num("RANK"), restart = env_num("CIFAR_RESTART_COUNT");
     g_worker_rank = rank;
-    signal(SIGTERM, on_term_note_and_die);
+    /* permanent-all: every rank gets to its failure, so SIGTERM is ignored from the
+     * start (before this rank's record says it has started, see wait_for_peers). */
+    signal(SIGTERM, strcmp(mode, "permanent-all") == 0 ? SIG_IGN : on_term_note_and_die);
     char path[512];
     snprintf(path, sizeof path, "%s/a%d-r%d", g_worker_dir, restart, rank);
     FILE *f = fopen(path, "w");
@@ -96,7 +98,7 @@ static int worker_main(int argc, char **argv) {
     if (strcmp(mode, "ok") == 0) return 0;
     if (strcmp(mode, "crash-once") == 0) return rank == 1 && restart == 0 ? 7 : 0;
     if (strcmp(mode, "permanent-all") == 0) {
-        signal(SIGTERM, SIG_IGN); /* every rank gets to its failure (the test's grace is 20 s) */
+        wait_for_peers(restart); /* no rank is SIGTERMed before it ignores SIGTERM */
         usleep(rank * 50 * 1000);
         note("perm");
         die_permanent("bad data: the same on every rank");

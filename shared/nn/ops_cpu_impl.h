@@ -545,11 +545,22 @@ static void opsi_direct_dw(const OpsiDirect *d, int cout, const real_t *x, const
     opsi_direct_dw_scalar(d, cout, x, dy, img0, nimg, tap0, tap1, acc);
 }
 
+/* The GEMM's input rows of images [img0, img0+nimg): x itself for a pointwise
+ * (1x1, stride 1) conv, else their im2col in this thread's column buffer. */
+static const real_t *opsi_gemm_rows(const ConvSpec *cs, const OpsiConvPlan *p, int h, int w,
+                                    const real_t *x, int img0, int nimg) {
+    const size_t per_img = (size_t)p->oh * p->ow;
+    if (opsi_conv_is_pointwise(cs)) return x + (size_t)img0 * per_img * cs->cin;
+    real_t *col = opsi_col_buffer((size_t)nimg * per_img * p->kk);
+    opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
+    return col;
+}
+
 /* Forward of work tile t. */
 static void opsi_conv_forward_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
                                    const real_t *x, const real_t *wmat, const real_t *bias,
                                    real_t *y, int t) {
-    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
+    const int direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout, per_img = p->oh * p->ow;
     const OpsiDirect d = {cs->cin, cs->k, cs->stride, cs->pad, h, w, p->oh, p->ow};
     int img0 = t * p->work_imgs;
@@ -559,12 +570,7 @@ static void opsi_conv_forward_tile(const ConvSpec *cs, const OpsiConvPlan *p, in
         opsi_direct_fwd(&d, cout, x, wmat, bias, img0, nimg, y);
         return;
     }
-    const real_t *a = x + (size_t)img0 * per_img * cs->cin;
-    if (!pointwise) {
-        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
-        opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
-        a = col;
-    }
+    const real_t *a = opsi_gemm_rows(cs, p, h, w, x, img0, nimg);
     real_t *yt = y + (size_t)img0 * per_img * cout;
     OPS_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cout, p->kk, 1, a, p->kk, wmat,
              p->kk, 0, yt, cout);
@@ -633,7 +639,7 @@ static void opsi_bias_partial(int rows, int cout, const real_t *dy, double *dbq)
 static void opsi_conv_bwd_dw_tile(const ConvSpec *cs, const OpsiConvPlan *p, int n, int h, int w,
                                   const real_t *x, const real_t *dy, int t, int sl, int first,
                                   real_t *dwq, double *dbq) {
-    const int pointwise = opsi_conv_is_pointwise(cs), direct = opsi_conv_is_direct(cs);
+    const int direct = opsi_conv_is_direct(cs);
     const int cout = cs->cout, per_img = p->oh * p->ow;
     int img0 = t * p->tile_imgs;
     int nimg = n - img0 < p->tile_imgs ? n - img0 : p->tile_imgs;
@@ -649,12 +655,7 @@ static void opsi_conv_bwd_dw_tile(const ConvSpec *cs, const OpsiConvPlan *p, int
         opsi_direct_dw(&d, cout, x, dy, img0, nimg, tap0, tap1, dwq);
         return;
     }
-    const real_t *a = x + (size_t)img0 * per_img * cs->cin;
-    if (!pointwise) {
-        real_t *col = opsi_col_buffer((size_t)rows * p->kk);
-        opsi_im2col(cs, h, w, p->oh, p->ow, x, img0, nimg, col);
-        a = col;
-    }
+    const real_t *a = opsi_gemm_rows(cs, p, h, w, x, img0, nimg);
     OPS_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, cout, p->kk, rows, 1, dyt, cout, a, p->kk,
              first ? 0 : 1, dwq, p->kk);
 }
