@@ -7,19 +7,16 @@
 # line naming the file, exit 1, no core dump, the snapshot before still valid).
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
-BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
 
 setup_file() {
     export T="$BATS_FILE_TMPDIR"
     cc -D_GNU_SOURCE -O1 -o "$T/lmdb_poke" "$BATS_TEST_DIRNAME/lmdb_poke.c" -llmdb
     export DATA="$T/data"
-    "$BIN/cifar-synth" "$DATA" --train 1024 --test 256 --size 16 --seed 11 >/dev/null
-    "$BIN/cifar-prep" --quiet "$DATA" >/dev/null
+    make_dataset "$DATA" --train 1024 --test 256 --size 16 --seed 11
     export LMDB="$DATA/cifar10.lmdb"
-    echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$T/model.json"
+    small_model "$T/model.json"
     export MODEL="$T/model.json"
     export SNAP=$(train "$T/base" "$LMDB" --epochs 1 | tail -1)
 }
@@ -34,10 +31,6 @@ train_bg() { # output-file run-dir lmdb extra args...
     local out=$1 dir=$2 data=$3; shift 3
     "$BIN/cifar-train" --quiet --threads 1 --batch-size 64 --model "$MODEL" --run-dir "$dir" "$@" \
         "$data" > "$out" 2>&1 &
-}
-
-data_checksum() { # snapshot
-    head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
 }
 
 # Status 1 and exactly one line, containing `what`.

@@ -11,8 +11,7 @@
 # (MAKEFLAGS: BIN, BUILD, OPT under test-asan), so it installs what was built.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
 REPO=$(cd "$BATS_TEST_DIRNAME/.." && pwd)
 COMMANDS="cifar-prep cifar-train cifar-eval cifar-synth cifar-unpack"

@@ -7,8 +7,7 @@
 # rank 0 listens on MASTER_ADDR only, on every interface only when asked.
 
 bats_require_minimum_version 1.5.0
-load '/usr/lib/bats/bats-support/load'
-load '/usr/lib/bats/bats-assert/load'
+load helpers
 
 setup() {
     TEST_COMM=${TEST_COMM:-$(ls "$BATS_TEST_DIRNAME"/../build/*/tests/test_comm 2>/dev/null | head -1)}
