@@ -535,11 +535,13 @@ static void shm_attach(Comm *c, const DistEnv *env) {
 }
 
 static void shm_open_comm(Comm *c, const DistEnv *env) {
+    /* permanent: no restart brings the other nodes' workers onto this machine */
     if (env->local_world_size != env->world_size)
-        die("the shared-memory communicator needs every rank on one machine "
-            "(world size %d, %d on this node)\n---> HINT: for CPUs on several machines start the "
-            "ranks with mpirun or srun --mpi=pmix (MPI communicator); GPUs use NCCL",
-            env->world_size, env->local_world_size);
+        die_permanent("CPU workers on several nodes: the shared-memory communicator needs every "
+                      "rank on one machine (world size %d, %d on this node)\n---> HINT: for CPUs "
+                      "on several machines start the ranks with mpirun or srun --mpi=pmix (MPI "
+                      "communicator); GPUs use NCCL",
+                      env->world_size, env->local_world_size);
     if (env->world_size > SHM_MAX_RANKS)
         die("the shared-memory communicator supports at most %d ranks (asked: %d)",
             SHM_MAX_RANKS, env->world_size);

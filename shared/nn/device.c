@@ -61,16 +61,7 @@ static CommKind comm_kind_for(const Engine *e, const DistEnv *env, int requested
 }
 
 Comm *device_comm_create(Engine *e, const DistEnv *env, int requested) {
-    CommKind kind = comm_kind_for(e, env, requested);
-    /* Refused here rather than in comm_create so that it counts as permanent:
-     * no restart brings the other nodes' workers onto this machine. */
-    if (kind == COMM_SHM && env->local_world_size != env->world_size)
-        die_permanent("CPU workers on several nodes (world size %d, %d on this node): the "
-                      "shared-memory communicator needs every rank on one machine ---> HINT: "
-                      "start CPU ranks on several machines with mpirun or srun --mpi=pmix "
-                      "(MPI), or use GPUs (NCCL)",
-                      env->world_size, env->local_world_size);
-    Comm *c = comm_create(kind, env);
+    Comm *c = comm_create(comm_kind_for(e, env, requested), env);
     e->cfg.comm = c;
     return c;
 }
