@@ -22,6 +22,8 @@ CUDA_ARCHS ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=
               -gencode=arch=compute_90,code=compute_90
 OPT ?= -O2
 PYTHON_TORCH ?= /usr/bin/python3
+# a python with PyPI's torch 2.x for make bench's second anchor (eager and torch.compile); empty: skipped
+PYTHON_TORCH2 ?=
 
 # Debian packages, by the target that needs them (make pipeline: BUILD + PIPELINE;
 # make install: BUILD + INSTALL; make test: all but BENCH; make deps: all). Open MPI is
@@ -327,7 +329,7 @@ plot:
 	pipelines/plot.sh $(RUN)
 
 bench: all $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
-	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) tests/bench/bench.sh
+	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) PYTHON_TORCH2=$(PYTHON_TORCH2) tests/bench/bench.sh
 
 # GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
 bench-gpu: all

@@ -33,17 +33,42 @@ echo "== 1. cifar-prep"
 "$here/bench_prep.sh"
 
 echo
-echo "== 2. training step, seed model, batch 256, data in memory: 1 thread and $THREADS threads, $RUNS runs each"
-: > "$work/t1"; : > "$work/tn"
+echo "== 2. training step, seed model, batch 256, data in memory: 1 thread and $THREADS threads against PyTorch, $RUNS runs each, alternating"
+# Anchors: Debian's PyTorch 1.13 eager ($PYTHON_TORCH) and, where PYTHON_TORCH2 names a
+# python with PyPI's torch 2.x (what a user would install), its eager and
+# torch.compile runs. Every anchor runs in every round, beside ours, so that other
+# work on the machine falls on all alike.
+anchor() { # file, python, args...
+  local out=$1 py=$2; shift 2
+  local line; line=$("$py" "$ANCHOR" --device cpu --batch 256 --threads "$THREADS" --steps "$STEPS" --warmup 3 "$@" 2>/dev/null | tail -1)
+  echo "$line"; echo "$line" >> "$work/$out"
+}
+have_torch() { [ -f "$ANCHOR" ] && "$1" -c 'import torch' 2>/dev/null; }
+anchors=()
+if have_torch "$PYTHON_TORCH"; then anchors+=(torch1); else echo "SKIP PyTorch 1.13 anchor: $ANCHOR or torch for $PYTHON_TORCH missing"; fi
+if [ -n "${PYTHON_TORCH2:-}" ]; then
+  if have_torch "$PYTHON_TORCH2"; then anchors+=(torch2 torch2c); else echo "SKIP PyTorch 2.x anchor: no torch for PYTHON_TORCH2=$PYTHON_TORCH2"; fi
+else
+  echo "SKIP PyTorch 2.x anchor: set PYTHON_TORCH2 to a python with PyPI's torch (e.g. a venv: pip install torch)"
+fi
+: > "$work/t1"; : > "$work/tn"; for a in "${anchors[@]}"; do : > "$work/$a"; done
 for r in $(seq "$RUNS"); do
+  echo "-- run $r (load $(cut -d' ' -f1 /proc/loadavg))"
   one=$("$BENCH_TRAIN" --batch 256 --threads 1 --steps "$STEPS" 2>/dev/null)
-  echo "1 thread:  $one"; echo "$one" >> "$work/t1"
+  echo "ours, 1 thread:  $one"; echo "$one" >> "$work/t1"
   if [ "$r" -lt "$RUNS" ]; then
     many=$("$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS" 2>/dev/null)
   else # the last run shows where the time goes
     many=$("$BENCH_TRAIN" --batch 256 --threads "$THREADS" --steps "$STEPS")
   fi
-  echo "$THREADS threads: $many"; echo "$many" >> "$work/tn"
+  echo "ours, $THREADS threads: $many"; echo "$many" >> "$work/tn"
+  for a in "${anchors[@]}"; do
+    case $a in
+      torch1) printf 'PyTorch 1.13 eager: '; anchor torch1 "$PYTHON_TORCH" ;;
+      torch2) printf 'PyTorch 2.x eager: '; anchor torch2 "$PYTHON_TORCH2" ;;
+      torch2c) printf 'PyTorch 2.x torch.compile: '; anchor torch2c "$PYTHON_TORCH2" --compile ;;
+    esac
+  done
 done
 for f in images_per_s images_per_s_median images_per_s_peak; do
   a=$(column "$f" < "$work/t1" | range); b=$(column "$f" < "$work/tn" | range)
@@ -51,19 +76,17 @@ for f in images_per_s images_per_s_median images_per_s_peak; do
   awk -v f="$f" -v a="$a" -v b="$b" -v x="$best1" -v y="$bestn" -v t="$THREADS" \
     'BEGIN { printf "%-20s 1 thread %s, %d threads %s images/s; scaling (best against best) %.2fx\n", f, a, t, b, y / x }'
 done
-ours_ips=$(column images_per_s < "$work/tn" | sort -g | tail -1)
-if [ -f "$ANCHOR" ] && "$PYTHON_TORCH" -c 'import torch' 2>/dev/null; then
-  # PyTorch as it comes, and with the passive OpenMP wait cifar-train uses: the
-  # ratio is taken against the faster of the two, so it is never flattered.
-  theirs=$("$PYTHON_TORCH" "$ANCHOR" --device cpu --batch 256 --threads "$THREADS" --steps "$STEPS" --warmup 3)
-  echo "$theirs (default OpenMP wait policy)"
-  passive=$(OMP_WAIT_POLICY=passive "$PYTHON_TORCH" "$ANCHOR" --device cpu --batch 256 --threads "$THREADS" --steps "$STEPS" --warmup 3)
-  echo "$passive (OMP_WAIT_POLICY=passive)"
-  theirs_ips=$( (echo "$theirs" | field images_per_s; echo "$passive" | field images_per_s) | sort -g | tail -1)
-  awk -v a="$ours_ips" -v b="$theirs_ips" 'BEGIN { printf "training ratio cifar-train / pytorch-eager (CPU, best of the two): %.2fx (%.1f vs %.1f images/s)\n", a / b, a, b }'
-else
-  echo "PyTorch anchor not run: $ANCHOR or torch for $PYTHON_TORCH missing"
-fi
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ours_best=$(column images_per_s < "$work/tn" | sort -g | tail -1)
+ours_median=$(column images_per_s < "$work/tn" | median)
+for a in "${anchors[@]}"; do
+  case $a in torch1) name="PyTorch 1.13 eager" ;; torch2) name="PyTorch 2.x eager" ;; torch2c) name="PyTorch 2.x torch.compile" ;; esac
+  their_best=$(column images_per_s < "$work/$a" | sort -g | tail -1)
+  their_median=$(column images_per_s < "$work/$a" | median)
+  awk -v n="$name" -v r="$(column images_per_s < "$work/$a" | range)" -v ob="$ours_best" -v om="$ours_median" \
+      -v tb="$their_best" -v tm="$their_median" \
+    'BEGIN { printf "ours / %s (%s images/s): best against best %.2fx, median against median %.2fx\n", n, r, ob / tb, om / tm }'
+done
 
 echo
 echo "== 3. cifar-train from an LMDB, 1 epoch of 8192 synthetic images, batch 256 per worker, $RUNS runs each"
