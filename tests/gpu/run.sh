@@ -22,7 +22,11 @@
 #      on the GPU (fp32, deterministic), per-epoch train loss compared; the same GPU run
 #      with CIFAR_CUDA_GRAPH=0 (eager) as a control, and with CIFAR_CUDA_DATA=stream:50
 #      (both splits streamed through pinned buffers instead of resident on the GPU,
-#      gathered one step ahead), whose curves must equal the resident run's;
+#      gathered one step ahead), whose curves must equal the resident run's; and the
+#      GPU run with --precision bf16 (bfloat16 activations and convs, fp32 weights, BN
+#      statistics and loss), whose train loss must stay within 5% + 0.02 of the fp32
+#      GPU run's and its test accuracy within 5 points, epoch by epoch, and whose fp32
+#      snapshot cifar-eval reads on the CPU;
 #   4. resume: the GPU run's snapshot continued one epoch on the CPU and one on the
 #      GPU (the layout conversion of the conv weights, end to end), and cifar-eval
 #      of the snapshot on both devices (same hits);
@@ -31,7 +35,8 @@
 #      lent device machine: copy both folders into an ignored folder of the repo
 #      and set ANCHOR=that/bench/torch_anchor.py).
 # Every stage runs under a timeout (seconds: T_BUILD 900, T_TEST 180, T_TRAIN 180 per
-# run, T_EVAL 60, T_BENCH 240), so a hang costs one stage, not the machine's lease.
+# run, T_EVAL 60, T_BENCH 420 for tf32 and bf16), so a hang costs one stage, not the
+# machine's lease.
 # Exit status: 0 when every check passed, 1 otherwise (the summary says which), 77 when
 # the build passed and there is no GPU to run the rest on.
 set -uo pipefail
@@ -48,7 +53,7 @@ PY=${PYTHON_GPU:-python3}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-build}
 BIN=$(mkdir -p "${BIN:-bin}" && cd "${BIN:-bin}" && pwd)
-T_BUILD=${T_BUILD:-900} T_TEST=${T_TEST:-180} T_TRAIN=${T_TRAIN:-180} T_EVAL=${T_EVAL:-60} T_BENCH=${T_BENCH:-240}
+T_BUILD=${T_BUILD:-900} T_TEST=${T_TEST:-180} T_TRAIN=${T_TRAIN:-180} T_EVAL=${T_EVAL:-60} T_BENCH=${T_BENCH:-420}
 summary="$out/summary.txt"
 : >"$summary"
 failed=0
@@ -260,6 +265,43 @@ else
             fail "GPU $f with the data streamed (CIFAR_CUDA_DATA=stream:50) differs from the resident run's"
         fi
     done
+
+    # bf16: another rounding (8 significant bits per activation), so not the fp32
+    # curve to 1e-4, but within the tolerance README states ("--precision bf16").
+    stage "$T_TRAIN" "$BIN/cifar-train" "${common[@]}" --device cuda --precision bf16 \
+        --run-dir "$work/bf16" "$lmdb" >"$out/train_bf16.log" 2>&1 ||
+        fail "cifar-train --device cuda --precision bf16 (see train_bf16.log)"
+    grep -h 'cuda engine: device' "$out/train_bf16.log" | head -1 | tee -a "$summary"
+    cp "$work/bf16/metrics.jsonl" "$out/metrics_bf16.jsonl" 2>/dev/null
+    b_loss=$(field train_loss <"$work/bf16/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+    say "train loss per epoch: gpu fp32 [$gpu_loss] gpu bf16 [$b_loss]"
+    if awk -v a="$gpu_loss" -v b="$b_loss" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+            if (n != 3 || m != 3) exit 1;
+            for (i = 1; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 0.05 * x[i] + 0.02) exit 1 } }'; then
+        pass "bf16 train loss within 5% + 0.02 of the fp32 GPU run's, epoch by epoch"
+    else
+        fail "bf16 train loss curve differs from the fp32 GPU run's by more than 5% + 0.02"
+    fi
+    g_acc=$(field test_acc <"$work/gpu/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+    b_acc=$(field test_acc <"$work/bf16/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+    say "test acc per epoch:   gpu fp32 [$g_acc] gpu bf16 [$b_acc]"
+    if awk -v a="$g_acc" -v b="$b_acc" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+            if (n != 3 || m != 3) exit 1;
+            for (i = 1; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 0.05) exit 1 } }'; then
+        pass "bf16 test accuracy within 5 points of the fp32 GPU run's, epoch by epoch"
+    else
+        fail "bf16 test accuracy differs from the fp32 GPU run's by more than 5 points"
+    fi
+    bsnap=$(ls -1 "$work/bf16"/*.safetensors 2>/dev/null | sort | tail -1)
+    be=$(stage "$T_EVAL" "$BIN/cifar-eval" --json --device cpu "$bsnap" 2>>"$log" | tr -d "\n")
+    bacc=$(echo "$be" | sed -n 's/.*"accuracy":\([0-9.]*\).*/\1/p')
+    blast=$(echo "$b_acc" | awk '{ print $NF }')
+    say "cifar-eval --device cpu of the bf16 snapshot: accuracy ${bacc:-none} (bf16 run's last test_acc ${blast:-none})"
+    if [ -n "$bacc" ] && [ -n "$blast" ] && awk -v a="$bacc" -v b="$blast" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.05) }'; then
+        pass "the bf16 run's fp32 snapshot evaluates on the CPU within 5 points of its own test accuracy"
+    else
+        fail "the bf16 run's snapshot on the CPU: accuracy ${bacc:-none} vs ${blast:-none}"
+    fi
 
     # ------------------------------------------------------------ 4. resume
     say "== 4. resume and eval across devices [$(elapsed)]"
