@@ -16,7 +16,12 @@
  *     relative (one bf16 rounding of the output, 2^-8 relative, plus tensor-core
  *     accumulation order), dweight and dbias within 1e-1 absolute, 1e-2 relative (sums
  *     over the batch of bf16 products);
- *   - our batch norm: repeatable bit for bit, as in fp32;
+ *   - our batch norm (training forward with ReLU, then its backward) against the CPU's:
+ *     y and dx within 2^-8 relative (one bf16 rounding) plus the fp32 tolerances
+ *     (2e-5 absolute; dx 1e-4 relative), the saved statistics within 1e-5, dgamma and
+ *     dbeta within 1e-4; and repeatable bit for bit, as in fp32;
+ *   - the mean pool: forward (bf16 in, float out) within 1e-6, backward (float in,
+ *     bf16 out) exact;
  *   - the whole engine against the fp32 CPU engine: loss, parameter, BN buffer and
  *     momentum changes within 15% relative L2 error (fp32: 0.2%, tf32: 5%).
  *
@@ -227,6 +232,56 @@ static void test_op_cases(CudaCtx *ctx) {
     OpBackend cpu = {"cpu", &net_cpu_ops, NULL, opc_host_copy, opc_host_copy, NULL, NULL};
     OpBackend gpu = {"cuda", net_cuda_ops(), ctx, cuda_up, cuda_down, NULL, NULL};
     opc_check_all(&cpu, &gpu, 1);
+}
+
+/* ------------------------------------------- bf16 batch norm and mean pool */
+
+/* Our BN kernels' bf16 instances and the pool against the CPU ops on the bf16 values
+ * (inputs rounded first; the backward's reference gets the GPU's own y and saved
+ * statistics, so the ReLU mask and the coefficients are the same on both sides). */
+static void test_bn_pool_bf16(CudaCtx *ctx) {
+    const int n = 6, hw = 500, c = 40; /* 3,000 rows: several chunks; c across two tiles */
+    const size_t nx = (size_t)n * hw * c, rows = (size_t)n * hw;
+    const double rt = 1.0 / 256.0; /* half a bf16 step, relative */
+    float *x = rand_vec(nx, -2, 3), *dy = rand_vec(nx, -1, 1), *g = rand_vec(c, 0.5f, 1.5f);
+    float *b = rand_vec(c, -0.5f, 0.5f), *rm = xcalloc(c, sizeof(float)), *rv = xcalloc(c, sizeof(float));
+    act_round_host(ctx, x, nx);
+    act_round_host(ctx, dy, nx);
+    float *y = xmalloc(nx * sizeof(float)), *m = xmalloc(c * sizeof(float)), *inv = xmalloc(c * sizeof(float));
+    batchnorm2d_relu_forward_train((int)rows, c, x, g, b, y, m, inv, rm, rv, 0.1f, 1e-5f);
+    float *gx = dev_act_from(ctx, x, nx), *gdy = dev_act_from(ctx, dy, nx), *gg = dev_from(ctx, g, c);
+    float *gb = dev_from(ctx, b, c), *gy = cuda_alloc(nx * sizeof(float)), *gdx = cuda_alloc(nx * sizeof(float));
+    float *gm = cuda_alloc(c * sizeof(float)), *ginv = cuda_alloc(c * sizeof(float));
+    float *grm = cuda_alloc(c * sizeof(float)), *grv = cuda_alloc(c * sizeof(float));
+    float *gdg = cuda_alloc(c * sizeof(float)), *gdb = cuda_alloc(c * sizeof(float));
+    cuda_memset_async(ctx, grm, 0, c * sizeof(float));
+    cuda_memset_async(ctx, grv, 0, c * sizeof(float));
+    batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, NULL, gg, gb, gy, gm, ginv, grm, grv, 0.1f, 1e-5f);
+    expect_dev_act(ctx, "bf16 bn+relu train: y", gy, y, nx, 2e-5f, (float)(2e-5 + rt));
+    expect_dev(ctx, "bf16 bn+relu train: save_mean", gm, m, c, 1e-5f, 1e-5f);
+    expect_dev(ctx, "bf16 bn+relu train: save_invstd", ginv, inv, c, 1e-5f, 1e-5f);
+    expect_dev(ctx, "bf16 bn+relu train: running_var", grv, rv, c, 1e-5f, 1e-5f);
+    float *yg = host_act_from(ctx, gy, nx), *mg = host_from(ctx, gm, c), *ig = host_from(ctx, ginv, c);
+    float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
+    batchnorm2d_relu_backward((int)rows, c, x, yg, g, mg, ig, dy, dx, dg, db);
+    batchnorm2d_relu_backward_cuda(ctx, n, hw, c, gx, gy, gg, gm, ginv, gdy, gdx, gdg, gdb);
+    expect_dev_act(ctx, "bf16 bn+relu backward: dx", gdx, dx, nx, 2e-5f, (float)(1e-4 + rt));
+    expect_dev(ctx, "bf16 bn+relu backward: dgamma", gdg, dg, c, 1e-4f, 1e-4f);
+    expect_dev(ctx, "bf16 bn+relu backward: dbeta", gdb, db, c, 1e-4f, 1e-4f);
+    /* the pool: bf16 activations in, float features out; float gradient in, bf16 out */
+    float *p = xmalloc((size_t)n * c * sizeof(float)), *gp = cuda_alloc((size_t)n * c * sizeof(float));
+    meanpool_forward(n, hw, c, x, p);
+    meanpool_forward_cuda(ctx, n, hw, c, gx, gp);
+    expect_dev(ctx, "bf16 meanpool forward (float out)", gp, p, (size_t)n * c, 1e-6f, 1e-5f);
+    meanpool_backward_cuda(ctx, n, hw, c, gp, gdx);
+    float *pg = host_from(ctx, gp, (size_t)n * c);
+    meanpool_backward(n, hw, c, pg, dx); /* from the GPU's own features: exact */
+    act_round_host(ctx, dx, nx);
+    expect_dev_act(ctx, "bf16 meanpool backward (bf16 out)", gdx, dx, nx, 0, 0);
+    float *dev[] = {gx, gdy, gg, gb, gy, gdx, gm, ginv, grm, grv, gdg, gdb, gp};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cuda_free(dev[i]);
+    free(x); free(dy); free(g); free(b); free(rm); free(rv); free(y); free(m); free(inv);
+    free(yg); free(mg); free(ig); free(dx); free(dg); free(db); free(p); free(pg);
 }
 
 /* ---------------------------------------------------------- element-wise */
@@ -797,6 +852,7 @@ int main(int argc, char **argv) {
         test_conv(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
         test_conv(b16, (ConvSpec){3, 16, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16 stem (3 channels)");
         test_elementwise(b16);
+        test_bn_pool_bf16(b16);
         test_bn_repeatable(b16);
         cuda_ctx_free(b16);
     }
