@@ -520,7 +520,7 @@ static Comm *engine_test_comm(void) {
     return comm_create(COMM_SINGLE, &env);
 }
 
-/* One process, deterministic, both splits the same data. */
+/* One process, deterministic (bf16: not), both splits the same data. */
 static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data, Comm *comm,
                                Precision prec) {
     memset(ec, 0, sizeof *ec);
@@ -539,7 +539,9 @@ static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data,
     ec->weight_decay = 5e-4f;
     ec->threads = 1;
     ec->precision = prec;
-    ec->deterministic = 1;
+    /* bf16 is compared within a tolerance: any cuDNN algorithm (a shape with no
+     * deterministic bf16 algorithm would stop the test) */
+    ec->deterministic = prec != PRECISION_BF16;
     ec->comm = comm;
 }
 
@@ -845,26 +847,24 @@ int main(int argc, char **argv) {
     test_conv(t32, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 2e-2f, "tf32");
     cuda_ctx_free(t32);
 
-    int bf16_ok = bf16_device_ok();
-    if (bf16_ok) {
-        CudaCtx *b16 = cuda_ctx_create(0, 0, 1);
-        cuda_ctx_use_bf16(b16);
-        test_conv(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
-        test_conv(b16, (ConvSpec){3, 16, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16 stem (3 channels)");
-        test_elementwise(b16);
-        test_bn_pool_bf16(b16);
-        test_bn_repeatable(b16);
-        cuda_ctx_free(b16);
-    }
-
     test_engine(1, PRECISION_FP32, 2e-3f);
     test_engine(0, PRECISION_FP32, 2e-3f);
     test_engine(1, PRECISION_TF32, 5e-2f);
-    if (bf16_ok) {
+    test_engine_stream();
+
+    /* bf16 last: a cuDNN refusal there (which exits) leaves the results above intact */
+    if (bf16_device_ok()) {
+        CudaCtx *b16 = cuda_ctx_create(0, 0, 0);
+        cuda_ctx_use_bf16(b16);
+        test_elementwise(b16);
+        test_bn_pool_bf16(b16);
+        test_bn_repeatable(b16);
+        test_conv(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
+        test_conv(b16, (ConvSpec){3, 16, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16 stem (3 channels)");
+        cuda_ctx_free(b16);
         test_engine(1, PRECISION_BF16, 0.15f);
         test_engine(0, PRECISION_BF16, 0.15f);
     }
-    test_engine_stream();
     return unit_report("test_ops_cuda");
 }
 #endif
