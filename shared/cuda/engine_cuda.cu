@@ -43,7 +43,7 @@
  * the split of the GPU time when the engine is destroyed.
  *
  * --precision bf16 (ops_cuda.h, "bf16 activations"; compute capability 8.0 or newer,
- * else the engine is refused with the reason): the context's activations are
+ * else the run stops with the reason, exit status 2): the context's activations are
  * bfloat16; params, grads, momentum and BN buffers stay the fp32 flat buffers above.
  * Each step refreshes the bf16 shadow of the params (one kernel, before the forward)
  * and widens the conv weight gradients cuDNN wrote in bf16 into the fp32 grads (one
@@ -666,17 +666,15 @@ static int gpus_too_few(int count, char *err, size_t errlen) {
 }
 
 /* bfloat16 convolutions (cuDNN's PSEUDO_BFLOAT16 configuration on bf16 tensor
- * cores) need compute capability 8.0 (Ampere) or newer: say so, with the device's. */
-static int bf16_unsupported(int device, char *err, size_t errlen) {
-    int major = 0, minor = 0;
-    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    if (major >= 8) return 0;
-    snprintf(err, errlen,
-             "--precision bf16 needs a GPU of compute capability 8.0 or newer (bfloat16 tensor "
-             "cores); device %d is %d.%d: use --precision fp32 or tf32",
-             device, major, minor);
-    return 1;
+ * cores) need compute capability 8.0 (Ampere) or newer. Below it the run stops here
+ * with the reason and exit status 2, as for a bad option: no device of this machine
+ * would do better, and the CPU computes fp32 only (device.c refuses bf16 there too). */
+static void bf16_check_device(int device) {
+    int cc = ops_cuda_compute_capability(device);
+    if (cc < 80)
+        die_usage("--precision bf16 needs a GPU of compute capability 8.0 or newer (bfloat16 tensor "
+                  "cores); device %d is %d.%d ---> HINT: use --precision fp32 or tf32",
+                  device, cc / 10, cc % 10);
 }
 
 static const EngineOps cuda_engine_ops = {
@@ -708,7 +706,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
         return NULL;
     }
     if (gpus_too_few(count, err, errlen)) return NULL;
-    if (cfg->precision == PRECISION_BF16 && bf16_unsupported(cfg->device, err, errlen)) return NULL;
+    if (cfg->precision == PRECISION_BF16) bf16_check_device(cfg->device);
     split_check_labels(&cfg->train, "train", m->fc_out);
     split_check_labels(&cfg->test, "test", m->fc_out);
 

@@ -87,6 +87,13 @@ extern "C" int ops_cuda_device_count(void) {
     return n;
 }
 
+extern "C" int ops_cuda_compute_capability(int device) {
+    int major = 0, minor = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
+}
+
 extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
     ctx->device = device;

@@ -36,6 +36,8 @@ typedef struct CudaCtx CudaCtx;
 
 /* Usable CUDA devices; 0 when there is no driver or no GPU (never fails). */
 int ops_cuda_device_count(void);
+/* Compute capability of `device` as major*10 + minor (80 for an A100, 90 for an H100). */
+int ops_cuda_compute_capability(int device);
 
 /* Select `device`, create its stream and handles. tf32: let cuDNN and cuBLAS use
  * TF32 tensor cores for fp32 data (else plain FMA math). deterministic: only
