@@ -185,6 +185,14 @@ else
     common=(--epochs 3 --batch-size 128 --seed 1 --save-every 1 --keep 0)
     gpu=(--device cuda --precision fp32 --deterministic)
     train() { stage "$T_TRAIN" "$BIN/cifar-train" --quiet "${common[@]}" "$@" "$lmdb" >>"$log" 2>&1; }
+    # expect_line LOG REGEX WHAT: pass WHAT when a line of LOG matches REGEX, else fail.
+    expect_line() {
+        if grep -q "$2" "$1"; then
+            pass "$3"
+        else
+            fail "$3: no line matching '$2' in $(basename "$1")"
+        fi
+    }
     # curves_close A B REL [ABS]: two series of 3 per-epoch values, B within REL of A
     # (relative) plus ABS (absolute, default 0).
     curves_close() {
@@ -229,11 +237,8 @@ else
         --run-dir "$work/stream" "$lmdb" >"$out/train_stream.log" 2>&1 ||
         fail "cifar-train --device cuda with CIFAR_CUDA_DATA=stream:50 (see train_stream.log)"
     grep -h 'cuda engine: data:' "$out/train_stream.log" | head -1 | tee -a "$summary"
-    if grep -q 'cuda engine: data: train [0-9.]* MiB streamed, test [0-9.]* MiB streamed' "$out/train_stream.log"; then
-        pass "CIFAR_CUDA_DATA=stream:50: both splits streamed"
-    else
-        fail "CIFAR_CUDA_DATA=stream:50: the engine did not say that both splits streamed (train_stream.log)"
-    fi
+    expect_line "$out/train_stream.log" 'cuda engine: data: train [0-9.]* MiB streamed, test [0-9.]* MiB streamed' \
+        "CIFAR_CUDA_DATA=stream:50: both splits streamed"
     # "CUDA graph included" must be so: a failed capture falls back to eager steps,
     # whose curves match too, and the staged batches replayed through the graph's
     # fixed staging buffer would then go unchecked.
@@ -273,11 +278,8 @@ else
         --run-dir "$work/bf16" "$lmdb" >"$out/train_bf16.log" 2>&1 ||
         fail "cifar-train --device cuda --precision bf16 (see train_bf16.log)"
     grep -h 'cuda engine: device' "$out/train_bf16.log" | head -1 | tee -a "$summary"
-    if grep -q 'cuda engine: device .*bf16 activations, fp32 weights' "$out/train_bf16.log"; then
-        pass "--precision bf16: the engine runs bf16 activations with fp32 weights"
-    else
-        fail "--precision bf16: no 'bf16 activations, fp32 weights' engine line (train_bf16.log)"
-    fi
+    expect_line "$out/train_bf16.log" 'cuda engine: device .*bf16 activations, fp32 weights' \
+        "--precision bf16: the engine runs bf16 activations with fp32 weights"
     cp "$work/bf16/metrics.jsonl" "$out/metrics_bf16.jsonl" 2>/dev/null
     # field, relative and absolute tolerance, what they mean
     for check in "train_loss 0.05 0.02 train loss within 5% + 0.02" \
