@@ -11,7 +11,15 @@
  * Checked: training forward (plain, ReLU, add+ReLU), inference, backward (plain and
  * ReLU-masked) against the CPU ops, on shapes that cross the channel tile, the chunk
  * clamp and odd row counts; the deferred conv bias (folded into the read, written
- * back into x); and the conv bias gradient (dsum) against the column sum of dx. */
+ * back into x); and the conv bias gradient (dsum) against the column sum of dx.
+ *
+ * bf16 (--precision bf16): bf16.h's round-to-nearest-even conversion against an
+ * independent reference (the nearer of the two neighbours, computed in double; ties,
+ * overflow, denormals, infinities, NaN), and every case above again with bfloat16
+ * activations: the reference is the CPU op on the very bf16 values the kernel reads
+ * (x + bias rounded as the kernel writes it back), so the statistics and gradients
+ * keep the fp32 tolerances and the bf16 outputs (y, dx) are within half a bf16 ulp
+ * (relative 2^-8) of the fp32 result, plus the fp32 tolerance. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +70,80 @@ static void expect_close(const char *what, const float *got, const float *want, 
     if (!bad) printf("ok   %s (max err %.3g over %zu)\n", what, worst, n);
 }
 
+/* ---- bfloat16: the activations as the kernels store them ---- */
+
+/* 2^-8: half a bf16 ulp relative to the value (8 significant bits). */
+#define BF16_RTOL (1.0 / 256.0)
+
+static void round_all(float *v, size_t n, int bf16) {
+    for (size_t i = 0; i < n; i++) v[i] = act_round(v[i], bf16);
+}
+
+/* A buffer of n activations with v's values: floats, or bf16 in the first half. */
+static float *pack(const float *v, size_t n, int bf16) {
+    float *p = xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) act_store(p, (int64_t)i, v[i], bf16);
+    return p;
+}
+
+static float *unpack(const float *p, size_t n, int bf16) {
+    float *v = xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = act_load(p, (int64_t)i, bf16);
+    return v;
+}
+
+/* The bf16 nearest to the finite or infinite f, ties to even, by comparing the
+ * distances to the two neighbours in double (exact for floats); a finite f past
+ * the largest bf16 by half an ulp or more becomes infinity (IEEE: the neighbour
+ * above the largest finite value counts as 2^128). */
+static bf16_t bf16_reference(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    if ((u & 0xffffu) == 0) return (bf16_t)(lo >> 16);
+    double a = fabs((double)f), dlo = fabs((double)bf16_to_float((bf16_t)(lo >> 16)));
+    double dhi = (hi & 0x7f800000u) == 0x7f800000u ? ldexp(1.0, 128)
+                                                   : fabs((double)bf16_to_float((bf16_t)(hi >> 16)));
+    if (a - dlo < dhi - a) return (bf16_t)(lo >> 16);
+    if (a - dlo > dhi - a) return (bf16_t)(hi >> 16);
+    return (bf16_t)(((lo >> 16) & 1u) ? hi >> 16 : lo >> 16);
+}
+
+static int bf16_is_nan(bf16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0; }
+
+static int bf16_check_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    bf16_t got = bf16_from_float(f);
+    if (isnan(f)) return bf16_is_nan(got) && (got & 0x8000u) == ((u >> 16) & 0x8000u);
+    return got == bf16_reference(f);
+}
+
+static void test_bf16_convert(void) {
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x00008000u, 0x00018000u, /* denormals, */
+        0x007fffffu, 0x807fffffu, 0x00800000u, 0x0000ffffu, 0x00007fffu,             /* ties */
+        0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0xbf808000u, 0xbf818000u, /* around 1 */
+        0x7f7f0000u, 0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0xff7fffffu,             /* overflow */
+        0x7f800000u, 0xff800000u, 0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7fffffffu, /* Inf, NaN */
+        0xffc00000u, 0x7f810000u};
+    int ok = 1;
+    uint64_t checked = 0;
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++, checked++) ok &= bf16_check_bits(special[i]);
+    for (uint64_t u = 0; u <= 0xffffffffull; u += 4099, checked++) ok &= bf16_check_bits((uint32_t)u);
+    for (uint32_t h = 0; h <= 0xffffu; h++, checked++) /* every bf16 survives the round trip */
+        ok &= bf16_is_nan((bf16_t)h) ? bf16_is_nan(bf16_from_float(bf16_to_float((bf16_t)h)))
+                                     : bf16_from_float(bf16_to_float((bf16_t)h)) == h;
+    EXPECT(ok, "bf16 round-to-nearest-even conversion against the reference");
+    printf("%s bf16 conversion against the reference (%llu values: ties, denormals, overflow, Inf, "
+           "NaN, every bf16 round trip)\n", ok ? "ok  " : "FAIL", (unsigned long long)checked);
+    /* the values the forward/backward cases rely on */
+    ok = bf16_from_float(1.0f) == 0x3f80u && bf16_from_float(-2.0f) == 0xc000u &&
+         bf16_to_float(0x3f80u) == 1.0f && bf16_from_float(3.4e38f) == 0x7f80u;
+    EXPECT(ok, "bf16 known values");
+    printf("%s bf16 known values\n", ok ? "ok  " : "FAIL");
+}
+
 /* ---- the kernels' reduction, thread by thread ---- */
 
 typedef void (*LaneFn)(const void *a, int ch, int p, int lane, double *s);
@@ -101,22 +183,23 @@ typedef struct {
     const float *x, *bias, *gamma, *beta, *y, *dy;
     float *save_mean, *save_invstd, *running_mean, *running_var, *aff, *dgamma, *dbeta, *dsum;
     float momentum, eps;
+    int bf16; /* activations stored as bfloat16 */
 } BnCase;
 
 static void fwd_lane(const void *p, int ch, int chunk, int lane, double *s) {
     const BnCase *a = p;
-    bn_fwd_lane(a->x, a->bias, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s);
+    bn_fwd_lane(a->x, a->bias, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s, a->bf16);
 }
 
 static void fwd_final(void *p, int ch, const double *t) {
     BnCase *a = p;
     bn_fwd_final(a->rows, a->c, ch, a->x, a->bias, t, a->gamma, a->beta, a->momentum, a->eps,
-                 a->save_mean, a->save_invstd, a->running_mean, a->running_var, a->aff);
+                 a->save_mean, a->save_invstd, a->running_mean, a->running_var, a->aff, a->bf16);
 }
 
 static void bwd_lane(const void *p, int ch, int chunk, int lane, double *s) {
     const BnCase *a = p;
-    bn_bwd_lane(a->x, a->y, a->dy, a->save_mean, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s);
+    bn_bwd_lane(a->x, a->y, a->dy, a->save_mean, a->rows, a->c, bn_chunks(a->rows, a->c), ch, chunk, lane, s, a->bf16);
 }
 
 static void bwd_final(void *p, int ch, const double *t) {
@@ -127,16 +210,18 @@ static void bwd_final(void *p, int ch, const double *t) {
 
 /* ---- training forward, with and without a deferred bias ---- */
 
-static void test_forward(int64_t rows, int c, int mode, int with_bias) {
+static void test_forward(int64_t rows, int c, int mode, int with_bias, int bf16) {
     size_t nx = (size_t)rows * c;
     char what[160];
     float *x0 = vec(nx, -2, 3), *z = vec(nx, -1, 1), *bias = vec((size_t)c, -0.5f, 0.5f);
+    round_all(x0, nx, bf16); /* the values the activation type holds */
+    round_all(z, nx, bf16);
     float *gamma = vec((size_t)c, 0.5f, 1.5f), *beta = vec((size_t)c, -0.5f, 0.5f);
     float *rm = vec((size_t)c, -0.2f, 0.2f), *rv = vec((size_t)c, 0.5f, 1.5f);
     /* the CPU: the conv output with its bias already added, then the ops */
     float *xb = copy_of(x0, nx);
     if (with_bias)
-        for (size_t i = 0; i < nx; i++) xb[i] = x0[i] + bias[i % (size_t)c];
+        for (size_t i = 0; i < nx; i++) xb[i] = act_round(x0[i] + bias[i % (size_t)c], bf16);
     float *want = xmalloc(nx * sizeof(float)), *wm = xmalloc(c * sizeof(float));
     float *wi = xmalloc(c * sizeof(float)), *wrm = copy_of(rm, c), *wrv = copy_of(rv, c);
     if (mode == BN_RELU) {
@@ -146,25 +231,27 @@ static void test_forward(int64_t rows, int c, int mode, int with_bias) {
         if (mode == BN_ADD_RELU) add_relu_forward(nx, want, z, want);
     }
     /* the kernels' functions */
-    float *x = copy_of(with_bias ? x0 : xb, nx), *y = xmalloc(nx * sizeof(float));
+    float *x = pack(with_bias ? x0 : xb, nx, bf16), *y = xmalloc(nx * sizeof(float));
+    float *zp = pack(z, nx, bf16);
     float *gm = xmalloc(c * sizeof(float)), *gi = xmalloc(c * sizeof(float));
     float *grm = copy_of(rm, c), *grv = copy_of(rv, c), *aff = xmalloc(2 * c * sizeof(float));
     BnCase a = {rows, c, x, with_bias ? bias : NULL, gamma, beta, NULL, NULL,
-                gm, gi, grm, grv, aff, NULL, NULL, NULL, 0.1f, 1e-5f};
+                gm, gi, grm, grv, aff, NULL, NULL, NULL, 0.1f, 1e-5f, bf16};
     emulate_reduce(2, rows, c, &a, fwd_lane, fwd_final);
     for (size_t i = 0; i < nx; i++)
-        bn_fwd_apply((int64_t)i, c, x, a.bias, aff, z, mode, y);
+        bn_fwd_apply((int64_t)i, c, x, a.bias, aff, zp, mode, y, bf16);
     static const char *modes[] = {"bn", "bn+relu", "bn+add+relu"};
     const char *bt = with_bias ? ", deferred bias" : "";
-#define WHAT(s) (snprintf(what, sizeof what, "%s train %lld x %d%s: %s", modes[mode], (long long)rows, \
-                          c, bt, s), what)
-    expect_close(WHAT("y"), y, want, nx, 2e-5, 2e-5);
+#define WHAT(s) (snprintf(what, sizeof what, "%s train %lld x %d%s%s: %s", modes[mode], (long long)rows, \
+                          c, bt, bf16 ? ", bf16" : "", s), what)
+    float *yv = unpack(y, nx, bf16), *xv = unpack(x, nx, bf16);
+    expect_close(WHAT("y"), yv, want, nx, 2e-5, 2e-5 + (bf16 ? BF16_RTOL : 0.0));
     expect_close(WHAT("save_mean"), gm, wm, c, 1e-6, 1e-5);
     expect_close(WHAT("save_invstd"), gi, wi, c, 1e-6, 1e-5);
     expect_close(WHAT("running_mean"), grm, wrm, c, 1e-6, 1e-5);
     expect_close(WHAT("running_var"), grv, wrv, c, 1e-6, 1e-5);
     if (with_bias) {
-        int same = memcmp(x, xb, nx * sizeof(float)) == 0;
+        int same = memcmp(xv, xb, nx * sizeof(float)) == 0;
         WHAT("x + bias written back");
         EXPECT(same, "%s", what);
         printf("%s %s\n", same ? "ok  " : "FAIL", what);
@@ -172,36 +259,44 @@ static void test_forward(int64_t rows, int c, int mode, int with_bias) {
 #undef WHAT
     free(x0); free(z); free(bias); free(gamma); free(beta); free(rm); free(rv); free(xb);
     free(want); free(wm); free(wi); free(wrm); free(wrv); free(x); free(y); free(gm); free(gi);
-    free(grm); free(grv); free(aff);
+    free(grm); free(grv); free(aff); free(zp); free(yv); free(xv);
 }
 
 /* ---- inference ---- */
 
-static void test_eval(int64_t rows, int c, int with_bias) {
+static void test_eval(int64_t rows, int c, int with_bias, int bf16) {
     size_t nx = (size_t)rows * c;
     char what[128];
     float *x0 = vec(nx, -2, 3), *bias = vec((size_t)c, -0.5f, 0.5f);
+    round_all(x0, nx, bf16);
     float *gamma = vec((size_t)c, 0.5f, 1.5f), *beta = vec((size_t)c, -0.5f, 0.5f);
     float *rm = vec((size_t)c, -0.2f, 0.2f), *rv = vec((size_t)c, 0.5f, 1.5f);
     float *xb = copy_of(x0, nx), *want = xmalloc(nx * sizeof(float)), *y = xmalloc(nx * sizeof(float));
     if (with_bias)
-        for (size_t i = 0; i < nx; i++) xb[i] = x0[i] + bias[i % (size_t)c];
+        for (size_t i = 0; i < nx; i++) xb[i] = act_round(x0[i] + bias[i % (size_t)c], bf16);
     batchnorm2d_forward_eval((int)rows, c, xb, gamma, beta, rm, rv, 1e-5f, want);
-    float *x = copy_of(with_bias ? x0 : xb, nx), *aff = xmalloc(2 * c * sizeof(float));
+    float *x = pack(with_bias ? x0 : xb, nx, bf16), *aff = xmalloc(2 * c * sizeof(float));
     for (int ch = 0; ch < c; ch++) bn_eval_final(c, ch, gamma, beta, rm, rv, 1e-5f, aff);
-    for (size_t i = 0; i < nx; i++) bn_fwd_apply((int64_t)i, c, x, with_bias ? bias : NULL, aff, NULL, BN_PLAIN, y);
-    snprintf(what, sizeof what, "bn eval %lld x %d%s: y", (long long)rows, c, with_bias ? ", deferred bias" : "");
-    expect_close(what, y, want, nx, 2e-5, 2e-5);
+    for (size_t i = 0; i < nx; i++)
+        bn_fwd_apply((int64_t)i, c, x, with_bias ? bias : NULL, aff, NULL, BN_PLAIN, y, bf16);
+    snprintf(what, sizeof what, "bn eval %lld x %d%s%s: y", (long long)rows, c,
+             with_bias ? ", deferred bias" : "", bf16 ? ", bf16" : "");
+    float *yv = unpack(y, nx, bf16);
+    expect_close(what, yv, want, nx, 2e-5, 2e-5 + (bf16 ? BF16_RTOL : 0.0));
+    free(yv);
     free(x0); free(bias); free(gamma); free(beta); free(rm); free(rv); free(xb); free(want); free(y);
     free(x); free(aff);
 }
 
 /* ---- backward, and the conv bias gradient ---- */
 
-static void test_backward(int64_t rows, int c, int relu) {
+static void test_backward(int64_t rows, int c, int relu, int bf16) {
     size_t nx = (size_t)rows * c;
     char what[160];
     float *x = vec(nx, -2, 3), *y = vec(nx, -1, 1), *dy = vec(nx, -1, 1);
+    round_all(x, nx, bf16);
+    round_all(y, nx, bf16);
+    round_all(dy, nx, bf16);
     float *gamma = vec((size_t)c, 0.5f, 1.5f), *mean = xmalloc(c * sizeof(float));
     float *inv = xmalloc(c * sizeof(float));
     for (size_t i = 0; i < nx; i++) y[i] = y[i] < 0 ? 0 : y[i];
@@ -221,13 +316,15 @@ static void test_backward(int64_t rows, int c, int relu) {
         batchnorm2d_backward((int)rows, c, x, gamma, mean, inv, dy, want, wg, wb);
     float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
     float *k = xmalloc(3 * c * sizeof(float)), *dsum = xmalloc(c * sizeof(float));
-    BnCase a = {rows, c, x, NULL, gamma, NULL, relu ? y : NULL, dy,
-                mean, inv, NULL, NULL, k, dg, db, dsum, 0.0f, 0.0f};
+    float *xp = pack(x, nx, bf16), *yp = pack(y, nx, bf16), *dyp = pack(dy, nx, bf16);
+    BnCase a = {rows, c, xp, NULL, gamma, NULL, relu ? yp : NULL, dyp,
+                mean, inv, NULL, NULL, k, dg, db, dsum, 0.0f, 0.0f, bf16};
     emulate_reduce(3, rows, c, &a, bwd_lane, bwd_final);
-    for (size_t i = 0; i < nx; i++) bn_bwd_apply((int64_t)i, c, x, a.y, dy, k, dx);
-#define WHAT(s) (snprintf(what, sizeof what, "bn%s backward %lld x %d: %s", relu ? "+relu" : "", \
-                          (long long)rows, c, s), what)
-    expect_close(WHAT("dx"), dx, want, nx, 2e-5, 1e-4);
+    for (size_t i = 0; i < nx; i++) bn_bwd_apply((int64_t)i, c, xp, a.y, dyp, k, dx, bf16);
+#define WHAT(s) (snprintf(what, sizeof what, "bn%s backward %lld x %d%s: %s", relu ? "+relu" : "", \
+                          (long long)rows, c, bf16 ? ", bf16" : "", s), what)
+    float *dxv = unpack(dx, nx, bf16);
+    expect_close(WHAT("dx"), dxv, want, nx, 2e-5, 1e-4 + (bf16 ? BF16_RTOL : 0.0));
     expect_close(WHAT("dgamma"), dg, wg, c, 1e-4, 1e-5);
     expect_close(WHAT("dbeta"), db, wb, c, 1e-4, 1e-5);
     /* dsum: the column sum of dx (the conv bias gradient), against the CPU conv's
@@ -251,6 +348,7 @@ static void test_backward(int64_t rows, int c, int relu) {
 #undef WHAT
     free(x); free(y); free(dy); free(gamma); free(mean); free(inv); free(want); free(wg); free(wb);
     free(dx); free(dg); free(db); free(k); free(dsum); free(colsum); free(lim);
+    free(xp); free(yp); free(dyp); free(dxv);
 }
 
 /* The chunking covers every row once, whatever the row count. */
@@ -283,25 +381,33 @@ int main(void) {
     log_set_program("test_bn_nhwc");
     ops_set_threads(1);
     test_chunks();
+    test_bf16_convert();
     /* channel counts across the 32-channel tile; rows: tiny, odd, past the chunk clamp */
     static const struct { int64_t rows; int c; } shapes[] = {{1, 3}, {7, 8}, {147, 33}, {3000, 16},
                                                             {300001, 4}, {4100, 70}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        int64_t rows = shapes[s].rows;
-        int c = shapes[s].c;
-        for (int mode = BN_PLAIN; mode <= BN_ADD_RELU; mode++) test_forward(rows, c, mode, 0);
-        test_forward(rows, c, BN_RELU, 1);
-        test_eval(rows, c, 0);
-        test_eval(rows, c, 1);
-        if (rows > 1) {
-            test_backward(rows, c, 0);
-            test_backward(rows, c, 1);
+    for (int bf16 = 0; bf16 <= 1; bf16++) /* fp32 activations, then bfloat16 */
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int64_t rows = shapes[s].rows;
+            int c = shapes[s].c;
+            for (int mode = BN_PLAIN; mode <= BN_ADD_RELU; mode++) test_forward(rows, c, mode, 0, bf16);
+            test_forward(rows, c, BN_RELU, 1, bf16);
+            test_eval(rows, c, 0, bf16);
+            test_eval(rows, c, 1, bf16);
+            if (rows > 1) {
+                test_backward(rows, c, 0, bf16);
+                test_backward(rows, c, 1, bf16);
+            }
         }
-    }
     /* NaN passes through the fused ReLU (the trainer's NaN stop relies on it) */
     float x[2] = {NAN, -1.0f}, aff[2] = {1.0f, 0.0f}, y[2];
-    for (int i = 0; i < 2; i++) bn_fwd_apply(i, 1, x, NULL, aff, NULL, BN_RELU, y);
+    for (int i = 0; i < 2; i++) bn_fwd_apply(i, 1, x, NULL, aff, NULL, BN_RELU, y, 0);
     EXPECT(isnan(y[0]) && y[1] == 0.0f, "bn+relu passes NaN");
     printf("%s bn+relu passes NaN\n", isnan(y[0]) && y[1] == 0.0f ? "ok  " : "FAIL");
+    float xb[2], yb[2];
+    for (int i = 0; i < 2; i++) act_store(xb, i, x[i], 1);
+    for (int i = 0; i < 2; i++) bn_fwd_apply(i, 1, xb, NULL, aff, NULL, BN_RELU, yb, 1);
+    int nan_ok = isnan(act_load(yb, 0, 1)) && act_load(yb, 1, 1) == 0.0f;
+    EXPECT(nan_ok, "bn+relu passes NaN (bf16)");
+    printf("%s bn+relu passes NaN (bf16)\n", nan_ok ? "ok  " : "FAIL");
     return unit_report("test_bn_nhwc");
 }

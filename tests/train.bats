@@ -244,3 +244,21 @@ train_bg() { # output file, run-dir, extra args...
     assert_failure 1
     [[ "$stderr" == *"--device cuda: "* ]]
 }
+
+@test "--precision bf16 on the CPU is refused: exit 2, one line with the reason, no snapshot" {
+    run --separate-stderr "$BIN/cifar-train" --device cpu --precision bf16 --epochs 1 --batch-size 64 \
+        --threads 1 --run-dir "$BATS_TEST_TMPDIR/run" "$LMDB"
+    assert_failure 2
+    [ "$(echo "$stderr" | grep -c -- '--precision bf16 runs on the GPU only.*(--device cpu)')" -eq 1 ] ||
+        { echo "$stderr"; false; }
+    [ -z "$(find "$BATS_TEST_TMPDIR/run" -name '*.safetensors' 2>/dev/null)" ]
+    # fp32 and tf32 (the default) are what the CPU computes anyway: accepted
+    run --separate-stderr "$BIN/cifar-train" --device cpu --precision fp32 --epochs 1 --batch-size 64 \
+        --threads 1 --run-dir "$BATS_TEST_TMPDIR/run32" "$LMDB"
+    assert_success
+    [ ! -e /dev/nvidia0 ] || skip_because "a GPU is present: --device auto would not fall back"
+    run --separate-stderr "$BIN/cifar-train" --precision bf16 --epochs 1 --batch-size 64 --threads 1 \
+        --run-dir "$BATS_TEST_TMPDIR/run2" "$LMDB"
+    assert_failure 2
+    [ "$(echo "$stderr" | grep -c -- '--precision bf16 runs on the GPU only')" -eq 1 ] || { echo "$stderr"; false; }
+}

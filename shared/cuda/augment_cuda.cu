@@ -9,12 +9,14 @@
  * pixels and labels hold the batch's records in batch order, so sample i's record
  * is row i, while its random crop and flip are still keyed by its index in the
  * split, idx[i]: the same batch as from the resident split. */
+#include "cuda/bn_nhwc.h"
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
 #include "util/rng.h"
 
 #define AUGMENT_BLOCK 256
 
+template <int BF16>
 __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32_t *labels,
                                const int64_t *idx, int n, float *out, int32_t *out_labels,
                                const int64_t *epoch_dev, int staged) {
@@ -39,13 +41,13 @@ __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32
         const int sy = y + d.dy - s.pad;
         const int xx = d.flip ? w - 1 - x : x; /* flip after cropping, as torchvision */
         const int sx = xx + d.dx - s.pad;
-        float *o = out + (int64_t)i * rec_bytes + ((int64_t)y * w + x) * c;
+        const int64_t o = (int64_t)i * rec_bytes + ((int64_t)y * w + x) * c;
         const int inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
         const uint8_t *p = inside ? pixels + row * rec_bytes + ((int64_t)sy * w + sx) * c : pixels;
         for (int ch = 0; ch < c; ch++) {
             const float scale = __fdiv_rn(1.0f, __fmul_rn(255.0f, s.std[ch]));
             const float shift = __fdiv_rn(-s.mean[ch], s.std[ch]);
-            o[ch] = inside ? __fadd_rn(__fmul_rn((float)p[ch], scale), shift) : shift;
+            act_store(out, o + ch, inside ? __fadd_rn(__fmul_rn((float)p[ch], scale), shift) : shift, BF16);
         }
         if (y == 0 && x == 0) out_labels[i] = labels[row];
     }
@@ -59,7 +61,12 @@ extern "C" void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const 
     int64_t total = (int64_t)n * spec->h * spec->w;
     int64_t blocks = (total + AUGMENT_BLOCK - 1) / AUGMENT_BLOCK;
     if (blocks > (1 << 20)) blocks = 1 << 20;
-    augment_kernel<<<(unsigned)blocks, AUGMENT_BLOCK, 0, (cudaStream_t)cuda_ctx_stream(ctx)>>>(
-        *spec, pixels, labels, idx, n, out, out_labels, epoch_dev, staged);
+    cudaStream_t s = (cudaStream_t)cuda_ctx_stream(ctx);
+    if (cuda_ctx_bf16(ctx)) /* the stem conv reads bfloat16 (ops_cuda.h) */
+        augment_kernel<1><<<(unsigned)blocks, AUGMENT_BLOCK, 0, s>>>(*spec, pixels, labels, idx, n, out,
+                                                                    out_labels, epoch_dev, staged);
+    else
+        augment_kernel<0><<<(unsigned)blocks, AUGMENT_BLOCK, 0, s>>>(*spec, pixels, labels, idx, n, out,
+                                                                    out_labels, epoch_dev, staged);
     CHECK_CUDA_LAST();
 }

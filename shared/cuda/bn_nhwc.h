@@ -21,13 +21,22 @@
  * to x as it is read (bn_in) and written back into x by the element-wise pass, so x
  * ends as the conv's contract says; and the backward reduction also sums x - mean,
  * from which the conv's bias gradient (the column sum of this BN's dx) is computed
- * exactly (bn_bwd_final: dsum). */
+ * exactly (bn_bwd_final: dsum).
+ *
+ * Activation type (--precision bf16): every function that reads or writes an
+ * activation (x, y, z, dy, dx) takes `bf16` last: 0, they are floats; 1, they are
+ * bfloat16 (bf16.h) stored in the same float-typed buffers (half the bytes), read
+ * and written through act_load / act_store. The arithmetic, the statistics, the
+ * parameters and the saved and running statistics stay in float/double either way.
+ * The kernels pass a compile-time constant, so each instance has no branch. */
 #ifndef CIFAR_BN_NHWC_H
 #define CIFAR_BN_NHWC_H
 
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "cuda/bf16.h"
 
 #ifdef __CUDACC__
 #define BN_HD static inline __host__ __device__
@@ -79,23 +88,40 @@ BN_HD void bn_chunk_rows(int64_t rows, int chunks, int p, int64_t *r0, int64_t *
     *r1 = b < rows ? b : rows;
 }
 
-/* x as the BN sees it: plus the deferred conv bias of its channel, when there is one. */
-BN_HD float bn_in(const float *x, const float *bias, int64_t i, int ch) {
-    return bias ? x[i] + bias[ch] : x[i];
+/* Element i of an activation tensor of floats (bf16 = 0) or bfloat16 (1). */
+BN_HD float act_load(const float *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const bf16_t *)p)[i]) : p[i];
+}
+
+BN_HD void act_store(float *p, int64_t i, float v, int bf16) {
+    if (bf16)
+        ((bf16_t *)p)[i] = bf16_from_float(v);
+    else
+        p[i] = v;
+}
+
+/* v as the activation type holds it (the identity for floats). */
+BN_HD float act_round(float v, int bf16) { return bf16 ? bf16_to_float(bf16_from_float(v)) : v; }
+
+/* x as the BN sees it: plus the deferred conv bias of its channel, when there is one
+ * (rounded to the activation type: what the element-wise pass writes back). */
+BN_HD float bn_in(const float *x, const float *bias, int64_t i, int ch, int bf16) {
+    float v = act_load(x, i, bf16);
+    return bias ? act_round(v + bias[ch], bf16) : v;
 }
 
 BN_HD float bn_relu(float v) { return v <= 0.0f ? 0.0f : v; } /* NaN passes */
 
 /* Forward statistics of one lane: s[0] = sum (v - shift), s[1] = sum (v - shift)^2. */
 BN_HD void bn_fwd_lane(const float *x, const float *bias, int64_t rows, int c, int chunks, int ch,
-                       int p, int lane, double *s) {
+                       int p, int lane, double *s, int bf16) {
     int64_t r0, r1;
     bn_chunk_rows(rows, chunks, p, &r0, &r1);
-    const double shift = (double)bn_in(x, bias, ch, ch);
+    const double shift = (double)bn_in(x, bias, ch, ch, bf16);
     double s1 = 0.0, s2 = 0.0;
     BN_UNROLL
     for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
-        double d = (double)bn_in(x, bias, r * c + ch, ch) - shift;
+        double d = (double)bn_in(x, bias, r * c + ch, ch, bf16) - shift;
         s1 += d;
         s2 += d * d;
     }
@@ -106,7 +132,8 @@ BN_HD void bn_fwd_lane(const float *x, const float *bias, int64_t rows, int c, i
 /* Backward sums of one lane, g = dy masked by y > 0 when y is given (the ReLU after
  * the BN): s[0] = sum g, s[1] = sum g*(x - mean), s[2] = sum (x - mean). */
 BN_HD void bn_bwd_lane(const float *x, const float *y, const float *dy, const float *save_mean,
-                       int64_t rows, int c, int chunks, int ch, int p, int lane, double *s) {
+                       int64_t rows, int c, int chunks, int ch, int p, int lane, double *s,
+                       int bf16) {
     int64_t r0, r1;
     bn_chunk_rows(rows, chunks, p, &r0, &r1);
     const double mean = (double)save_mean[ch];
@@ -114,8 +141,8 @@ BN_HD void bn_bwd_lane(const float *x, const float *y, const float *dy, const fl
     BN_UNROLL
     for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
         int64_t i = r * c + ch;
-        float g = y ? (y[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
-        double xm = (double)x[i] - mean;
+        float g = y ? (act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f) : act_load(dy, i, bf16);
+        double xm = (double)act_load(x, i, bf16) - mean;
         a1 += g;
         a2 += (double)g * xm;
         a3 += xm;
@@ -145,8 +172,8 @@ BN_HD void bn_running_update(int64_t rows, double mean, double var, float moment
 BN_HD void bn_fwd_final(int64_t rows, int c, int ch, const float *x, const float *bias,
                         const double *s, const float *gamma, const float *beta, float momentum,
                         float eps, float *save_mean, float *save_invstd, float *running_mean,
-                        float *running_var, float *aff) {
-    double dm = s[0] / rows, mean = (double)bn_in(x, bias, ch, ch) + dm;
+                        float *running_var, float *aff, int bf16) {
+    double dm = s[0] / rows, mean = (double)bn_in(x, bias, ch, ch, bf16) + dm;
     double var = s[1] / rows - dm * dm;
     var = var < 0 ? 0 : var; /* NaN stays NaN */
     double invstd = 1.0 / sqrt(var + (double)eps);
@@ -190,22 +217,22 @@ BN_HD void bn_bwd_final(int64_t rows, int c, int ch, const double *s, const floa
 /* Forward element i: v = x (+ deferred bias, written back into x), then the affine,
  * then by mode nothing, ReLU, or + z and ReLU. */
 BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const float *aff,
-                        const float *z, int mode, float *y) {
+                        const float *z, int mode, float *y, int bf16) {
     int ch = bn_channel(i, c);
-    float v = bn_in(x, bias, i, ch);
-    if (bias) x[i] = v;
+    float v = bn_in(x, bias, i, ch, bf16);
+    if (bias) act_store(x, i, v, bf16);
     float t = v * aff[ch] + aff[c + ch];
     if (mode == BN_RELU) t = bn_relu(t);
-    else if (mode == BN_ADD_RELU) t = bn_relu(t + z[i]);
-    y[i] = t;
+    else if (mode == BN_ADD_RELU) t = bn_relu(t + act_load(z, i, bf16));
+    act_store(y, i, t, bf16);
 }
 
 /* Backward element i: dx = k1*g + k2*x + k3 (dx may be dy). */
 BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const float *dy,
-                        const float *k, float *dx) {
+                        const float *k, float *dx, int bf16) {
     int ch = bn_channel(i, c);
-    float g = y ? (y[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
-    dx[i] = k[ch] * g + k[c + ch] * x[i] + k[2 * c + ch];
+    float g = y ? (act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f) : act_load(dy, i, bf16);
+    act_store(dx, i, k[ch] * g + k[c + ch] * act_load(x, i, bf16) + k[2 * c + ch], bf16);
 }
 
 #endif

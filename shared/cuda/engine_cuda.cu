@@ -40,7 +40,15 @@
  * one line says why and the engine runs eagerly from then on; CIFAR_CUDA_GRAPH=0
  * disables the graph. CIFAR_CUDA_PHASES=1 (make bench-gpu) runs every step eagerly
  * with CUDA events between augment, forward, loss+backward and the update, and logs
- * the split of the GPU time when the engine is destroyed. */
+ * the split of the GPU time when the engine is destroyed.
+ *
+ * --precision bf16 (ops_cuda.h, "bf16 activations"; compute capability 8.0 or newer,
+ * else the run stops with the reason, exit status 2): the context's activations are
+ * bfloat16; params, grads, momentum and BN buffers stay the fp32 flat buffers above.
+ * Each step refreshes the bf16 shadow of the params (one kernel, before the forward)
+ * and widens the conv weight gradients cuDNN wrote in bf16 into the fp32 grads (one
+ * kernel, after the backward), both inside the captured graph; the all-reduce, the
+ * SGD and the snapshots are those of fp32. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +90,8 @@ typedef struct {
 
 typedef struct {
     CudaCtx *ctx;
-    int tf32;
+    int tf32, bf16;
+    uint8_t *conv_mask; /* bf16: 1 where a param is a conv weight (device) */
     Net *net;
     /* model state */
     float *params, *grads, *momentum, *buffers;
@@ -195,10 +204,12 @@ static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     augment_batch_cuda(g->ctx, &spec, src->px, src->lab, g->idx, n, g->batch_x, g->batch_y,
                        &g->args->epoch, src->staged);
     phase_mark(g, PHASE_FORWARD);
+    if (g->bf16) cuda_bf16_weights_refresh(g->ctx); /* after the previous step's SGD */
     net_forward(g->net, g->params, g->buffers, 1, g->batch_x, n);
     phase_mark(g, PHASE_BACKWARD);
     net_backward(g->net, g->params, g->batch_y, n, e->cfg.label_smoothing, g->grads, g->loss,
                  g->correct);
+    if (g->bf16) cuda_bf16_grads_collect(g->ctx); /* before the all-reduce and the SGD */
     phase_mark(g, PHASE_UPDATE);
     if (fuse_sgd) sgd_step(e, g);
     cuda_deferred_flush(g->ctx); /* nothing deferred may outlive a captured step */
@@ -395,6 +406,7 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_batch_cuda(g->ctx, &spec, g->test_src.px, g->test_src.lab, g->idx, n, g->batch_x,
                        g->batch_y, NULL, g->test_src.staged);
+    if (g->bf16) cuda_bf16_weights_refresh(g->ctx);
     net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
     cuda_deferred_flush(g->ctx);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
@@ -483,6 +495,7 @@ static void cuda_destroy(Engine *e) {
     cuda_free(g->buffers);
     cuda_free(g->stage);
     cuda_free(g->decay_mask);
+    cuda_free(g->conv_mask);
     cuda_free(g->train_px);
     cuda_free(g->test_px);
     cuda_free(g->train_lab);
@@ -612,11 +625,16 @@ static void data_sources(GpuEngine *g) {
                                    : BatchSource{g->test_px, g->test_lab, 0};
 }
 
-static uint8_t *decay_mask_upload(GpuEngine *g, const Model *m) {
+/* Which params a mask selects. */
+static int param_decays(const TensorInfo *ti) { return ti->decay; }
+static int param_is_conv_weight(const TensorInfo *ti) { return ti->ndim == 4; }
+
+/* A device byte per param: 1 where pick(its tensor). */
+static uint8_t *param_mask_upload(GpuEngine *g, const Model *m, int (*pick)(const TensorInfo *)) {
     uint8_t *mask = (uint8_t *)xcalloc(m->num_params, 1);
     for (int t = 0; t < m->n_tensors; t++) {
         const TensorInfo *ti = &m->tensors[t];
-        if (ti->kind == TENSOR_PARAM && ti->decay) memset(mask + ti->offset, 1, ti->numel);
+        if (ti->kind == TENSOR_PARAM && pick(ti)) memset(mask + ti->offset, 1, ti->numel);
     }
     uint8_t *dev = (uint8_t *)cuda_alloc(m->num_params);
     cuda_upload(g->ctx, dev, mask, m->num_params);
@@ -647,6 +665,18 @@ static int gpus_too_few(int count, char *err, size_t errlen) {
     return 1;
 }
 
+/* bfloat16 convolutions (cuDNN's PSEUDO_BFLOAT16 configuration on bf16 tensor
+ * cores) need compute capability 8.0 (Ampere) or newer. Below it the run stops here
+ * with the reason and exit status 2, as for a bad option: no device of this machine
+ * would do better, and the CPU computes fp32 only (device.c refuses bf16 there too). */
+static void bf16_check_device(int device) {
+    int cc = ops_cuda_compute_capability(device);
+    if (cc < 80)
+        die_usage("--precision bf16 needs a GPU of compute capability 8.0 or newer (bfloat16 tensor "
+                  "cores); device %d is %d.%d ---> HINT: use --precision fp32 or tf32",
+                  device, cc / 10, cc % 10);
+}
+
 static const EngineOps cuda_engine_ops = {
     "cuda",
     cuda_train_step,
@@ -661,10 +691,6 @@ static const EngineOps cuda_engine_ops = {
 extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t errlen) {
     const Model *m = cfg->model;
     const ModelConfig *mc = &m->cfg;
-    if (cfg->precision == PRECISION_BF16) {
-        snprintf(err, errlen, "--precision bf16 is not implemented yet on the GPU: use fp32 or tf32");
-        return NULL;
-    }
     int count = ops_cuda_device_count();
     if (count == 0) {
         snprintf(err, errlen, "no usable CUDA device (no NVIDIA driver, or no GPU visible)");
@@ -680,6 +706,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
         return NULL;
     }
     if (gpus_too_few(count, err, errlen)) return NULL;
+    if (cfg->precision == PRECISION_BF16) bf16_check_device(cfg->device);
     split_check_labels(&cfg->train, "train", m->fc_out);
     split_check_labels(&cfg->test, "test", m->fc_out);
 
@@ -689,7 +716,9 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     e->cfg = *cfg;
     e->impl = g;
     g->tf32 = cfg->precision == PRECISION_TF32;
+    g->bf16 = cfg->precision == PRECISION_BF16;
     g->ctx = cuda_ctx_create(cfg->device, g->tf32, cfg->deterministic);
+    if (g->bf16) cuda_ctx_use_bf16(g->ctx); /* before the conv plans */
     const char *ge = getenv("CIFAR_CUDA_GRAPH");
     g->graph_enabled = !(ge && strcmp(ge, "0") == 0);
     const char *ph = getenv("CIFAR_CUDA_PHASES");
@@ -707,7 +736,11 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     g->buffers = (float *)cuda_alloc((nbuf ? nbuf : 1) * sizeof(float));
     cuda_memset_async(g->ctx, g->grads, 0, np * sizeof(float));
     cuda_memset_async(g->ctx, g->momentum, 0, np * sizeof(float));
-    g->decay_mask = decay_mask_upload(g, m);
+    g->decay_mask = param_mask_upload(g, m, param_decays);
+    if (g->bf16) {
+        g->conv_mask = param_mask_upload(g, m, param_is_conv_weight);
+        cuda_bf16_shadow_init(g->ctx, g->params, g->grads, np, g->conv_mask);
+    }
 
     /* cifar-eval (no training split) plans inference only. */
     g->net = net_create(m, net_cuda_ops(), g->ctx, cfg->max_batch, cfg->train.count > 0);
@@ -732,7 +765,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     struct cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, cfg->device));
     log_info("cuda engine: device %d (%s), %s%s, activations %.1f MiB, conv workspace %.1f MiB%s",
-             cfg->device, prop.name, g->tf32 ? "tf32" : "fp32",
+             cfg->device, prop.name, g->bf16 ? "bf16 activations, fp32 weights" : g->tf32 ? "tf32" : "fp32",
              cfg->deterministic ? ", deterministic" : "", (double)net_arena_bytes(g->net) / (1 << 20),
              (double)net_workspace_bytes(g->net) / (1 << 20), g->graph_enabled ? ", CUDA graph" : "");
     return e;

@@ -9,7 +9,11 @@
  * backward waits for the conv backward that follows to write that conv's bias
  * gradient (the column sum of its dx) directly (no column-sum passes, no copy).
  * Every other op flushes what is deferred first, so the table keeps net_ops.h's
- * contracts for any sequence of calls. */
+ * contracts for any sequence of calls.
+ *
+ * bf16 (ops_cuda.h, "bf16 activations"): the same table; the activations are
+ * bfloat16 in the executor's float-typed buffers, and the convs read and write the
+ * bf16 shadows of their weight and weight gradient (cuda_bf16_weight / _grad). */
 #include <string.h>
 
 #include "cuda/cuda_check.h"
@@ -64,7 +68,8 @@ static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const 
                             const float *bias, float *y, void *ws, size_t ws_bytes) {
     const ConvSpec *cs = conv_cuda_spec(PLAN(plan));
     cuda_deferred_flush(CTX(ctx)); /* x may be a deferred output itself */
-    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, weight, NULL, y, ws, ws_bytes);
+    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, cuda_bf16_weight(CTX(ctx), weight), NULL, y, ws,
+                      ws_bytes);
     cuda_bias_defer(CTX(ctx), y, bias, (size_t)n * conv_cuda_out_pixels(PLAN(plan)), cs->cout);
 }
 
@@ -73,8 +78,8 @@ static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const
                              size_t ws_bytes) {
     /* the BN backward that produced dy writes this conv's bias gradient itself */
     int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
-    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, folded ? NULL : dbias, ws,
-                       ws_bytes);
+    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, cuda_bf16_weight(CTX(ctx), weight), dy, dx,
+                       cuda_bf16_grad(CTX(ctx), dweight), folded ? NULL : dbias, ws, ws_bytes);
 }
 
 static void nc_conv_weight_export(void *ctx, void *plan, const float *dev, float *kcrs) {

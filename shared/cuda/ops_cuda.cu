@@ -12,7 +12,13 @@
  * because setting the stream resets the workspace). Nothing here allocates, frees
  * or synchronises between cuda_ctx_create and cuda_ctx_free except the functions
  * documented as synchronous and the conv plans' creation, so a training step can be
- * captured into a CUDA graph. */
+ * captured into a CUDA graph.
+ *
+ * bf16 (cuda_ctx_use_bf16, ops_cuda.h "bf16 activations"): the kernels that touch
+ * activations are templates on BF16 (0: float, 1: bfloat16 in the same float-typed
+ * buffers), reading and writing through bn_nhwc.h's act_load / act_store; ACT_LAUNCH
+ * picks the instance by ctx->bf16. BF16 = 0 is the fp32 code, operation for
+ * operation. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +45,14 @@ typedef struct {
 
 struct CudaCtx {
     int device, tf32, deterministic;
+    int bf16; /* activations (and the convs' data) in bfloat16 */
+    /* bf16 shadows of the flat fp32 params and grads (cuda_bf16_shadow_init): the
+     * conv weights cuDNN reads, the conv weight gradients it writes */
+    const float *params32;
+    float *grads32;
+    size_t nparams;
+    const uint8_t *conv_mask; /* 1 where a param is a conv weight */
+    bf16_t *w16, *g16;
     cudaStream_t stream;
     cudnnHandle_t cudnn;
     cublasHandle_t cublas;
@@ -71,6 +85,13 @@ extern "C" int ops_cuda_device_count(void) {
         return 0;
     }
     return n;
+}
+
+extern "C" int ops_cuda_compute_capability(int device) {
+    int major = 0, minor = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
 }
 
 extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
@@ -109,6 +130,8 @@ extern "C" void cuda_ctx_free(CudaCtx *ctx) {
     cuda_free(ctx->bn_counters);
     cuda_free(ctx->bn_aff);
     cuda_free(ctx->bn_dsum);
+    cuda_free(ctx->w16);
+    cuda_free(ctx->g16);
     CHECK_CUBLAS(cublasDestroy(ctx->cublas));
     cuda_free(ctx->cublas_ws);
     CHECK_CUDNN(cudnnDestroy(ctx->cudnn));
@@ -116,6 +139,8 @@ extern "C" void cuda_ctx_free(CudaCtx *ctx) {
     free(ctx);
 }
 
+extern "C" void cuda_ctx_use_bf16(CudaCtx *ctx) { ctx->bf16 = 1; }
+extern "C" int cuda_ctx_bf16(const CudaCtx *ctx) { return ctx->bf16; }
 extern "C" int cuda_ctx_device(const CudaCtx *ctx) { return ctx->device; }
 extern "C" int cuda_ctx_deterministic(const CudaCtx *ctx) { return ctx->deterministic; }
 extern "C" void *cuda_ctx_stream(const CudaCtx *ctx) { return (void *)ctx->stream; }
@@ -169,10 +194,21 @@ static unsigned grid_for(size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
          i += (size_t)gridDim.x * blockDim.x)
 
+/* kernel<BF16> on ctx's stream, BF16 = bf16 (0 or 1), then the launch checked. */
+#define ACT_LAUNCH(ctx, bf16, kernel, grid, block, ...)                                         \
+    do {                                                                                        \
+        if (bf16)                                                                               \
+            kernel<1><<<(grid), (block), 0, (ctx)->stream>>>(__VA_ARGS__);                     \
+        else                                                                                    \
+            kernel<0><<<(grid), (block), 0, (ctx)->stream>>>(__VA_ARGS__);                     \
+        CHECK_CUDA_LAST();                                                                      \
+    } while (0)
+
 /* ------------------------------------------------- deterministic column sums */
 
 /* partial[chunk][col] = sum of x[r][col] over the rows of that chunk, in a fixed
  * order: each of the 8 row lanes strides through the chunk, then lanes add up. */
+template <int BF16>
 __global__ void colsum_partial_kernel(const float *x, int64_t rows, int c, int64_t rows_per_chunk,
                                       float *partial) {
     __shared__ float sh[8][33];
@@ -181,7 +217,7 @@ __global__ void colsum_partial_kernel(const float *x, int64_t rows, int c, int64
     int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
     float s = 0.0f;
     if (col < c)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += x[r * c + col];
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += act_load(x, r * c + col, BF16);
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && col < c) {
@@ -199,8 +235,8 @@ __global__ void colsum_final_kernel(const float *partial, int chunks, int c, flo
     out[col] = t;
 }
 
-/* out[c] = sum over rows of x[rows][c] (overwritten). */
-static void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out) {
+/* out[c] = sum over rows of x[rows][c] (overwritten); x bfloat16 when bf16. */
+static void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out, int bf16) {
     if ((size_t)c > COLSUM_SCRATCH_FLOATS)
         die("column sum over %d channels exceeds the %zu-float scratch", c, COLSUM_SCRATCH_FLOATS);
     int64_t chunks = (rows + 255) / 256;
@@ -211,8 +247,7 @@ static void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out
     int64_t per = (rows + chunks - 1) / chunks;
     if (per < 1) per = 1;
     dim3 block(32, 8), grid((unsigned)((c + 31) / 32), (unsigned)chunks);
-    colsum_partial_kernel<<<grid, block, 0, ctx->stream>>>(x, rows, c, per, ctx->colsum_scratch);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, bf16, colsum_partial_kernel, grid, block, x, rows, c, per, ctx->colsum_scratch);
     colsum_final_kernel<<<(unsigned)((c + 127) / 128), 128, 0, ctx->stream>>>(
         ctx->colsum_scratch, (int)chunks, c, out);
     CHECK_CUDA_LAST();
@@ -224,63 +259,68 @@ static void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out
  * NaN stop relies on it). */
 __device__ __forceinline__ float relu_nan(float x) { return x <= 0.0f ? 0.0f : x; }
 
+template <int BF16>
 __global__ void relu_forward_kernel(size_t n, const float *x, float *y) {
-    GRID_STRIDE(i, n) y[i] = relu_nan(x[i]);
+    GRID_STRIDE(i, n) act_store(y, (int64_t)i, relu_nan(act_load(x, (int64_t)i, BF16)), BF16);
 }
 
+template <int BF16>
 __global__ void relu_backward_kernel(size_t n, const float *y, const float *dy, float *dx) {
-    GRID_STRIDE(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    GRID_STRIDE(i, n) {
+        float g = act_load(y, (int64_t)i, BF16) > 0.0f ? act_load(dy, (int64_t)i, BF16) : 0.0f;
+        act_store(dx, (int64_t)i, g, BF16);
+    }
 }
 
+template <int BF16>
 __global__ void add_kernel(size_t n, const float *a, const float *b, float *y) {
-    GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+    GRID_STRIDE(i, n) act_store(y, (int64_t)i, act_load(a, (int64_t)i, BF16) + act_load(b, (int64_t)i, BF16), BF16);
 }
 
+template <int BF16>
 __global__ void add_relu_kernel(size_t n, const float *a, const float *b, float *y) {
     GRID_STRIDE(i, n) {
-        y[i] = relu_nan(__fadd_rn(a[i], b[i]));
+        float v = relu_nan(__fadd_rn(act_load(a, (int64_t)i, BF16), act_load(b, (int64_t)i, BF16)));
+        act_store(y, (int64_t)i, v, BF16);
     }
 }
 
 /* y[r][j] += bias[j] (add) or y[r][j] = bias[j] (!add) over rows x c. */
+template <int BF16>
 __global__ void bias_kernel(size_t total, int c, const float *bias, float *y, int add) {
     GRID_STRIDE(i, total) {
         float b = bias[i % (size_t)c];
-        y[i] = add ? y[i] + b : b;
+        act_store(y, (int64_t)i, add ? act_load(y, (int64_t)i, BF16) + b : b, BF16);
     }
 }
 
 extern "C" void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y) {
     if (!n) return;
-    relu_forward_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, x, y);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, relu_forward_kernel, grid_for(n), OPS_CUDA_BLOCK, n, x, y);
 }
 
 extern "C" void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy,
                                    float *dx) {
     if (!n) return;
-    relu_backward_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, y, dy, dx);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, relu_backward_kernel, grid_for(n), OPS_CUDA_BLOCK, n, y, dy, dx);
 }
 
 extern "C" void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y) {
     if (!n) return;
-    add_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, a, b, y);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, add_kernel, grid_for(n), OPS_CUDA_BLOCK, n, a, b, y);
 }
 
 extern "C" void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b,
                                       float *y) {
     if (!n) return;
-    add_relu_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, a, b, y);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, add_relu_kernel, grid_for(n), OPS_CUDA_BLOCK, n, a, b, y);
 }
 
-static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, float *y, int add) {
+/* y: an activation (bfloat16 when bf16) or, bf16 = 0, floats (the logits). */
+static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, float *y, int add, int bf16) {
     size_t total = rows * (size_t)c;
     if (!total) return;
-    bias_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, bias, y, add);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, bf16, bias_kernel, grid_for(total), OPS_CUDA_BLOCK, total, c, bias, y, add);
 }
 
 /* ------------------------------------------------------ deferred conv bias */
@@ -303,7 +343,7 @@ extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
     if (!ctx->pend_y) return;
     float *y = ctx->pend_y;
     ctx->pend_y = NULL;
-    bias_apply(ctx, ctx->pend_rows, ctx->pend_c, ctx->pend_bias, y, 1);
+    bias_apply(ctx, ctx->pend_rows, ctx->pend_c, ctx->pend_bias, y, 1, ctx->bf16);
 }
 
 extern "C" void cuda_deferred_drop(CudaCtx *ctx) {
@@ -350,37 +390,40 @@ extern "C" int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float
 
 /* ----------------------------------------------------------------- mean pool */
 
+/* x: an activation (bfloat16 when BF16); y (the pooled features) always floats, so
+ * the linear layer and the loss stay fp32. */
+template <int BF16>
 __global__ void meanpool_forward_kernel(int n, int hw, int c, const float *x, float *y) {
     GRID_STRIDE(i, (size_t)n * c) {
         size_t b = i / (size_t)c, ch = i % (size_t)c;
-        const float *p = x + b * (size_t)hw * c + ch;
+        const int64_t p = (int64_t)(b * (size_t)hw * c + ch);
         float s = 0.0f;
-        for (int k = 0; k < hw; k++) s += p[(size_t)k * c];
+        for (int k = 0; k < hw; k++) s += act_load(x, p + (int64_t)k * c, BF16);
         y[i] = s / (float)hw;
     }
 }
 
+/* dy floats (the linear layer's), dx an activation gradient (bfloat16 when BF16). */
+template <int BF16>
 __global__ void meanpool_backward_kernel(int n, int hw, int c, const float *dy, float *dx) {
     const float inv = 1.0f / (float)hw;
     GRID_STRIDE(i, (size_t)n * hw * c) {
         size_t b = i / ((size_t)hw * c), ch = i % (size_t)c;
-        dx[i] = dy[b * c + ch] * inv;
+        act_store(dx, (int64_t)i, dy[b * c + ch] * inv, BF16);
     }
 }
 
 extern "C" void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y) {
     size_t total = (size_t)n * c;
     if (!total) return;
-    meanpool_forward_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, hw, c, x, y);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, meanpool_forward_kernel, grid_for(total), OPS_CUDA_BLOCK, n, hw, c, x, y);
 }
 
 extern "C" void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy,
                                        float *dx) {
     size_t total = (size_t)n * hw * c;
     if (!total) return;
-    meanpool_backward_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, hw, c, dy, dx);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, meanpool_backward_kernel, grid_for(total), OPS_CUDA_BLOCK, n, hw, c, dy, dx);
 }
 
 /* -------------------------------------------------------------------- linear */
@@ -392,7 +435,7 @@ extern "C" void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const 
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0) return;
     /* y = bias, then y += x W^T; no bias (NULL, as ops.h allows): y = x W^T */
-    if (bias) bias_apply(ctx, (size_t)n, out, bias, y, 0);
+    if (bias) bias_apply(ctx, (size_t)n, out, bias, y, 0, 0);
     CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, weight, in, x,
                              in, bias ? &one : &zero, y, out));
 }
@@ -413,7 +456,7 @@ extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const
     /* dW[out][in] = dy^T x: column-major dW^T (in x out) = x^T (in x n) * dy (n x out). */
     CHECK_CUBLAS(cublasSgemm(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x, in, dy, out,
                              &zero, dweight, in));
-    if (dbias) colsum(ctx, n, out, dy, dbias); /* NULL: no bias gradient, as ops.h allows */
+    if (dbias) colsum(ctx, n, out, dy, dbias, 0); /* NULL: no bias gradient, as ops.h allows */
 }
 
 /* ---------------------------------------------------------------------- loss */
@@ -587,23 +630,25 @@ __device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
     }
 }
 
+template <int BF16>
 __global__ void bn_fwd_reduce_kernel(int64_t rows, int c, int chunks, BnFwdArgs a, double *partial,
                                      unsigned *counters) {
     bn_reduce_tile<2>(
         rows, c, chunks, partial, counters,
-        [&](int ch, int p, int lane, double *s) { bn_fwd_lane(a.x, a.bias, rows, c, chunks, ch, p, lane, s); },
+        [&](int ch, int p, int lane, double *s) { bn_fwd_lane(a.x, a.bias, rows, c, chunks, ch, p, lane, s, BF16); },
         [&](int ch, const double *t) {
             bn_fwd_final(rows, c, ch, a.x, a.bias, t, a.gamma, a.beta, a.momentum, a.eps, a.save_mean,
-                         a.save_invstd, a.running_mean, a.running_var, a.aff);
+                         a.save_invstd, a.running_mean, a.running_var, a.aff, BF16);
         });
 }
 
+template <int BF16>
 __global__ void bn_bwd_reduce_kernel(int64_t rows, int c, int chunks, BnBwdArgs a, double *partial,
                                      unsigned *counters) {
     bn_reduce_tile<3>(
         rows, c, chunks, partial, counters,
         [&](int ch, int p, int lane, double *s) {
-            bn_bwd_lane(a.x, a.y, a.dy, a.save_mean, rows, c, chunks, ch, p, lane, s);
+            bn_bwd_lane(a.x, a.y, a.dy, a.save_mean, rows, c, chunks, ch, p, lane, s, BF16);
         },
         [&](int ch, const double *t) {
             bn_bwd_final(rows, c, ch, t, a.gamma, a.save_mean, a.save_invstd, a.dgamma, a.dbeta, a.k,
@@ -618,14 +663,16 @@ __global__ void bn_eval_final_kernel(int c, const float *gamma, const float *bet
     if (ch < c) bn_eval_final(c, ch, gamma, beta, running_mean, running_var, eps, aff);
 }
 
+template <int BF16>
 __global__ void bn_fwd_apply_kernel(size_t total, int c, float *x, const float *bias,
                                     const float *aff, const float *z, int mode, float *y) {
-    GRID_STRIDE(i, total) bn_fwd_apply((int64_t)i, c, x, bias, aff, z, mode, y);
+    GRID_STRIDE(i, total) bn_fwd_apply((int64_t)i, c, x, bias, aff, z, mode, y, BF16);
 }
 
+template <int BF16>
 __global__ void bn_bwd_apply_kernel(size_t total, int c, const float *x, const float *y,
                                     const float *dy, const float *k, float *dx) {
-    GRID_STRIDE(i, total) bn_bwd_apply((int64_t)i, c, x, y, dy, k, dx);
+    GRID_STRIDE(i, total) bn_bwd_apply((int64_t)i, c, x, y, dy, k, dx, BF16);
 }
 
 /* rows = n*hw, checked against the scratch the context holds. */
@@ -648,13 +695,11 @@ static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, con
     int64_t rows = bn_rows(n, hw, c);
     BnFwdArgs a = {x, x_bias, gamma, beta, save_mean, save_invstd, running_mean, running_var,
                    ctx->bn_aff, momentum, eps};
-    bn_fwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
-        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, bn_fwd_reduce_kernel, bn_grid(rows, c), dim3(BN_TILE, BN_LANES),
+               rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     size_t total = (size_t)rows * c;
-    bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
-        total, c, (float *)x, x_bias, ctx->bn_aff, z, mode, y);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, bn_fwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
+               total, c, (float *)x, x_bias, ctx->bn_aff, z, mode, y);
 }
 
 extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -696,9 +741,8 @@ extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c
         c, gamma, beta, running_mean, running_var, eps, ctx->bn_aff);
     CHECK_CUDA_LAST();
     size_t total = (size_t)rows * c;
-    bn_fwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
-        total, c, (float *)x, x_bias, ctx->bn_aff, NULL, BN_PLAIN, y);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, bn_fwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
+               total, c, (float *)x, x_bias, ctx->bn_aff, (const float *)NULL, (int)BN_PLAIN, y);
 }
 
 /* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
@@ -708,14 +752,12 @@ static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, 
                             const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum) {
     int64_t rows = bn_rows(n, hw, c);
     BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
-    bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
-        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_reduce_kernel, bn_grid(rows, c), dim3(BN_TILE, BN_LANES),
+               rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     if (!dx) return;
     size_t total = (size_t)rows * c;
-    bn_bwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, x, y, dy,
-                                                                             ctx->bn_aff, dx);
-    CHECK_CUDA_LAST();
+    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
+               total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
 }
 
 extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -785,6 +827,7 @@ struct ConvCuda {
     cudnnMathType_t math_fwd, math_bwd_data, math_bwd_filter;
     int cur_n;
     int backward; /* 0: inference only (forward algorithm only) */
+    cudnnDataType_t dtype; /* of x, w and y: float, or bfloat16 (bf16 context) */
     char desc[192];
 };
 
@@ -792,15 +835,26 @@ struct ConvCuda {
  * tf32: tensor-op math, never the fp16 down-conversion. */
 static int conv_math_ok(const CudaCtx *ctx, cudnnMathType_t m) {
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return 0;
-    return ctx->tf32 || m != CUDNN_TENSOR_OP_MATH;
+    return ctx->tf32 || ctx->bf16 || m != CUDNN_TENSOR_OP_MATH;
 }
 
+/* bf16: cuDNN's PSEUDO_BFLOAT16 configuration (x, w, y in bfloat16, the convolution
+ * computed in float: CUDNN_DATA_FLOAT in the convolution descriptor), tensor-op math
+ * (bfloat16 tensor cores: compute capability 8.0 and newer, checked by the engine). */
 static cudnnMathType_t conv_base_math(const CudaCtx *ctx) {
-    return ctx->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    return ctx->tf32 || ctx->bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 }
 
 static cudnnMathType_t conv_chosen_math(const CudaCtx *ctx, cudnnMathType_t m) {
-    return ctx->tf32 ? m : CUDNN_FMA_MATH;
+    return ctx->tf32 || ctx->bf16 ? m : CUDNN_FMA_MATH;
+}
+
+static cudnnDataType_t conv_data_type(const CudaCtx *ctx) {
+    return ctx->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+static const char *conv_math_name(const CudaCtx *ctx) {
+    return ctx->bf16 ? "bf16" : ctx->tf32 ? "tf32" : "fp32";
 }
 
 /* cuDNN's tensor descriptors take int dimensions and at most 2^31-1 elements
@@ -815,9 +869,9 @@ static void conv_check_elements(const ConvCuda *cv, int n) {
 
 static void conv_set_batch_desc(ConvCuda *cv, int n) {
     conv_check_elements(cv, n);
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->xd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cin,
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->xd, CUDNN_TENSOR_NHWC, cv->dtype, n, cv->cs.cin,
                                            cv->h, cv->w));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->yd, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, cv->cs.cout,
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(cv->yd, CUDNN_TENSOR_NHWC, cv->dtype, n, cv->cs.cout,
                                            cv->oh, cv->ow));
 }
 
@@ -847,7 +901,7 @@ static void conv_set_batch_desc(ConvCuda *cv, int n) {
                   (pass), (cv)->cs.k, (cv)->cs.k, (cv)->cs.stride, (cv)->cs.cin, (cv)->cs.cout,    \
                   (cv)->max_n, (cv)->h, (cv)->w,                                                   \
                   (ctx)->deterministic ? "deterministic only" : "any determinism", (cv)->ws_limit, \
-                  (ctx)->tf32 ? "tf32" : "fp32");                                                  \
+                  conv_math_name(ctx));                                                            \
         log_error("  algo  status                          deterministic  math  memory");        \
         for (int i_ = 0; i_ < (count); i_++)                                                       \
             log_error("  %4d  %-30s  %-13s  %4d  %zu", (int)(perf)[i_].algo,                      \
@@ -957,13 +1011,14 @@ extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_
     cv->oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
     cv->ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
     cv->ws_limit = ws_limit;
+    cv->dtype = conv_data_type(ctx);
     if (max_n < 1 || cv->oh < 1 || cv->ow < 1)
         die("convolution %dx%d stride %d on %dx%d: empty output", cs->k, cs->k, cs->stride, h, w);
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&cv->xd));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&cv->yd));
     CHECK_CUDNN(cudnnCreateFilterDescriptor(&cv->wd));
     CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&cv->cd));
-    CHECK_CUDNN(cudnnSetFilter4dDescriptor(cv->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, cs->cout, cs->cin,
+    CHECK_CUDNN(cudnnSetFilter4dDescriptor(cv->wd, cv->dtype, CUDNN_TENSOR_NHWC, cs->cout, cs->cin,
                                            cs->k, cs->k));
     CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cv->cd, cs->pad, cs->pad, cs->stride, cs->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
@@ -1068,7 +1123,7 @@ extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_fwd));
     CHECK_CUDNN(cudnnConvolutionForward(ctx->cudnn, &one, cv->xd, x, cv->wd, weight_krsc, cv->cd,
                                         cv->cur_fwd, ws, ws_bytes, &zero, cv->yd, y));
-    if (bias) bias_apply(ctx, (size_t)n * cv->oh * cv->ow, cv->cs.cout, bias, y, 1);
+    if (bias) bias_apply(ctx, (size_t)n * cv->oh * cv->ow, cv->cs.cout, bias, y, 1, ctx->bf16);
 }
 
 extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
@@ -1077,7 +1132,7 @@ extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const floa
     const float one = 1.0f, zero = 0.0f;
     if (!cv->backward) die("convolution backward on an inference-only plan (internal error)");
     conv_use_batch(ctx, cv, n, ws_bytes);
-    if (dbias) colsum(ctx, (int64_t)n * cv->oh * cv->ow, cv->cs.cout, dy, dbias);
+    if (dbias) colsum(ctx, (int64_t)n * cv->oh * cv->ow, cv->cs.cout, dy, dbias, ctx->bf16);
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_filter));
     CHECK_CUDNN(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, cv->xd, x, cv->yd, dy, cv->cd,
                                                cv->cur_bwd_filter, ws, ws_bytes, &zero, cv->wd,
@@ -1094,15 +1149,27 @@ extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const floa
  * the cuDNN workspace, allocated per call. */
 #define CONV_ONEOFF_WS_LIMIT ((size_t)256 << 20)
 
+/* The KRSC weight cuDNN reads: wk itself, or in a bf16 context its bfloat16 copy
+ * (in *scratch, freed by the caller). */
+static const float *conv_oneoff_weight(CudaCtx *ctx, size_t wn, const float *wk, void **scratch) {
+    *scratch = NULL;
+    if (!ctx->bf16) return wk;
+    *scratch = cuda_alloc(wn * sizeof(bf16_t));
+    cuda_f32_to_bf16(ctx, wn, wk, (float *)*scratch);
+    return (const float *)*scratch;
+}
+
 extern "C" void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                                     const float *x, const float *weight, const float *bias, float *y) {
     size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
     ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 0);
     float *wk = (float *)cuda_alloc(wn * sizeof(float));
     void *ws = cuda_alloc(cv->ws_bytes);
+    void *w16 = NULL;
     conv_weight_to_krsc_cuda(ctx, cs, weight, wk);
-    conv_cuda_forward(ctx, cv, n, x, wk, bias, y, ws, cv->ws_bytes);
+    conv_cuda_forward(ctx, cv, n, x, conv_oneoff_weight(ctx, wn, wk, &w16), bias, y, ws, cv->ws_bytes);
     cuda_ctx_sync(ctx);
+    cuda_free(w16);
     cuda_free(ws);
     cuda_free(wk);
     conv_cuda_free(cv);
@@ -1116,12 +1183,85 @@ extern "C" void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, in
     float *wk = (float *)cuda_alloc(wn * sizeof(float));
     float *dwk = (float *)cuda_alloc(wn * sizeof(float));
     void *ws = cuda_alloc(cv->ws_bytes);
+    void *w16 = NULL, *dw16 = ctx->bf16 ? cuda_alloc(wn * sizeof(bf16_t)) : NULL;
     conv_weight_to_krsc_cuda(ctx, cs, weight, wk);
-    conv_cuda_backward(ctx, cv, n, x, wk, dy, dx, dwk, dbias, ws, cv->ws_bytes);
+    conv_cuda_backward(ctx, cv, n, x, conv_oneoff_weight(ctx, wn, wk, &w16), dy, dx,
+                       dw16 ? (float *)dw16 : dwk, dbias, ws, cv->ws_bytes);
+    if (dw16) cuda_bf16_to_f32(ctx, wn, (const float *)dw16, dwk);
     conv_weight_from_krsc_cuda(ctx, cs, dwk, dweight);
     cuda_ctx_sync(ctx);
+    cuda_free(w16);
+    cuda_free(dw16);
     cuda_free(ws);
     cuda_free(dwk);
     cuda_free(wk);
     conv_cuda_free(cv);
+}
+
+/* ------------------------------------------------------------ bf16 shadows */
+
+__global__ void f32_to_bf16_kernel(size_t n, const float *src, bf16_t *dst) {
+    GRID_STRIDE(i, n) dst[i] = bf16_from_float(src[i]);
+}
+
+/* dst[i] = src[i] widened, where mask[i] (every i when mask is NULL). */
+__global__ void bf16_to_f32_kernel(size_t n, const bf16_t *src, const uint8_t *mask, float *dst) {
+    GRID_STRIDE(i, n) if (!mask || mask[i]) dst[i] = bf16_to_float(src[i]);
+}
+
+extern "C" void cuda_f32_to_bf16(CudaCtx *ctx, size_t n, const float *src, float *dst_bf16) {
+    if (!n) return;
+    f32_to_bf16_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, src, (bf16_t *)dst_bf16);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void cuda_bf16_to_f32(CudaCtx *ctx, size_t n, const float *src_bf16, float *dst) {
+    if (!n) return;
+    bf16_to_f32_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, (const bf16_t *)src_bf16,
+                                                                       NULL, dst);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void cuda_bf16_shadow_init(CudaCtx *ctx, const float *params, float *grads, size_t count,
+                                      const uint8_t *conv_mask) {
+    if (!ctx->bf16) die("bf16 shadows on a context without bf16 activations (internal error)");
+    cuda_free(ctx->w16);
+    cuda_free(ctx->g16);
+    ctx->params32 = params;
+    ctx->grads32 = grads;
+    ctx->nparams = count;
+    ctx->conv_mask = conv_mask;
+    ctx->w16 = (bf16_t *)cuda_alloc(count * sizeof(bf16_t));
+    ctx->g16 = (bf16_t *)cuda_alloc(count * sizeof(bf16_t));
+    cuda_memset_async(ctx, ctx->w16, 0, count * sizeof(bf16_t));
+    cuda_memset_async(ctx, ctx->g16, 0, count * sizeof(bf16_t));
+}
+
+extern "C" void cuda_bf16_weights_refresh(CudaCtx *ctx) {
+    if (ctx->w16) cuda_f32_to_bf16(ctx, ctx->nparams, ctx->params32, (float *)ctx->w16);
+}
+
+extern "C" void cuda_bf16_grads_collect(CudaCtx *ctx) {
+    if (!ctx->g16 || !ctx->nparams) return;
+    bf16_to_f32_kernel<<<grid_for(ctx->nparams), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        ctx->nparams, ctx->g16, ctx->conv_mask, ctx->grads32);
+    CHECK_CUDA_LAST();
+}
+
+/* Index of p in the flat buffer base[0 .. count), or die (the executor hands the
+ * table pointers into the engine's flat buffers only). */
+static size_t shadow_index(const float *base, size_t count, const float *p, const char *what) {
+    if (!base || p < base || p >= base + count)
+        die("bf16: a conv %s outside the registered flat buffer (internal error)", what);
+    return (size_t)(p - base);
+}
+
+extern "C" const float *cuda_bf16_weight(CudaCtx *ctx, const float *param) {
+    if (!ctx->bf16) return param;
+    return (const float *)(ctx->w16 + shadow_index(ctx->params32, ctx->nparams, param, "weight"));
+}
+
+extern "C" float *cuda_bf16_grad(CudaCtx *ctx, float *grad) {
+    if (!ctx->bf16 || !grad) return grad;
+    return (float *)(ctx->g16 + shadow_index(ctx->grads32, ctx->nparams, grad, "weight gradient"));
 }

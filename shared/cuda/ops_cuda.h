@@ -36,6 +36,8 @@ typedef struct CudaCtx CudaCtx;
 
 /* Usable CUDA devices; 0 when there is no driver or no GPU (never fails). */
 int ops_cuda_device_count(void);
+/* Compute capability of `device` as major*10 + minor (80 for an A100, 90 for an H100). */
+int ops_cuda_compute_capability(int device);
 
 /* Select `device`, create its stream and handles. tf32: let cuDNN and cuBLAS use
  * TF32 tensor cores for fp32 data (else plain FMA math). deterministic: only
@@ -49,6 +51,39 @@ int cuda_ctx_deterministic(const CudaCtx *ctx);
 void *cuda_ctx_stream(const CudaCtx *ctx);
 /* Wait for everything queued on ctx's stream. */
 void cuda_ctx_sync(CudaCtx *ctx);
+
+/* ---- bf16 activations (--precision bf16) ----
+ * cuda_ctx_use_bf16, called right after cuda_ctx_create (before any conv plan):
+ * from then on every activation and activation gradient the ops read or write is
+ * bfloat16 (bf16.h: round to nearest even), stored in the same float-typed device
+ * buffers (an n-element activation uses the first n*2 bytes). That is: conv x, y,
+ * dy, dx and the weight and weight gradient cuDNN sees (PSEUDO_BFLOAT16: bf16 data,
+ * float compute, tensor-op math); every batch-norm x, y, z, dy, dx; relu, add,
+ * add_relu; meanpool_forward's x and meanpool_backward's dx; the augmentation's
+ * output. Floats in every case: the conv bias and its gradient, gamma, beta, the
+ * saved and running statistics (sums in double as in fp32), the pooled features,
+ * the linear layer, the logits, the loss and the SGD. The convolutions of the
+ * executor read their weights from a bf16 shadow of the fp32 master params and
+ * write their weight gradients to a bf16 shadow of the flat gradients:
+ *   cuda_bf16_shadow_init: register the engine's flat params and grads (count
+ *     floats) and conv_mask (device, count bytes: 1 where a param is a conv weight);
+ *   cuda_bf16_weights_refresh: shadow = bf16(params), one kernel (before a forward);
+ *   cuda_bf16_grads_collect: grads = float(shadow) where conv_mask, one kernel
+ *     (after a backward: the all-reduce, SGD and snapshots see fp32 only);
+ *   cuda_bf16_weight / cuda_bf16_grad: the shadow of a pointer into params / grads
+ *     (the pointer itself in an fp32 context; NULL stays NULL).
+ * Both are graph-capturable. cuda_f32_to_bf16 / cuda_bf16_to_f32 convert n values
+ * on the stream (tests, the ops.h-contract conv forms). */
+void cuda_ctx_use_bf16(CudaCtx *ctx);
+int cuda_ctx_bf16(const CudaCtx *ctx);
+void cuda_f32_to_bf16(CudaCtx *ctx, size_t n, const float *src, float *dst_bf16);
+void cuda_bf16_to_f32(CudaCtx *ctx, size_t n, const float *src_bf16, float *dst);
+void cuda_bf16_shadow_init(CudaCtx *ctx, const float *params, float *grads, size_t count,
+                           const uint8_t *conv_mask);
+void cuda_bf16_weights_refresh(CudaCtx *ctx);
+void cuda_bf16_grads_collect(CudaCtx *ctx);
+const float *cuda_bf16_weight(CudaCtx *ctx, const float *param);
+float *cuda_bf16_grad(CudaCtx *ctx, float *grad);
 
 /* Device memory (checked: dies on failure). cuda_free(NULL) is a no-op. */
 void *cuda_alloc(size_t bytes);
@@ -97,7 +132,8 @@ void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
                         const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
                         float *dbias, void *ws, size_t ws_bytes);
 
-/* ops.h's contract exactly (KCRS weights); scratch allocated per call, synchronises. */
+/* ops.h's contract exactly (KCRS weights, floats even in a bf16 context, where x, y,
+ * dy and dx are bf16); scratch allocated per call, synchronises. */
 void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
                          const float *weight, const float *bias, float *y);
 void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
@@ -217,7 +253,8 @@ const struct NetOps *net_cuda_ops(void);
  * the device, idx (n int64) on the device. When epoch_dev is non-NULL the epoch is
  * read from it when the kernel runs (CUDA graphs), else spec->epoch is used. With
  * staged = 1, pixels/labels hold only the batch's n records, in batch order
- * (record i for idx[i]); idx[i] still keys the random crop and flip. */
+ * (record i for idx[i]); idx[i] still keys the random crop and flip. out is
+ * bfloat16 in a bf16 context (the same values, rounded). */
 void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const uint8_t *pixels,
                         const int32_t *labels, const int64_t *idx, int n, float *out,
                         int32_t *out_labels, const int64_t *epoch_dev, int staged);

@@ -31,6 +31,15 @@ static Engine *try_cuda_engine(EngineConfig *cfg, int local_rank, int local_worl
     return engine_create_cuda(cfg, why, whylen);
 }
 
+/* The CPU engine computes in fp32 only: --precision bf16 there would silently train
+ * something else than asked (tf32, the default, is fp32 on the CPU: no refusal). */
+static void bf16_refuse_cpu(const EngineConfig *cfg, const char *why_cpu) {
+    if (cfg->precision != PRECISION_BF16) return;
+    die_usage("--precision bf16 runs on the GPU only, and this run would use the CPU (%s) ---> "
+              "HINT: use --precision fp32 on the CPU, or a GPU of compute capability 8.0 or newer",
+              why_cpu);
+}
+
 Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_rank,
                              int local_world_size, int announce) {
     if (want != DEVICE_CPU) {
@@ -39,10 +48,12 @@ Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_ran
         if (e) return e;
         if (want == DEVICE_CUDA)
             die_permanent("--device cuda: %s ---> HINT: use --device auto or cpu", why);
+        bf16_refuse_cpu(cfg, why);
         if (announce)
             log_info("no usable GPU (%s): running on the CPU, %d thread%s per process", why,
                      cfg->threads, cfg->threads == 1 ? "" : "s");
     }
+    bf16_refuse_cpu(cfg, "--device cpu");
     return engine_create_cpu(cfg);
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make bench-gpu: training images/s of the seed model on one GPU, cifar-train
 # against PyTorch (../shared/bench/torch_anchor.py, eager and --compile), at batch
-# 256 and 1024, tf32 on both sides (PyTorch's default lets cuDNN use TF32).
+# 256 and 1024, tf32 on both sides (PyTorch's default lets cuDNN use TF32), then
+# bf16 on both sides (cifar-train --precision bf16 against torch_anchor.py --amp bf16,
+# autocast: bf16 convs, fp32 weights; PyTorch's BN runs in fp32 under autocast).
 #
 # cifar-train's figure is the images/s of its second epoch (the first one holds
 # cuDNN's algorithm search and the CUDA graph capture) over 16384 synthetic images
@@ -11,7 +13,7 @@
 # the split of an eager step's GPU time by phase (CIFAR_CUDA_PHASES=1).
 # Environment: BIN (commands), PYTHON_GPU (python3 with a CUDA PyTorch),
 # ANCHOR (torch_anchor.py), BENCH_STEPS (PyTorch steps, default 50),
-# BENCH_BATCHES (default "256 1024").
+# BENCH_BATCHES (default "256 1024"), BENCH_PRECISIONS (default "tf32 bf16").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -20,6 +22,7 @@ PY=${PYTHON_GPU:-python3}
 ANCHOR=${ANCHOR:-$repo/../shared/bench/torch_anchor.py}
 STEPS=${BENCH_STEPS:-50}
 BATCHES=${BENCH_BATCHES:-256 1024}
+PRECISIONS=${BENCH_PRECISIONS:-tf32 bf16}
 work=$(mktemp -d /tmp/cifar-bench-gpu.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -32,26 +35,27 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu:
 "$BIN/cifar-synth" "$work/data" --train 16384 --test 256 --seed 5 >/dev/null 2>&1
 lmdb=$("$BIN/cifar-prep" --quiet "$work/data" -o "$work/data.lmdb" | tail -1)
 
-ours_ips() { # batch
-    local dir="$work/run-$1"
-    "$BIN/cifar-train" --device cuda --precision tf32 --epochs 2 --batch-size "$1" \
-        --save-every 2 --run-dir "$dir" "$lmdb" >/dev/null 2>"$work/train-$1.log"
+ours_ips() { # batch, precision
+    local dir="$work/run-$1-$2"
+    "$BIN/cifar-train" --device cuda --precision "$2" --epochs 2 --batch-size "$1" \
+        --save-every 2 --run-dir "$dir" "$lmdb" >/dev/null 2>"$work/train-$1-$2.log"
     sed -n 's/.*"images_per_s":\([0-9.e+]*\).*/\1/p' "$dir/metrics.jsonl" | sed -n 2p
 }
 
 # The split of a step's GPU time (CUDA events between phases, eager steps: the graph
 # cannot be split) from one more epoch with CIFAR_CUDA_PHASES=1.
-phase_split() { # batch
-    if ! CIFAR_CUDA_PHASES=1 "$BIN/cifar-train" --device cuda --precision tf32 --epochs 1 \
-        --batch-size "$1" --save-every 1 --run-dir "$work/phases-$1" "$lmdb" >/dev/null 2>"$work/phases-$1.log"; then
-        echo "phase split: the CIFAR_CUDA_PHASES=1 run failed: $(tail -1 "$work/phases-$1.log")"
+phase_split() { # batch, precision
+    local log="$work/phases-$1-$2.log"
+    if ! CIFAR_CUDA_PHASES=1 "$BIN/cifar-train" --device cuda --precision "$2" --epochs 1 \
+        --batch-size "$1" --save-every 1 --run-dir "$work/phases-$1-$2" "$lmdb" >/dev/null 2>"$log"; then
+        echo "phase split: the CIFAR_CUDA_PHASES=1 run failed: $(tail -1 "$log")"
         return
     fi
-    sed -n 's/.*cuda engine: \(GPU time per step.*\)/\1/p' "$work/phases-$1.log" | head -1
+    sed -n 's/.*cuda engine: \(GPU time per step.*\)/\1/p' "$log" | head -1
 }
 
-kernels_per_step() { # batch: from the engine's line at graph capture
-    sed -n 's/.*CUDA graph of one step: \([0-9]*\) kernels per step.*/\1/p' "$work/train-$1.log" | head -1
+kernels_per_step() { # batch, precision: from the engine's line at graph capture
+    sed -n 's/.*CUDA graph of one step: \([0-9]*\) kernels per step.*/\1/p' "$work/train-$1-$2.log" | head -1
 }
 
 have_torch=0
@@ -66,16 +70,20 @@ theirs_ips() { # batch, extra args...
         sed -n 's/.*"images_per_s": *\([0-9.e+]*\).*/\1/p' | tail -1
 }
 
-for b in $BATCHES; do
-    o=$(ours_ips "$b")
-    echo "ours batch $b: cifar-train cuda tf32 $o images/s, $(kernels_per_step "$b") kernels per step"
-    echo "ours batch $b: $(phase_split "$b")"
-    if [ "$have_torch" = 1 ]; then
-        e=$(theirs_ips "$b")
-        c=$(theirs_ips "$b" --compile)
-        echo "pytorch batch $b: eager ${e:-n/a} images/s, compile ${c:-n/a} images/s"
-        awk -v o="$o" -v e="$e" -v c="$c" -v b="$b" 'BEGIN {
-            printf "ratio batch %d: cifar-train / eager %s, cifar-train / compile %s\n", b,
-                   (e > 0 ? sprintf("%.2fx", o / e) : "n/a"), (c > 0 ? sprintf("%.2fx", o / c) : "n/a") }'
-    fi
+for p in $PRECISIONS; do
+    amp=none
+    [ "$p" = bf16 ] && amp=bf16
+    for b in $BATCHES; do
+        o=$(ours_ips "$b" "$p")
+        echo "ours batch $b $p: cifar-train cuda $p ${o:-n/a} images/s, $(kernels_per_step "$b" "$p") kernels per step"
+        echo "ours batch $b $p: $(phase_split "$b" "$p")"
+        if [ "$have_torch" = 1 ]; then
+            e=$(theirs_ips "$b" --amp "$amp")
+            c=$(theirs_ips "$b" --amp "$amp" --compile)
+            echo "pytorch batch $b $p: eager ${e:-n/a} images/s, compile ${c:-n/a} images/s (--amp $amp)"
+            awk -v o="$o" -v e="$e" -v c="$c" -v b="$b" -v p="$p" 'BEGIN {
+                printf "ratio batch %d %s: cifar-train / eager %s, cifar-train / compile %s\n", b, p,
+                       (e > 0 ? sprintf("%.2fx", o / e) : "n/a"), (c > 0 ? sprintf("%.2fx", o / c) : "n/a") }'
+        fi
+    done
 done

@@ -22,7 +22,11 @@
 #      on the GPU (fp32, deterministic), per-epoch train loss compared; the same GPU run
 #      with CIFAR_CUDA_GRAPH=0 (eager) as a control, and with CIFAR_CUDA_DATA=stream:50
 #      (both splits streamed through pinned buffers instead of resident on the GPU,
-#      gathered one step ahead), whose curves must equal the resident run's;
+#      gathered one step ahead), whose curves must equal the resident run's; and the
+#      GPU run with --precision bf16 (bfloat16 activations and convs, fp32 weights, BN
+#      statistics and loss), whose train loss must stay within 5% + 0.02 of the fp32
+#      GPU run's and its test accuracy within 5 points, epoch by epoch, and whose fp32
+#      snapshot cifar-eval reads on the CPU;
 #   4. resume: the GPU run's snapshot continued one epoch on the CPU and one on the
 #      GPU (the layout conversion of the conv weights, end to end), and cifar-eval
 #      of the snapshot on both devices (same hits);
@@ -31,7 +35,8 @@
 #      lent device machine: copy both folders into an ignored folder of the repo
 #      and set ANCHOR=that/bench/torch_anchor.py).
 # Every stage runs under a timeout (seconds: T_BUILD 900, T_TEST 180, T_TRAIN 180 per
-# run, T_EVAL 60, T_BENCH 240), so a hang costs one stage, not the machine's lease.
+# run, T_EVAL 60, T_BENCH 420 for tf32 and bf16), so a hang costs one stage, not the
+# machine's lease.
 # Exit status: 0 when every check passed, 1 otherwise (the summary says which), 77 when
 # the build passed and there is no GPU to run the rest on.
 set -uo pipefail
@@ -48,7 +53,7 @@ PY=${PYTHON_GPU:-python3}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-build}
 BIN=$(mkdir -p "${BIN:-bin}" && cd "${BIN:-bin}" && pwd)
-T_BUILD=${T_BUILD:-900} T_TEST=${T_TEST:-180} T_TRAIN=${T_TRAIN:-180} T_EVAL=${T_EVAL:-60} T_BENCH=${T_BENCH:-240}
+T_BUILD=${T_BUILD:-900} T_TEST=${T_TEST:-180} T_TRAIN=${T_TRAIN:-180} T_EVAL=${T_EVAL:-60} T_BENCH=${T_BENCH:-420}
 summary="$out/summary.txt"
 : >"$summary"
 failed=0
@@ -180,12 +185,21 @@ else
     common=(--epochs 3 --batch-size 128 --seed 1 --save-every 1 --keep 0)
     gpu=(--device cuda --precision fp32 --deterministic)
     train() { stage "$T_TRAIN" "$BIN/cifar-train" --quiet "${common[@]}" "$@" "$lmdb" >>"$log" 2>&1; }
-    # curves_close A B REL: two series of 3 per-epoch values, B within REL of A (relative).
+    # expect_line LOG REGEX WHAT: pass WHAT when a line of LOG matches REGEX, else fail.
+    expect_line() {
+        if grep -q "$2" "$1"; then
+            pass "$3"
+        else
+            fail "$3: no line matching '$2' in $(basename "$1")"
+        fi
+    }
+    # curves_close A B REL [ABS]: two series of 3 per-epoch values, B within REL of A
+    # (relative) plus ABS (absolute, default 0).
     curves_close() {
-        awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+        awk -v a="$1" -v b="$2" -v r="$3" -v f="${4:-0}" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
             if (n != 3 || m != 3) exit 1;
             for (i = 1; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; t = x[i] < 0 ? -x[i] : x[i];
-                if (d > r * t) exit 1 } }'
+                if (d > r * t + f) exit 1 } }'
     }
     train --device cpu --run-dir "$work/cpu" || fail "cifar-train --device cpu"
     train "${gpu[@]}" --run-dir "$work/gpu" || fail "cifar-train --device cuda"
@@ -223,11 +237,8 @@ else
         --run-dir "$work/stream" "$lmdb" >"$out/train_stream.log" 2>&1 ||
         fail "cifar-train --device cuda with CIFAR_CUDA_DATA=stream:50 (see train_stream.log)"
     grep -h 'cuda engine: data:' "$out/train_stream.log" | head -1 | tee -a "$summary"
-    if grep -q 'cuda engine: data: train [0-9.]* MiB streamed, test [0-9.]* MiB streamed' "$out/train_stream.log"; then
-        pass "CIFAR_CUDA_DATA=stream:50: both splits streamed"
-    else
-        fail "CIFAR_CUDA_DATA=stream:50: the engine did not say that both splits streamed (train_stream.log)"
-    fi
+    expect_line "$out/train_stream.log" 'cuda engine: data: train [0-9.]* MiB streamed, test [0-9.]* MiB streamed' \
+        "CIFAR_CUDA_DATA=stream:50: both splits streamed"
     # "CUDA graph included" must be so: a failed capture falls back to eager steps,
     # whose curves match too, and the staged batches replayed through the graph's
     # fixed staging buffer would then go unchecked.
@@ -260,6 +271,39 @@ else
             fail "GPU $f with the data streamed (CIFAR_CUDA_DATA=stream:50) differs from the resident run's"
         fi
     done
+
+    # bf16: another rounding (8 significant bits per activation), so not the fp32
+    # curve to 1e-4, but within the tolerance README states ("--precision bf16").
+    stage "$T_TRAIN" "$BIN/cifar-train" "${common[@]}" --device cuda --precision bf16 \
+        --run-dir "$work/bf16" "$lmdb" >"$out/train_bf16.log" 2>&1 ||
+        fail "cifar-train --device cuda --precision bf16 (see train_bf16.log)"
+    grep -h 'cuda engine: device' "$out/train_bf16.log" | head -1 | tee -a "$summary"
+    expect_line "$out/train_bf16.log" 'cuda engine: device .*bf16 activations, fp32 weights' \
+        "--precision bf16: the engine runs bf16 activations with fp32 weights"
+    cp "$work/bf16/metrics.jsonl" "$out/metrics_bf16.jsonl" 2>/dev/null
+    # field, relative and absolute tolerance, what they mean
+    for check in "train_loss 0.05 0.02 train loss within 5% + 0.02" \
+        "test_acc 0 0.05 test accuracy within 5 points"; do
+        read -r f rel abs what <<<"$check"
+        a=$(field "$f" <"$work/gpu/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+        b=$(field "$f" <"$work/bf16/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+        say "$f per epoch: gpu fp32 [$a] gpu bf16 [$b]"
+        if curves_close "$a" "$b" "$rel" "$abs"; then
+            pass "bf16 $what of the fp32 GPU run's, epoch by epoch"
+        else
+            fail "bf16 $f not $what of the fp32 GPU run's"
+        fi
+    done
+    bsnap=$(ls -1 "$work/bf16"/*.safetensors 2>/dev/null | sort | tail -1)
+    be=$(stage "$T_EVAL" "$BIN/cifar-eval" --json --device cpu "$bsnap" 2>>"$log" | tr -d "\n")
+    bacc=$(echo "$be" | sed -n 's/.*"accuracy":\([0-9.]*\).*/\1/p')
+    blast=$(field test_acc <"$work/bf16/metrics.jsonl" 2>/dev/null | tail -1)
+    say "cifar-eval --device cpu of the bf16 snapshot: accuracy ${bacc:-none} (bf16 run's last test_acc ${blast:-none})"
+    if [ -n "$bacc" ] && [ -n "$blast" ] && awk -v a="$bacc" -v b="$blast" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.05) }'; then
+        pass "the bf16 run's fp32 snapshot evaluates on the CPU within 5 points of its own test accuracy"
+    else
+        fail "the bf16 run's snapshot on the CPU: accuracy ${bacc:-none} vs ${blast:-none}"
+    fi
 
     # ------------------------------------------------------------ 4. resume
     say "== 4. resume and eval across devices [$(elapsed)]"
