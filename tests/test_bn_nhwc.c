@@ -248,6 +248,17 @@ static void test_backward(int64_t rows, int c, int relu) {
     WHAT("dsum = column sum of dx");
     EXPECT(ok, "%s", what);
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    if (relu) { /* the keep form: the same dx, and the masked dy left in dy */
+        float *dyk = copy_of(dy, nx), *dxk = xmalloc(nx * sizeof(float));
+        for (size_t i = 0; i < nx; i++) bn_bwd_apply_keep((int64_t)i, c, x, y, dyk, k, dxk);
+        ok = memcmp(dxk, dx, nx * sizeof(float)) == 0;
+        for (size_t i = 0; i < nx; i++) ok &= dyk[i] == (y[i] > 0.0f ? dy[i] : 0.0f);
+        WHAT("keep: dx bit for bit, masked dy written back");
+        EXPECT(ok, "%s", what);
+        printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+        free(dyk);
+        free(dxk);
+    }
 #undef WHAT
     free(x); free(y); free(dy); free(gamma); free(mean); free(inv); free(want); free(wg); free(wb);
     free(dx); free(dg); free(db); free(k); free(dsum); free(colsum); free(lim);

@@ -208,4 +208,15 @@ BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const 
     dx[i] = k[ch] * g + k[c + ch] * x[i] + k[2 * c + ch];
 }
 
+/* bn_bwd_apply with the ReLU mask (y non-NULL) that also writes the masked gradient
+ * back into dy (dy[i] = g, then dx from it: the very same dx): the gradient an
+ * identity shortcut carries past a block's output ReLU (net_ops.h:
+ * bn_relu_backward_keep). dx != dy. */
+BN_HD void bn_bwd_apply_keep(int64_t i, int c, const float *x, const float *y, float *dy,
+                             const float *k, float *dx) {
+    float g = y[i] > 0.0f ? dy[i] : 0.0f;
+    dy[i] = g;
+    bn_bwd_apply(i, c, x, NULL, dy, k, dx);
+}
+
 #endif

@@ -68,13 +68,29 @@ static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const 
     cuda_bias_defer(CTX(ctx), y, bias, (size_t)n * conv_cuda_out_pixels(PLAN(plan)), cs->cout);
 }
 
+/* acc: dx += the gradient of x (conv_backward_acc), else dx = it. */
+static void nc_conv_backward_into(void *ctx, void *plan, int n, const float *x, const float *weight,
+                                  const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                                  size_t ws_bytes, int acc) {
+    /* the BN backward that produced dy writes this conv's bias gradient itself */
+    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
+    float *db = folded ? NULL : dbias;
+    if (acc)
+        conv_cuda_backward_acc(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, db, ws, ws_bytes);
+    else
+        conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, db, ws, ws_bytes);
+}
+
 static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
                              const float *dy, float *dx, float *dweight, float *dbias, void *ws,
                              size_t ws_bytes) {
-    /* the BN backward that produced dy writes this conv's bias gradient itself */
-    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
-    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, weight, dy, dx, dweight, folded ? NULL : dbias, ws,
-                       ws_bytes);
+    nc_conv_backward_into(ctx, plan, n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes, 0);
+}
+
+static void nc_conv_backward_acc(void *ctx, void *plan, int n, const float *x, const float *weight,
+                                 const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                                 size_t ws_bytes) {
+    nc_conv_backward_into(ctx, plan, n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes, 1);
 }
 
 static void nc_conv_weight_export(void *ctx, void *plan, const float *dev, float *kcrs) {
@@ -143,6 +159,17 @@ static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x,
     else
         batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy,
                                        dx, dgamma, dbeta);
+}
+
+/* Always deferred (the executor gives it a dx): launched by the conv backward that
+ * takes dx as its dy, with that conv's bias gradient, or by the next op. */
+static void nc_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const float *x,
+                                     const float *y, const float *gamma, const float *save_mean,
+                                     const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                     float *dbeta) {
+    cuda_deferred_flush(CTX(ctx));
+    cuda_bn_relu_backward_keep_defer(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                                     dgamma, dbeta);
 }
 
 static void nc_relu_forward(void *ctx, size_t count, const float *x, float *y) {
@@ -224,6 +251,8 @@ static NetOps nc_table(void) {
     t.bn_eval = nc_bn_eval;
     t.bn_backward = nc_bn_backward;
     t.bn_relu_backward = nc_bn_relu_backward;
+    t.bn_relu_backward_keep = nc_bn_relu_backward_keep; /* the block's ReLU and add folded */
+    t.conv_backward_acc = nc_conv_backward_acc;
     t.relu_forward = nc_relu_forward;
     t.relu_backward = nc_relu_backward;
     t.add = nc_add;

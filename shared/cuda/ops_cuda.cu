@@ -35,6 +35,7 @@ typedef struct {
     int active, n, hw, c;
     const float *x, *y, *gamma, *save_mean, *save_invstd, *dy;
     float *dx, *dgamma, *dbeta;
+    int keep; /* bn_relu_backward_keep: the masked dy written back into dy */
 } BnBwdPending;
 
 struct CudaCtx {
@@ -288,14 +289,22 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum);
+static void bn_backward_run_keep(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                 const float *y, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                 float *dbeta, float *dsum);
 
 /* Launch the deferred BN backward; its dx column sum goes to dsum (a conv bias
  * gradient) or, NULL, to the context's scratch. */
 static void bn_backward_launch(CudaCtx *ctx, float *dsum) {
     BnBwdPending b = ctx->pend_bwd;
     ctx->pend_bwd.active = 0;
-    bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy, b.dx,
-                    b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+    if (b.keep) /* dy is the table's writable gradient (cuda_bn_relu_backward_keep_defer) */
+        bn_backward_run_keep(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd,
+                             (float *)b.dy, b.dx, b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+    else
+        bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy,
+                        b.dx, b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
 }
 
 extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
@@ -335,8 +344,17 @@ extern "C" void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const
                                        const float *save_invstd, const float *dy, float *dx,
                                        float *dgamma, float *dbeta) {
     cuda_deferred_flush(ctx);
-    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta};
+    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 0};
     ctx->pend_bwd = b;
+}
+
+extern "C" void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                                 const float *y, const float *gamma,
+                                                 const float *save_mean, const float *save_invstd,
+                                                 float *dy, float *dx, float *dgamma, float *dbeta) {
+    if (!y || !dx || dx == dy) die("batch norm backward keeping the masked dy: needs y and a dx other than dy (internal error)");
+    cuda_bn_backward_defer(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+    ctx->pend_bwd.keep = 1;
 }
 
 extern "C" int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
@@ -628,6 +646,11 @@ __global__ void bn_bwd_apply_kernel(size_t total, int c, const float *x, const f
     GRID_STRIDE(i, total) bn_bwd_apply((int64_t)i, c, x, y, dy, k, dx);
 }
 
+__global__ void bn_bwd_apply_keep_kernel(size_t total, int c, const float *x, const float *y,
+                                         float *dy, const float *k, float *dx) {
+    GRID_STRIDE(i, total) bn_bwd_apply_keep((int64_t)i, c, x, y, dy, k, dx);
+}
+
 /* rows = n*hw, checked against the scratch the context holds. */
 static int64_t bn_rows(int n, int hw, int c) {
     if (n < 1 || hw < 1 || c < 1) die("batch norm over %d x %d rows of %d channels: empty", n, hw, c);
@@ -701,6 +724,14 @@ extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c
     CHECK_CUDA_LAST();
 }
 
+/* The backward reduction of rows x c (with the finalisation: dgamma, dbeta, the
+ * coefficients into ctx->bn_aff, dsum). */
+static void bn_bwd_reduce_launch(CudaCtx *ctx, int64_t rows, int c, const BnBwdArgs &a) {
+    bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
+        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
+    CHECK_CUDA_LAST();
+}
+
 /* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
  * column sum of dx (the gradient of a conv bias in front) goes to dsum. */
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
@@ -708,14 +739,36 @@ static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, 
                             const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum) {
     int64_t rows = bn_rows(n, hw, c);
     BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
-    bn_bwd_reduce_kernel<<<bn_grid(rows, c), dim3(BN_TILE, BN_LANES), 0, ctx->stream>>>(
-        rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
-    CHECK_CUDA_LAST();
+    bn_bwd_reduce_launch(ctx, rows, c, a);
     if (!dx) return;
     size_t total = (size_t)rows * c;
     bn_bwd_apply_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(total, c, x, y, dy,
                                                                              ctx->bn_aff, dx);
     CHECK_CUDA_LAST();
+}
+
+/* bn_backward_run masked by y, writing the masked dy back into dy (bn_bwd_apply_keep). */
+static void bn_backward_run_keep(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                 const float *y, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                 float *dbeta, float *dsum) {
+    int64_t rows = bn_rows(n, hw, c);
+    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
+    bn_bwd_reduce_launch(ctx, rows, c, a);
+    size_t total = (size_t)rows * c;
+    bn_bwd_apply_keep_kernel<<<grid_for(total), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
+        total, c, x, y, dy, ctx->bn_aff, dx);
+    CHECK_CUDA_LAST();
+}
+
+extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                    const float *x, const float *y,
+                                                    const float *gamma, const float *save_mean,
+                                                    const float *save_invstd, float *dy, float *dx,
+                                                    float *dgamma, float *dbeta) {
+    if (!y || !dx || dx == dy) die("batch norm backward keeping the masked dy: needs y and a dx other than dy (internal error)");
+    bn_backward_run_keep(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                         ctx->bn_dsum);
 }
 
 extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -1071,9 +1124,13 @@ extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float
     if (bias) bias_apply(ctx, (size_t)n * cv->oh * cv->ow, cv->cs.cout, bias, y, 1);
 }
 
-extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
-                                   const float *weight_krsc, const float *dy, float *dx,
-                                   float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+/* conv_cuda_backward with dx = dx_beta * dx + the gradient of x: cuDNN's blending
+ * ("output = alpha * Op(inputs) + beta * output", cudnn_cnn.h, for every convolution
+ * function and algorithm); dx_beta 0 or 1. */
+static void conv_cuda_backward_beta(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                    const float *weight_krsc, const float *dy, float *dx,
+                                    float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes,
+                                    float dx_beta) {
     const float one = 1.0f, zero = 0.0f;
     if (!cv->backward) die("convolution backward on an inference-only plan (internal error)");
     conv_use_batch(ctx, cv, n, ws_bytes);
@@ -1085,9 +1142,22 @@ extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const floa
     if (dx) {
         CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_data));
         CHECK_CUDNN(cudnnConvolutionBackwardData(ctx->cudnn, &one, cv->wd, weight_krsc, cv->yd, dy,
-                                                 cv->cd, cv->cur_bwd_data, ws, ws_bytes, &zero, cv->xd,
-                                                 dx));
+                                                 cv->cd, cv->cur_bwd_data, ws, ws_bytes, &dx_beta,
+                                                 cv->xd, dx));
     }
+}
+
+extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                   const float *weight_krsc, const float *dy, float *dx,
+                                   float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+    conv_cuda_backward_beta(ctx, cv, n, x, weight_krsc, dy, dx, dweight_krsc, dbias, ws, ws_bytes, 0.0f);
+}
+
+extern "C" void conv_cuda_backward_acc(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                       const float *weight_krsc, const float *dy, float *dx,
+                                       float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+    if (!dx) die("convolution backward accumulating into no dx (internal error)");
+    conv_cuda_backward_beta(ctx, cv, n, x, weight_krsc, dy, dx, dweight_krsc, dbias, ws, ws_bytes, 1.0f);
 }
 
 /* Scratch for the contract versions: the KRSC weight copy, the KRSC gradient and

@@ -96,6 +96,11 @@ void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x, const 
 void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
                         const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
                         float *dbias, void *ws, size_t ws_bytes);
+/* conv_cuda_backward that ACCUMULATES into dx (dx += the gradient of x: cuDNN's
+ * backward data with beta = 1); dx non-NULL. */
+void conv_cuda_backward_acc(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                            const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
+                            float *dbias, void *ws, size_t ws_bytes);
 
 /* ops.h's contract exactly (KCRS weights); scratch allocated per call, synchronises. */
 void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
@@ -140,6 +145,13 @@ void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const fl
                                     const float *y, const float *gamma, const float *save_mean,
                                     const float *save_invstd, const float *dy, float *dx,
                                     float *dgamma, float *dbeta);
+/* The relu form that also writes the masked dy back into dy (y and dx non-NULL,
+ * dx != dy): the gradient an identity shortcut carries (net_ops.h's
+ * bn_relu_backward_keep). dx is bit for bit the relu form's. */
+void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *y, const float *gamma, const float *save_mean,
+                                         const float *save_invstd, float *dy, float *dx,
+                                         float *dgamma, float *dbeta);
 
 /* ---- deferred conv bias (the op table, net_cuda.cu) ----
  * Every conv of the network feeds a batch norm, so the CUDA table does not add the
@@ -161,6 +173,11 @@ const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
 void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             const float *dy, float *dx, float *dgamma, float *dbeta);
+/* cuda_bn_backward_defer of batchnorm2d_relu_backward_keep_cuda. */
+void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                      const float *y, const float *gamma, const float *save_mean,
+                                      const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                      float *dbeta);
 /* When dy is the deferred BN backward's dx (c channels): launches it with the column
  * sum of dx written to dbias (when non-NULL) and returns 1; else flushes
  * everything deferred and returns 0. */
