@@ -153,6 +153,12 @@ void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, con
                                          const float *save_invstd, float *dy, float *dx,
                                          float *dgamma, float *dbeta);
 
+/* Training batch norms (forward, and backward with a dx) as one cooperative kernel
+ * each instead of two, bit for bit the same results (bn_nhwc.h): on by default where
+ * the device supports it (CIFAR_CUDA_BN_COOP=0: off). enable 0 or 1 switches it
+ * (1 only where supported), -1 leaves it; returns whether it is on. */
+int cuda_ctx_bn_coop(CudaCtx *ctx, int enable);
+
 /* ---- deferred conv bias (the op table, net_cuda.cu) ----
  * Every conv of the network feeds a batch norm, so the CUDA table does not add the
  * conv bias in a pass of its own: conv_forward defers it (cuda_bias_defer), and the
