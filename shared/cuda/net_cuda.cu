@@ -9,7 +9,12 @@
  * backward waits for the conv backward that follows to write that conv's bias
  * gradient (the column sum of its dx) directly (no column-sum passes, no copy).
  * Every other op flushes what is deferred first, so the table keeps net_ops.h's
- * contracts for any sequence of calls. */
+ * contracts for any sequence of calls.
+ *
+ * The table sets net_ops.h's optional folded block backward (bn_relu_backward_keep,
+ * conv_backward_acc): the block's output ReLU mask is read by the BN backward (which
+ * leaves the masked gradient in dy for the identity shortcut) and the residual add is
+ * cuDNN's backward data with beta = 1, so a block has no ReLU or add pass of its own. */
 #include <string.h>
 
 #include "cuda/cuda_check.h"

@@ -111,7 +111,9 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
 
 /* ---- batch norm (our NHWC kernels, bn_nhwc.h; the same formulas as ops.h) ----
  * The real shape: n images of hw pixels and c channels (rows = n*hw, any number),
- * NHWC, c <= BN_MAX_C (4096). Two kernel launches each, deterministic. x_bias: NULL,
+ * NHWC, c <= BN_MAX_C (4096). Deterministic; two kernel launches each, or one
+ * cooperative kernel for a training BN (forward, or backward with a dx) where the
+ * device allows (cuda_ctx_bn_coop), with the same results bit for bit. x_bias: NULL,
  * or a per-channel bias that the caller has not yet added to x (a deferred conv
  * bias): the BN uses x + x_bias and writes x + x_bias back into x. */
 void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
