@@ -441,6 +441,42 @@ static void train_steps(const Model *m, const NetOps *ops, int threads, const fl
     ops_set_threads(saved);
 }
 
+/* A training batch: m's initial parameters and buffers (model_init with init_seed),
+ * n synthetic images (rng data_seed) and labels (i * label_mul) % 10. */
+typedef struct {
+    float *params, *buffers, *x;
+    int32_t *labels;
+} StepIn;
+
+static StepIn step_inputs(const Model *m, int n, uint64_t init_seed, uint64_t data_seed, int label_mul) {
+    size_t px = (size_t)32 * 32 * 3;
+    StepIn in = {xmalloc(m->num_params * sizeof(float)), xmalloc(m->num_buffers * sizeof(float)),
+                 xmalloc(n * px * sizeof(float)), xmalloc(n * sizeof(int32_t))};
+    model_init(m, in.params, in.buffers, init_seed);
+    for (size_t i = 0; i < n * px; i++) in.x[i] = 2.0f * rng_uniform(data_seed, RNG_STREAM_SYNTH, i) - 1.0f;
+    for (int i = 0; i < n; i++) in.labels[i] = (i * label_mul) % 10;
+    return in;
+}
+
+static void step_inputs_free(StepIn *in) {
+    free(in->params);
+    free(in->buffers);
+    free(in->x);
+    free(in->labels);
+}
+
+static void step_out_alloc(const Model *m, StepOut *o) {
+    o->grads = xmalloc(m->num_params * sizeof(float));
+    o->params = xmalloc(m->num_params * sizeof(float));
+    o->buffers = xmalloc(m->num_buffers * sizeof(float));
+}
+
+static void step_out_free(StepOut *o) {
+    free(o->grads);
+    free(o->params);
+    free(o->buffers);
+}
+
 /* The seed model trains to bit-identical weights, statistics and loss with 1, 2 and
  * 3 threads, and the team walk (one parallel region per forward or backward) equals
  * ops that each open their own region: every reduction has a fixed order. An odd
@@ -449,13 +485,7 @@ static void test_threads_bit_identical(void) {
     Model m;
     build_seed_cifar(&m);
     const int n = 37, steps = 2;
-    size_t px = (size_t)32 * 32 * 3;
-    float *params = xmalloc(m.num_params * sizeof(float)),
-          *buffers = xmalloc(m.num_buffers * sizeof(float)), *x = xmalloc(n * px * sizeof(float));
-    int32_t labels[37];
-    model_init(&m, params, buffers, 11);
-    for (size_t i = 0; i < n * px; i++) x[i] = 2.0f * rng_uniform(5, RNG_STREAM_SYNTH, i) - 1.0f;
-    for (int i = 0; i < n; i++) labels[i] = (i * 7) % 10;
+    StepIn in = step_inputs(&m, n, 11, 5, 7);
     NetOps per_op = net_cpu_ops;
     per_op.team = NULL;
     struct {
@@ -469,12 +499,11 @@ static void test_threads_bit_identical(void) {
     enum { RUNS = sizeof runs / sizeof runs[0] };
     StepOut out[RUNS];
     for (int r = 0; r < RUNS; r++) {
-        out[r].grads = xmalloc(m.num_params * sizeof(float));
-        out[r].params = xmalloc(m.num_params * sizeof(float));
-        out[r].buffers = xmalloc(m.num_buffers * sizeof(float));
-        train_steps(&m, runs[r].ops, runs[r].threads, params, buffers, x, labels, n, steps, &out[r]);
+        step_out_alloc(&m, &out[r]);
+        train_steps(&m, runs[r].ops, runs[r].threads, in.params, in.buffers, in.x, in.labels, n, steps,
+                    &out[r]);
     }
-    EXPECT(isfinite(out[0].loss) && memcmp(out[0].params, params, m.num_params * sizeof(float)) != 0,
+    EXPECT(isfinite(out[0].loss) && memcmp(out[0].params, in.params, m.num_params * sizeof(float)) != 0,
            "training did not move the weights (loss %g)", out[0].loss);
     for (int r = 1; r < RUNS; r++) {
         EXPECT(out[r].loss == out[0].loss, "%s: loss %.9g, 1 thread %.9g", runs[r].name,
@@ -486,14 +515,8 @@ static void test_threads_bit_identical(void) {
         EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
                "%s: BN statistics differ from 1 thread", runs[r].name);
     }
-    for (int r = 0; r < RUNS; r++) {
-        free(out[r].grads);
-        free(out[r].params);
-        free(out[r].buffers);
-    }
-    free(params);
-    free(buffers);
-    free(x);
+    for (int r = 0; r < RUNS; r++) step_out_free(&out[r]);
+    step_inputs_free(&in);
     model_free(&m);
 }
 
@@ -549,13 +572,7 @@ static void test_folded_block_backward(void) {
     Model m;
     build_seed_cifar(&m);
     const int n = 13, steps = 2;
-    size_t px = (size_t)32 * 32 * 3;
-    float *params = xmalloc(m.num_params * sizeof(float)),
-          *buffers = xmalloc(m.num_buffers * sizeof(float)), *x = xmalloc(n * px * sizeof(float));
-    int32_t labels[13];
-    model_init(&m, params, buffers, 12);
-    for (size_t i = 0; i < n * px; i++) x[i] = 2.0f * rng_uniform(6, RNG_STREAM_SYNTH, i) - 1.0f;
-    for (int i = 0; i < n; i++) labels[i] = (i * 3) % 10;
+    StepIn in = step_inputs(&m, n, 12, 6, 3);
     NetOps plain = net_cpu_ops, folded = net_cpu_ops;
     plain.team = folded.team = NULL; /* the wrappers allocate: one caller at a time */
     folded.conv_plan = folded_conv_plan;
@@ -564,11 +581,9 @@ static void test_folded_block_backward(void) {
     StepOut out[2];
     const NetOps *tables[2] = {&plain, &folded};
     for (int r = 0; r < 2; r++) {
-        out[r].grads = xmalloc(m.num_params * sizeof(float));
-        out[r].params = xmalloc(m.num_params * sizeof(float));
-        out[r].buffers = xmalloc(m.num_buffers * sizeof(float));
+        step_out_alloc(&m, &out[r]);
         g_folded_n = 0;
-        train_steps(&m, tables[r], 2, params, buffers, x, labels, n, steps, &out[r]);
+        train_steps(&m, tables[r], 2, in.params, in.buffers, in.x, in.labels, n, steps, &out[r]);
     }
     int n_proj = 0;
     for (int i = 0; i < m.n_blocks; i++) n_proj += m.blocks[i].has_projection;
@@ -586,14 +601,8 @@ static void test_folded_block_backward(void) {
            "folded block backward: BN statistics differ from the plain path");
     printf("%s folded block backward (%d blocks, %d projections) = plain path, bit for bit\n",
            g_failures ? "FAIL" : "ok  ", m.n_blocks, n_proj);
-    for (int r = 0; r < 2; r++) {
-        free(out[r].grads);
-        free(out[r].params);
-        free(out[r].buffers);
-    }
-    free(params);
-    free(buffers);
-    free(x);
+    for (int r = 0; r < 2; r++) step_out_free(&out[r]);
+    step_inputs_free(&in);
     model_free(&m);
 }
 

@@ -376,6 +376,14 @@ static void NET_T(net_bn_bwd)(struct NET_T(Net) *net, const BNLayer *l, const re
                           grads + l->gamma, grads + l->beta);
 }
 
+/* Output pixels of a block's main conv j. */
+static int NET_T(net_block_conv_out_hw)(const Block *b, int j) {
+    const ConvSpec *s = &model_block_conv(b, j)->spec;
+    int h, w;
+    model_block_conv_input(b, j, &h, &w);
+    return conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
+}
+
 /* The BN backward of a block's last main conv or of its projection: dy is the
  * gradient of the block's output, read through the output ReLU's mask (a->out > 0),
  * and the masked dy is written back into dy (net_ops.h: bn_relu_backward_keep). */
@@ -409,10 +417,7 @@ static real_t *NET_T(net_block_backward_folded)(struct NET_T(Net) *net, const Bl
     }
     real_t *cur = dout;
     for (int j = nc - 1; j >= 0; j--) {
-        const ConvSpec *s = &model_block_conv(b, j)->spec;
-        int h, w;
-        model_block_conv_input(b, j, &h, &w);
-        int hw = conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
+        int hw = NET_T(net_block_conv_out_hw)(b, j);
         real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
         const BNLayer *bl = model_block_bn(b, j);
         if (j == nc - 1) /* its output goes through the residual add and the output ReLU */
@@ -456,10 +461,7 @@ static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
     }
     real_t *cur = dout;
     for (int j = model_block_n_convs(b) - 1; j >= 0; j--) {
-        const ConvSpec *s = &model_block_conv(b, j)->spec;
-        int h, w;
-        model_block_conv_input(b, j, &h, &w);
-        int hw = conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
+        int hw = NET_T(net_block_conv_out_hw)(b, j);
         real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
         const BNLayer *bl = model_block_bn(b, j);
         if (j < model_block_n_convs(b) - 1) /* bn -> relu: mask and BN backward in one op */
