@@ -9,9 +9,13 @@
  * configuration, the last-block handshake) is in test_ops_cuda's op cases.
  *
  * Checked: training forward (plain, ReLU, add+ReLU), inference, backward (plain and
- * ReLU-masked) against the CPU ops, on shapes that cross the channel tile, the chunk
- * clamp and odd row counts; the deferred conv bias (folded into the read, written
- * back into x); and the conv bias gradient (dsum) against the column sum of dx. */
+ * ReLU-masked, and its keep form that leaves the masked dy in dy) against the CPU ops,
+ * on shapes that cross the channel tile, the chunk clamp and odd row counts; the
+ * deferred conv bias (folded into the read, written back into x); the conv bias
+ * gradient (dsum) against the column sum of dx; and the cooperative one-kernel order
+ * (bn_coop_item, bn_coop_elem0: grids of 1 block to more blocks than the work), every
+ * partial, final and element done exactly once and every output bit for bit the
+ * two-kernel order's. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
