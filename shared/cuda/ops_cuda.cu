@@ -357,11 +357,18 @@ extern "C" void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const
     ctx->pend_bwd = b;
 }
 
+/* The keep form's contract: the ReLU output y, and a dx that is not dy. */
+static void bn_keep_check(const float *y, const float *dy, const float *dx) {
+    if (!y || !dx || dx == dy)
+        die("batch norm backward keeping the masked dy: needs y and a dx other than dy "
+            "(internal error)");
+}
+
 extern "C" void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                                  const float *y, const float *gamma,
                                                  const float *save_mean, const float *save_invstd,
                                                  float *dy, float *dx, float *dgamma, float *dbeta) {
-    if (!y || !dx || dx == dy) die("batch norm backward keeping the masked dy: needs y and a dx other than dy (internal error)");
+    bn_keep_check(y, dy, dx);
     cuda_bn_backward_defer(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
     ctx->pend_bwd.keep = 1;
 }
@@ -945,7 +952,7 @@ extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw,
                                                     const float *gamma, const float *save_mean,
                                                     const float *save_invstd, float *dy, float *dx,
                                                     float *dgamma, float *dbeta) {
-    if (!y || !dx || dx == dy) die("batch norm backward keeping the masked dy: needs y and a dx other than dy (internal error)");
+    bn_keep_check(y, dy, dx);
     bn_backward_run_keep(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
                          ctx->bn_dsum);
 }
