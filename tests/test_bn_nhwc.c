@@ -9,9 +9,12 @@
  * configuration, the last-block handshake) is in test_ops_cuda's op cases.
  *
  * Checked: training forward (plain, ReLU, add+ReLU), inference, backward (plain and
- * ReLU-masked) against the CPU ops, on shapes that cross the channel tile, the chunk
+ * ReLU-masked, and its keep form that leaves the masked dy in dy) against the CPU ops, on shapes that cross the channel tile, the chunk
  * clamp and odd row counts; the deferred conv bias (folded into the read, written
- * back into x); and the conv bias gradient (dsum) against the column sum of dx.
+ * back into x); and the conv bias gradient (dsum) against the column sum of dx; and the cooperative one-kernel order
+ * (bn_coop_item, bn_coop_elem0: grids of 1 block to more blocks than the work), every
+ * partial, final and element done exactly once and every output bit for bit the
+ * two-kernel order's.
  *
  * bf16 (--precision bf16): bf16.h's round-to-nearest-even conversion against an
  * independent reference (the nearer of the two neighbours, computed in double; ties,
@@ -149,21 +152,27 @@ static void test_bf16_convert(void) {
 typedef void (*LaneFn)(const void *a, int ch, int p, int lane, double *s);
 typedef void (*FinalFn)(void *a, int ch, const double *t);
 
-/* bn_reduce_tile of ops_cuda.cu: K sums per channel. */
-static void emulate_reduce(int K, int64_t rows, int c, void *a, LaneFn lane_fn, FinalFn fin) {
-    int chunks = bn_chunks(rows, c);
-    double *partial = xcalloc((size_t)chunks * K * c, sizeof(double));
-    for (int p = 0; p < chunks; p++)
-        for (int ch = 0; ch < c; ch++) {
-            double sh[BN_LANES][BN_SUMS];
-            for (int l = 0; l < BN_LANES; l++) lane_fn(a, ch, p, l, sh[l]);
-            for (int k = 0; k < K; k++) {
-                double t = 0.0;
-                for (int l = 0; l < BN_LANES; l++) t += sh[l][k];
-                partial[((size_t)p * K + k) * c + ch] = t;
-            }
+/* bn_tile_partial of ops_cuda.cu: block (tile, chunk p), lanes added in order into
+ * partial[p][k][ch]; writes[p * c + ch] counts the writes of each partial. */
+static void emulate_tile_partial(int K, int tile, int p, int c, const void *a, LaneFn lane_fn,
+                                 double *partial, int *writes) {
+    for (int ch = tile * BN_TILE; ch < c && ch < (tile + 1) * BN_TILE; ch++) {
+        double sh[BN_LANES][BN_SUMS];
+        for (int l = 0; l < BN_LANES; l++) lane_fn(a, ch, p, l, sh[l]);
+        for (int k = 0; k < K; k++) {
+            double t = 0.0;
+            for (int l = 0; l < BN_LANES; l++) t += sh[l][k];
+            partial[((size_t)p * K + k) * c + ch] = t;
         }
-    for (int ch = 0; ch < c; ch++) {
+        writes[(size_t)p * c + ch]++;
+    }
+}
+
+/* bn_tile_final of ops_cuda.cu: lane l adds chunks l, l + BN_LANES, ..., then the
+ * lanes in order; finals[ch] counts the finalisations of each channel. */
+static void emulate_tile_final(int K, int tile, int c, int chunks, const double *partial, void *a,
+                               FinalFn fin, int *finals) {
+    for (int ch = tile * BN_TILE; ch < c && ch < (tile + 1) * BN_TILE; ch++) {
         double sl[BN_LANES][BN_SUMS] = {{0}}, t[BN_SUMS];
         for (int l = 0; l < BN_LANES; l++)
             for (int q = l; q < chunks; q += BN_LANES)
@@ -173,8 +182,45 @@ static void emulate_reduce(int K, int64_t rows, int c, void *a, LaneFn lane_fn, 
             for (int l = 0; l < BN_LANES; l++) t[k] += sl[l][k];
         }
         fin(a, ch, t);
+        finals[ch]++;
     }
+}
+
+/* The reduction: the two-kernel order (blocks = 0: one block per (tile, chunk), the
+ * tile's last block finalising) or the cooperative order of a grid of `blocks`
+ * (bn_nhwc.h: items round robin by bn_coop_item, barrier, tiles round robin). Every
+ * partial and every channel's final must be written exactly once. */
+static void emulate_reduce_grid(int K, int64_t rows, int c, void *a, LaneFn lane_fn, FinalFn fin,
+                                int blocks) {
+    int chunks = bn_chunks(rows, c), tiles = bn_tiles(c);
+    double *partial = xcalloc((size_t)chunks * K * c, sizeof(double));
+    int *writes = xcalloc((size_t)chunks * c, sizeof(int)), *finals = xcalloc((size_t)c, sizeof(int));
+    if (!blocks) {
+        for (int t = 0; t < tiles; t++)
+            for (int p = 0; p < chunks; p++) emulate_tile_partial(K, t, p, c, a, lane_fn, partial, writes);
+        for (int t = 0; t < tiles; t++) emulate_tile_final(K, t, c, chunks, partial, a, fin, finals);
+    } else {
+        for (int b = 0; b < blocks; b++)
+            for (int64_t w = b; w < (int64_t)tiles * chunks; w += blocks) {
+                int tile, p;
+                bn_coop_item(w, tiles, &tile, &p);
+                emulate_tile_partial(K, tile, p, c, a, lane_fn, partial, writes);
+            }
+        for (int b = 0; b < blocks; b++) /* after the grid barrier */
+            for (int t = b; t < tiles; t += blocks) emulate_tile_final(K, t, c, chunks, partial, a, fin, finals);
+    }
+    int once = 1;
+    for (size_t i = 0; i < (size_t)chunks * c; i++) once &= writes[i] == 1;
+    for (int ch = 0; ch < c; ch++) once &= finals[ch] == 1;
+    EXPECT(once, "reduction of %lld x %d over %d blocks: a partial or a final not written exactly once",
+           (long long)rows, c, blocks);
     free(partial);
+    free(writes);
+    free(finals);
+}
+
+static void emulate_reduce(int K, int64_t rows, int c, void *a, LaneFn lane_fn, FinalFn fin) {
+    emulate_reduce_grid(K, rows, c, a, lane_fn, fin, 0);
 }
 
 typedef struct {
@@ -345,10 +391,85 @@ static void test_backward(int64_t rows, int c, int relu, int bf16) {
     WHAT("dsum = column sum of dx");
     EXPECT(ok, "%s", what);
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    if (relu) { /* the keep form: the same dx, and the masked dy left in dy */
+        float *dyk = copy_of(dyp, nx), *dxk = xmalloc(nx * sizeof(float));
+        for (size_t i = 0; i < nx; i++) bn_bwd_apply_keep((int64_t)i, c, xp, yp, dyk, k, dxk, bf16);
+        ok = 1;
+        for (size_t i = 0; i < nx; i++) {
+            ok &= act_load(dxk, (int64_t)i, bf16) == act_load(dx, (int64_t)i, bf16);
+            float g = act_load(yp, (int64_t)i, bf16) > 0.0f ? act_load(dyp, (int64_t)i, bf16) : 0.0f;
+            ok &= act_load(dyk, (int64_t)i, bf16) == g;
+        }
+        WHAT("keep: dx bit for bit, masked dy written back");
+        EXPECT(ok, "%s", what);
+        printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+        free(dyk);
+        free(dxk);
+    }
 #undef WHAT
     free(x); free(y); free(dy); free(gamma); free(mean); free(inv); free(want); free(wg); free(wb);
     free(dx); free(dg); free(db); free(k); free(dsum); free(colsum); free(lim);
     free(xp); free(yp); free(dyp); free(dxv);
+}
+
+/* ---- the cooperative (one-kernel) order against the two-kernel order ---- */
+
+/* The element-wise pass of bn_coop_run (bn_coop_elem0, bn_coop_elem_step): seen[i]
+ * counts the visits of element i. */
+static void emulate_coop_elems(size_t total, int blocks, int *seen) {
+    for (int b = 0; b < blocks; b++)
+        for (int ty = 0; ty < BN_LANES; ty++)
+            for (int tx = 0; tx < BN_TILE; tx++)
+                for (int64_t i = bn_coop_elem0(b, ty, tx); i < (int64_t)total; i += bn_coop_elem_step(blocks))
+                    seen[i]++;
+}
+
+/* Forward (add+ReLU, deferred bias) and keep-backward, both orders: every output bit
+ * for bit equal, every element visited once, for grids smaller and larger than the
+ * work. */
+static void test_coop_order(int64_t rows, int c, int blocks) {
+    size_t nx = (size_t)rows * c;
+    float *x0 = vec(nx, -2, 3), *z = vec(nx, -1, 1), *bias = vec((size_t)c, -0.5f, 0.5f);
+    float *gamma = vec((size_t)c, 0.5f, 1.5f), *beta = vec((size_t)c, -0.5f, 0.5f);
+    float *dy0 = vec(nx, -1, 1), *rm0 = vec((size_t)c, -0.2f, 0.2f), *rv0 = vec((size_t)c, 0.5f, 1.5f);
+    float *out[2][8];
+    for (int o = 0; o < 2; o++) { /* o = 0: two kernels; 1: cooperative */
+        float *x = copy_of(x0, nx), *y = xmalloc(nx * sizeof(float)), *m = xmalloc(c * sizeof(float));
+        float *inv = xmalloc(c * sizeof(float)), *rm = copy_of(rm0, c), *rv = copy_of(rv0, c);
+        float *aff = xmalloc(3 * c * sizeof(float)), *dy = copy_of(dy0, nx), *dx = xmalloc(nx * sizeof(float));
+        float *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float)), *ds = xmalloc(c * sizeof(float));
+        BnCase f = {rows, c, x, bias, gamma, beta, NULL, NULL, m, inv, rm, rv, aff, NULL, NULL, NULL, 0.1f, 1e-5f, 0};
+        emulate_reduce_grid(2, rows, c, &f, fwd_lane, fwd_final, o ? blocks : 0);
+        int *seen = xcalloc(nx ? nx : 1, sizeof(int));
+        if (o) emulate_coop_elems(nx, blocks, seen);
+        for (size_t i = 0; i < nx; i++) bn_fwd_apply((int64_t)i, c, x, bias, aff, z, BN_ADD_RELU, y, 0);
+        BnCase b = {rows, c, x, NULL, gamma, NULL, y, dy, m, inv, NULL, NULL, aff, dg, db, ds, 0.0f, 0.0f, 0};
+        emulate_reduce_grid(3, rows, c, &b, bwd_lane, bwd_final, o ? blocks : 0);
+        for (size_t i = 0; i < nx; i++) bn_bwd_apply_keep((int64_t)i, c, x, y, dy, aff, dx, 0);
+        int once = 1;
+        for (size_t i = 0; o && i < nx; i++) once &= seen[i] == 1;
+        EXPECT(once, "cooperative element pass of %zu over %d blocks: an element not visited once", nx, blocks);
+        free(seen);
+        float *keep[8] = {y, m, inv, rm, rv, dx, dy, dg};
+        memcpy(out[o], keep, sizeof keep);
+        free(x); free(aff); free(db); free(ds);
+    }
+    static const char *names[8] = {"y", "save_mean", "save_invstd", "running_mean", "running_var",
+                                   "dx", "dy kept", "dgamma"};
+    int same = 1;
+    for (int j = 0; j < 8; j++) {
+        size_t n = j == 0 || j >= 5 ? nx : (size_t)c;
+        if (j == 7) n = (size_t)c;
+        int eq = memcmp(out[0][j], out[1][j], n * sizeof(float)) == 0;
+        EXPECT(eq, "cooperative order %lld x %d, %d blocks: %s differs from the two-kernel order",
+               (long long)rows, c, blocks, names[j]);
+        same &= eq;
+    }
+    printf("%s cooperative order %lld x %d over %d blocks = two-kernel order, bit for bit\n",
+           same ? "ok  " : "FAIL", (long long)rows, c, blocks);
+    for (int o = 0; o < 2; o++)
+        for (int j = 0; j < 8; j++) free(out[o][j]);
+    free(x0); free(z); free(bias); free(gamma); free(beta); free(dy0); free(rm0); free(rv0);
 }
 
 /* The chunking covers every row once, whatever the row count. */
@@ -398,6 +519,12 @@ int main(void) {
                 test_backward(rows, c, 1, bf16);
             }
         }
+    /* grids of 1 block, fewer blocks than items, and more than the work */
+    /* (after the cases above: they keep their random data) */
+    static const struct { int64_t rows; int c; } coop[] = {{7, 8}, {3000, 70}, {300001, 4}, {2049, 33}};
+    static const int grids[] = {1, 5, 132, 4096};
+    for (size_t s = 0; s < sizeof coop / sizeof *coop; s++)
+        for (size_t g = 0; g < sizeof grids / sizeof *grids; g++) test_coop_order(coop[s].rows, coop[s].c, grids[g]);
     /* NaN passes through the fused ReLU (the trainer's NaN stop relies on it) */
     float x[2] = {NAN, -1.0f}, aff[2] = {1.0f, 0.0f}, y[2];
     for (int i = 0; i < 2; i++) bn_fwd_apply(i, 1, x, NULL, aff, NULL, BN_RELU, y, 0);

@@ -441,6 +441,42 @@ static void train_steps(const Model *m, const NetOps *ops, int threads, const fl
     ops_set_threads(saved);
 }
 
+/* A training batch: m's initial parameters and buffers (model_init with init_seed),
+ * n synthetic images (rng data_seed) and labels (i * label_mul) % 10. */
+typedef struct {
+    float *params, *buffers, *x;
+    int32_t *labels;
+} StepIn;
+
+static StepIn step_inputs(const Model *m, int n, uint64_t init_seed, uint64_t data_seed, int label_mul) {
+    size_t px = (size_t)32 * 32 * 3;
+    StepIn in = {xmalloc(m->num_params * sizeof(float)), xmalloc(m->num_buffers * sizeof(float)),
+                 xmalloc(n * px * sizeof(float)), xmalloc(n * sizeof(int32_t))};
+    model_init(m, in.params, in.buffers, init_seed);
+    for (size_t i = 0; i < n * px; i++) in.x[i] = 2.0f * rng_uniform(data_seed, RNG_STREAM_SYNTH, i) - 1.0f;
+    for (int i = 0; i < n; i++) in.labels[i] = (i * label_mul) % 10;
+    return in;
+}
+
+static void step_inputs_free(StepIn *in) {
+    free(in->params);
+    free(in->buffers);
+    free(in->x);
+    free(in->labels);
+}
+
+static void step_out_alloc(const Model *m, StepOut *o) {
+    o->grads = xmalloc(m->num_params * sizeof(float));
+    o->params = xmalloc(m->num_params * sizeof(float));
+    o->buffers = xmalloc(m->num_buffers * sizeof(float));
+}
+
+static void step_out_free(StepOut *o) {
+    free(o->grads);
+    free(o->params);
+    free(o->buffers);
+}
+
 /* The seed model trains to bit-identical weights, statistics and loss with 1, 2 and
  * 3 threads, and the team walk (one parallel region per forward or backward) equals
  * ops that each open their own region: every reduction has a fixed order. An odd
@@ -449,13 +485,7 @@ static void test_threads_bit_identical(void) {
     Model m;
     build_seed_cifar(&m);
     const int n = 37, steps = 2;
-    size_t px = (size_t)32 * 32 * 3;
-    float *params = xmalloc(m.num_params * sizeof(float)),
-          *buffers = xmalloc(m.num_buffers * sizeof(float)), *x = xmalloc(n * px * sizeof(float));
-    int32_t labels[37];
-    model_init(&m, params, buffers, 11);
-    for (size_t i = 0; i < n * px; i++) x[i] = 2.0f * rng_uniform(5, RNG_STREAM_SYNTH, i) - 1.0f;
-    for (int i = 0; i < n; i++) labels[i] = (i * 7) % 10;
+    StepIn in = step_inputs(&m, n, 11, 5, 7);
     NetOps per_op = net_cpu_ops;
     per_op.team = NULL;
     struct {
@@ -469,12 +499,11 @@ static void test_threads_bit_identical(void) {
     enum { RUNS = sizeof runs / sizeof runs[0] };
     StepOut out[RUNS];
     for (int r = 0; r < RUNS; r++) {
-        out[r].grads = xmalloc(m.num_params * sizeof(float));
-        out[r].params = xmalloc(m.num_params * sizeof(float));
-        out[r].buffers = xmalloc(m.num_buffers * sizeof(float));
-        train_steps(&m, runs[r].ops, runs[r].threads, params, buffers, x, labels, n, steps, &out[r]);
+        step_out_alloc(&m, &out[r]);
+        train_steps(&m, runs[r].ops, runs[r].threads, in.params, in.buffers, in.x, in.labels, n, steps,
+                    &out[r]);
     }
-    EXPECT(isfinite(out[0].loss) && memcmp(out[0].params, params, m.num_params * sizeof(float)) != 0,
+    EXPECT(isfinite(out[0].loss) && memcmp(out[0].params, in.params, m.num_params * sizeof(float)) != 0,
            "training did not move the weights (loss %g)", out[0].loss);
     for (int r = 1; r < RUNS; r++) {
         EXPECT(out[r].loss == out[0].loss, "%s: loss %.9g, 1 thread %.9g", runs[r].name,
@@ -486,14 +515,94 @@ static void test_threads_bit_identical(void) {
         EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
                "%s: BN statistics differ from 1 thread", runs[r].name);
     }
-    for (int r = 0; r < RUNS; r++) {
-        free(out[r].grads);
-        free(out[r].params);
-        free(out[r].buffers);
+    for (int r = 0; r < RUNS; r++) step_out_free(&out[r]);
+    step_inputs_free(&in);
+    model_free(&m);
+}
+
+/* ---- the executor's folded block backward (net_ops.h: bn_relu_backward_keep and
+ * conv_backward_acc), checked on the CPU: a table whose folded ops are the plain ops
+ * composed (ReLU mask in place then BN backward; conv backward into a scratch then an
+ * add into dx) must train bit for bit as the plain path, which runs the same
+ * arithmetic in another order of calls (a + b == b + a). So the executor's buffer
+ * rotation, masks and accumulation targets are checked here, without a GPU. */
+
+enum { FOLDED_MAX_PLANS = 64 };
+static struct {
+    void *plan;
+    size_t x_per_image; /* elements of one image of the conv's input (= its dx) */
+} g_folded_plans[FOLDED_MAX_PLANS];
+static int g_folded_n, g_folded_keep_calls, g_folded_acc_calls;
+
+static void *folded_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
+    void *p = net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward);
+    if (g_folded_n >= FOLDED_MAX_PLANS) die("test_model: more than %d conv plans", FOLDED_MAX_PLANS);
+    g_folded_plans[g_folded_n].plan = p;
+    g_folded_plans[g_folded_n++].x_per_image = (size_t)h * w * cs->cin;
+    return p;
+}
+
+static size_t folded_x_per_image(const void *plan) {
+    for (int i = g_folded_n - 1; i >= 0; i--)
+        if (g_folded_plans[i].plan == plan) return g_folded_plans[i].x_per_image;
+    die("test_model: conv plan %p was not made by folded_conv_plan", plan);
+}
+
+static void folded_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const float *x,
+                                         const float *y, const float *gamma, const float *mean,
+                                         const float *invstd, float *dy, float *dx, float *dgamma,
+                                         float *dbeta) {
+    g_folded_keep_calls++;
+    net_cpu_ops.relu_backward(ctx, (size_t)n * hw * c, y, dy, dy);
+    net_cpu_ops.bn_backward(ctx, n, hw, c, x, gamma, mean, invstd, dy, dx, dgamma, dbeta);
+}
+
+static void folded_conv_backward_acc(void *ctx, void *plan, int n, const float *x,
+                                     const float *weight, const float *dy, float *dx,
+                                     float *dweight, float *dbias, void *ws, size_t ws_bytes) {
+    g_folded_acc_calls++;
+    size_t count = (size_t)n * folded_x_per_image(plan);
+    float *tmp = xmalloc(count * sizeof(float));
+    net_cpu_ops.conv_backward(ctx, plan, n, x, weight, dy, tmp, dweight, dbias, ws, ws_bytes);
+    net_cpu_ops.add(ctx, count, dx, tmp, dx);
+    free(tmp);
+}
+
+static void test_folded_block_backward(void) {
+    Model m;
+    build_seed_cifar(&m);
+    const int n = 13, steps = 2;
+    StepIn in = step_inputs(&m, n, 12, 6, 3);
+    NetOps plain = net_cpu_ops, folded = net_cpu_ops;
+    plain.team = folded.team = NULL; /* the wrappers allocate: one caller at a time */
+    folded.conv_plan = folded_conv_plan;
+    folded.bn_relu_backward_keep = folded_bn_relu_backward_keep;
+    folded.conv_backward_acc = folded_conv_backward_acc;
+    StepOut out[2];
+    const NetOps *tables[2] = {&plain, &folded};
+    for (int r = 0; r < 2; r++) {
+        step_out_alloc(&m, &out[r]);
+        g_folded_n = 0;
+        train_steps(&m, tables[r], 2, in.params, in.buffers, in.x, in.labels, n, steps, &out[r]);
     }
-    free(params);
-    free(buffers);
-    free(x);
+    int n_proj = 0;
+    for (int i = 0; i < m.n_blocks; i++) n_proj += m.blocks[i].has_projection;
+    /* per step and block: the last main BN, and the projection's BN */
+    EXPECT(g_folded_keep_calls == steps * (m.n_blocks + n_proj) && g_folded_acc_calls == steps * m.n_blocks,
+           "folded ops called %d and %d times, want %d and %d", g_folded_keep_calls,
+           g_folded_acc_calls, steps * (m.n_blocks + n_proj), steps * m.n_blocks);
+    EXPECT(isfinite(out[0].loss) && out[1].loss == out[0].loss, "folded loss %.9g, plain %.9g",
+           out[1].loss, out[0].loss);
+    EXPECT(memcmp(out[1].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
+           "folded block backward: gradients differ from the plain path");
+    EXPECT(memcmp(out[1].params, out[0].params, m.num_params * sizeof(float)) == 0,
+           "folded block backward: weights differ from the plain path");
+    EXPECT(memcmp(out[1].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
+           "folded block backward: BN statistics differ from the plain path");
+    printf("%s folded block backward (%d blocks, %d projections) = plain path, bit for bit\n",
+           g_failures ? "FAIL" : "ok  ", m.n_blocks, n_proj);
+    for (int r = 0; r < 2; r++) step_out_free(&out[r]);
+    step_inputs_free(&in);
     model_free(&m);
 }
 
@@ -509,5 +618,6 @@ int main(void) {
     test_basic_blocks_train();
     test_net_inference_only();
     test_threads_bit_identical();
+    test_folded_block_backward();
     return unit_report("test_model");
 }

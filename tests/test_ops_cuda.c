@@ -216,6 +216,41 @@ static void test_conv(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol,
     free(x); free(wt); free(b); free(dy); free(y); free(dx); free(dw); free(db); free(ws);
 }
 
+/* conv_cuda_backward_acc (cuDNN backward data with beta = 1): dx holding r before
+ * ends as r + the CPU's dx; the weight gradient is the plain backward's. */
+static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol) {
+    int oh = conv_out_size(h, cs.k, cs.stride, cs.pad), ow = conv_out_size(w, cs.k, cs.stride, cs.pad);
+    size_t nx = (size_t)n * h * w * cs.cin, ny = (size_t)n * oh * ow * cs.cout;
+    size_t nw = (size_t)cs.cout * cs.cin * cs.k * cs.k;
+    float *x = rand_vec(nx, -1, 1), *wt = rand_vec(nw, -0.5f, 0.5f), *dy = rand_vec(ny, -1, 1);
+    float *r = rand_vec(nx, -1, 1), *dx = xmalloc(nx * sizeof(float)), *dw = xmalloc(nw * sizeof(float));
+    float *db = xmalloc(cs.cout * sizeof(float));
+    float *cws = xmalloc((conv2d_workspace_floats(&cs, n, h, w) + 1) * sizeof(float));
+    conv2d_backward(&cs, n, h, w, x, wt, dy, dx, dw, db, cws);
+    for (size_t i = 0; i < nx; i++) dx[i] += r[i];
+    ConvCuda *cv = conv_cuda_create(ctx, &cs, n, h, w, (size_t)256 << 20, 1);
+    size_t ws_bytes = conv_cuda_workspace_bytes(cv);
+    void *ws = cuda_alloc(ws_bytes ? ws_bytes : 1);
+    float *gx = dev_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gdy = dev_from(ctx, dy, ny);
+    float *gdx = dev_from(ctx, r, nx), *gwk = cuda_alloc(nw * sizeof(float));
+    float *gdwk = cuda_alloc(nw * sizeof(float)), *gdw = cuda_alloc(nw * sizeof(float));
+    conv_weight_to_krsc_cuda(ctx, &cs, gw, gwk);
+    conv_cuda_prepare(ctx, cv, n, ws_bytes);
+    conv_cuda_backward_acc(ctx, cv, n, gx, gwk, gdy, gdx, gdwk, NULL, ws, ws_bytes);
+    conv_weight_from_krsc_cuda(ctx, &cs, gdwk, gdw);
+    char name[160];
+    snprintf(name, sizeof name, "conv backward accumulating (beta 1) k%d s%d %d->%d: dx = r + dx", cs.k,
+             cs.stride, cs.cin, cs.cout);
+    expect_dev(ctx, name, gdx, dx, nx, tol, tol);
+    snprintf(name, sizeof name, "conv backward accumulating (beta 1) k%d s%d %d->%d: dweight", cs.k,
+             cs.stride, cs.cin, cs.cout);
+    expect_dev(ctx, name, gdw, dw, nw, tol * 10, tol);
+    conv_cuda_free(cv);
+    cuda_free(ws); cuda_free(gx); cuda_free(gw); cuda_free(gdy); cuda_free(gdx); cuda_free(gwk);
+    cuda_free(gdwk); cuda_free(gdw);
+    free(x); free(wt); free(dy); free(r); free(dx); free(dw); free(db); free(cws);
+}
+
 /* ------------------------------------------- the op table against the CPU */
 
 static void cuda_up(void *ctx, void *dev, const void *host, size_t bytes) {
@@ -370,6 +405,93 @@ static void test_bn_repeatable(CudaCtx *ctx) {
         for (int k = 0; k < 6; k++) free(out[run][k]);
     cuda_free(gx); cuda_free(gdy); cuda_free(gg); cuda_free(gb);
     free(x); free(dy); free(g); free(b);
+}
+
+/* The keep form of the ReLU-masked BN backward against the CPU (dx as
+ * batchnorm2d_relu_backward's; dy left masked, exactly relu_backward's). */
+static void test_bn_backward_keep(CudaCtx *ctx) {
+    const int n = 20, hw = 500, c = 40;
+    size_t nx = (size_t)n * hw * c;
+    float *x = rand_vec(nx, -2, 3), *y = rand_vec(nx, -1, 1), *dy = rand_vec(nx, -1, 1);
+    float *g = rand_vec(c, 0.5f, 1.5f), *m = xmalloc(c * sizeof(float)), *inv = xmalloc(c * sizeof(float));
+    for (int ch = 0; ch < c; ch++) {
+        m[ch] = frand(-0.3f, 0.3f);
+        inv[ch] = frand(0.5f, 1.5f);
+    }
+    float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
+    float *masked = xmalloc(nx * sizeof(float));
+    batchnorm2d_relu_backward(n * hw, c, x, y, g, m, inv, dy, dx, dg, db);
+    relu_backward(nx, y, dy, masked);
+    float *gx = dev_from(ctx, x, nx), *gy = dev_from(ctx, y, nx), *gdy = dev_from(ctx, dy, nx);
+    float *gg = dev_from(ctx, g, c), *gm = dev_from(ctx, m, c), *gi = dev_from(ctx, inv, c);
+    float *gdx = cuda_alloc(nx * sizeof(float)), *gdg = cuda_alloc(c * sizeof(float)), *gdb = cuda_alloc(c * sizeof(float));
+    batchnorm2d_relu_backward_keep_cuda(ctx, n, hw, c, gx, gy, gg, gm, gi, gdy, gdx, gdg, gdb);
+    expect_dev(ctx, "bn+relu backward keep: dx", gdx, dx, nx, 2e-5f, 1e-4f);
+    expect_dev(ctx, "bn+relu backward keep: dgamma", gdg, dg, c, 1e-3f, 1e-5f);
+    expect_dev(ctx, "bn+relu backward keep: dbeta", gdb, db, c, 1e-3f, 1e-5f);
+    float *kept = host_from(ctx, gdy, nx);
+    expect_true("bn+relu backward keep: dy left masked (relu_backward's, exactly)",
+                memcmp(kept, masked, nx * sizeof(float)) == 0);
+    free(kept);
+    cuda_free(gx); cuda_free(gy); cuda_free(gdy); cuda_free(gg); cuda_free(gm); cuda_free(gi);
+    cuda_free(gdx); cuda_free(gdg); cuda_free(gdb);
+    free(x); free(y); free(dy); free(g); free(m); free(inv); free(dx); free(dg); free(db); free(masked);
+}
+
+/* One training batch norm (add+ReLU forward with a deferred bias, then the keep
+ * backward) with the cooperative kernels and with the two-kernel path: every output
+ * bit for bit the same (bn_nhwc.h: the same sums in the same order). */
+enum { COOP_OUTS = 10 };
+static void bn_coop_case(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *bias,
+                         const float *z, const float *g, const float *b, const float *dy,
+                         float **out) {
+    size_t nx = (size_t)n * hw * c;
+    float *gx = dev_from(ctx, x, nx), *gbias = dev_from(ctx, bias, c), *gz = dev_from(ctx, z, nx);
+    float *gg = dev_from(ctx, g, c), *gb = dev_from(ctx, b, c), *gdy = dev_from(ctx, dy, nx);
+    float *y = cuda_alloc(nx * sizeof(float)), *dx = cuda_alloc(nx * sizeof(float));
+    float *m = cuda_alloc(c * sizeof(float)), *inv = cuda_alloc(c * sizeof(float));
+    float *rm = dev_from(ctx, g, c), *rv = dev_from(ctx, g, c);
+    float *dg = cuda_alloc(c * sizeof(float)), *db = cuda_alloc(c * sizeof(float));
+    batchnorm2d_add_relu_forward_train_cuda(ctx, n, hw, c, gx, gbias, gg, gb, gz, y, m, inv, rm, rv,
+                                            0.1f, 1e-5f);
+    batchnorm2d_relu_backward_keep_cuda(ctx, n, hw, c, gx, y, gg, m, inv, gdy, dx, dg, db);
+    float *dev[COOP_OUTS] = {y, gx, m, inv, rm, rv, dx, gdy, dg, db};
+    for (int k = 0; k < COOP_OUTS; k++) out[k] = host_from(ctx, dev[k], k < 2 || k == 6 || k == 7 ? nx : (size_t)c);
+    for (int k = 0; k < COOP_OUTS; k++) cuda_free(dev[k]);
+    cuda_free(gbias); cuda_free(gz); cuda_free(gg); cuda_free(gb);
+}
+
+static void test_bn_coop(CudaCtx *ctx) {
+    if (!cuda_ctx_bn_coop(ctx, -1)) {
+        printf("SKIP cooperative batch norm against two kernels: off on this device or by "
+               "CIFAR_CUDA_BN_COOP=0 (the log line of the context says which)\n");
+        return;
+    }
+    static const struct { int n, hw, c; } shapes[] = {{64, 1024, 64}, {50, 1000, 40}, {3, 7, 130}};
+    static const char *names[COOP_OUTS] = {"y", "x + bias written back", "save_mean", "save_invstd",
+                                           "running_mean", "running_var", "dx", "dy kept", "dgamma", "dbeta"};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int n = shapes[s].n, hw = shapes[s].hw, c = shapes[s].c;
+        size_t nx = (size_t)n * hw * c;
+        float *x = rand_vec(nx, -2, 3), *z = rand_vec(nx, -1, 1), *dy = rand_vec(nx, -1, 1);
+        float *bias = rand_vec(c, -0.5f, 0.5f), *g = rand_vec(c, 0.5f, 1.5f), *b = rand_vec(c, -0.5f, 0.5f);
+        float *out[2][COOP_OUTS];
+        for (int run = 0; run < 2; run++) { /* 0: cooperative, 1: two kernels */
+            cuda_ctx_bn_coop(ctx, run == 0);
+            bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, out[run]);
+        }
+        cuda_ctx_bn_coop(ctx, 1);
+        for (int k = 0; k < COOP_OUTS; k++) {
+            char what[160];
+            size_t cnt = k < 2 || k == 6 || k == 7 ? nx : (size_t)c;
+            snprintf(what, sizeof what, "batch norm %d x %d x %d: cooperative %s = two kernels, bit for bit",
+                     n, hw, c, names[k]);
+            expect_true(what, memcmp(out[0][k], out[1][k], cnt * sizeof(float)) == 0);
+            free(out[0][k]);
+            free(out[1][k]);
+        }
+        free(x); free(z); free(dy); free(bias); free(g); free(b);
+    }
 }
 
 static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
@@ -825,6 +947,10 @@ int main(int argc, char **argv) {
     test_op_cases(ctx);
     test_elementwise(ctx);
     test_bn_repeatable(ctx);
+    test_bn_backward_keep(ctx);
+    test_bn_coop(ctx);
+    test_conv_backward_acc(ctx, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-4f);
+    test_conv_backward_acc(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f);
     test_augment(ctx, 3, 4, 1);
     test_augment(ctx, 1, 2, 1);
     test_augment(ctx, 3, 0, 0);

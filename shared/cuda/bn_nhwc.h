@@ -15,7 +15,8 @@
  * last block of a channel tile to finish adds the partials: lane l takes chunks
  * l, l+BN_LANES, ..., then lanes in order. Two kernels per batch norm: this
  * reduction (with the per-channel finalisation fused into its last block) and one
- * element-wise pass.
+ * element-wise pass; or, where the device allows (ops_cuda.cu), one cooperative
+ * kernel doing the very same sums in the same order (bn_coop_item).
  *
  * Conv bias folding (net_cuda.cu): a conv bias that the CUDA table defers is added
  * to x as it is read (bn_in) and written back into x by the element-wise pass, so x
@@ -73,6 +74,31 @@ BN_HD int bn_chunks(int64_t rows, int c) {
     if (p > cap) p = cap;
     return p < 1 ? 1 : (int)p;
 }
+
+/* Channel tiles of c channels (the two-kernel reduction's grid.x). */
+BN_HD int bn_tiles(int c) { return (c + BN_TILE - 1) / BN_TILE; }
+
+/* The cooperative (one-kernel) order: a grid of any number of blocks of BN_TILE x
+ * BN_LANES threads, three phases between grid-wide barriers:
+ *   1. block b takes work items w = b, b + blocks, ... < tiles * chunks; item w is
+ *      the two-kernel reduction's block (tile, chunk) given by bn_coop_item, with
+ *      the same lane sums added in the same order into partial[chunk][k][channel];
+ *   2. block b takes tiles b, b + blocks, ... and adds their chunks' partials as the
+ *      two-kernel path's last block does, then finalises each channel;
+ *   3. thread t of the grid's T takes elements t, t + T, ... (element-wise pass).
+ * Each sum is the two-kernel path's in its order, whatever the grid: results are bit
+ * for bit the same. */
+BN_HD void bn_coop_item(int64_t w, int tiles, int *tile, int *chunk) {
+    *tile = (int)(w % tiles);
+    *chunk = (int)(w / tiles);
+}
+
+/* Phase 3 of the cooperative order: the first element of thread (tx, ty) of block b,
+ * and the step of a grid of `blocks` blocks. */
+BN_HD int64_t bn_coop_elem0(int b, int ty, int tx) {
+    return (int64_t)b * (BN_TILE * BN_LANES) + ty * BN_TILE + tx;
+}
+BN_HD int64_t bn_coop_elem_step(int blocks) { return (int64_t)blocks * (BN_TILE * BN_LANES); }
 
 /* Channel index of element i of an NHWC tensor (32-bit arithmetic when it fits:
  * a 64-bit remainder is many instructions on a GPU). */
@@ -233,6 +259,17 @@ BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const 
     int ch = bn_channel(i, c);
     float g = y ? (act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f) : act_load(dy, i, bf16);
     act_store(dx, i, k[ch] * g + k[c + ch] * act_load(x, i, bf16) + k[2 * c + ch], bf16);
+}
+
+/* bn_bwd_apply with the ReLU mask (y non-NULL) that also writes the masked gradient
+ * back into dy (dy[i] = g, then dx from it: the very same dx): the gradient an
+ * identity shortcut carries past a block's output ReLU (net_ops.h:
+ * bn_relu_backward_keep). dx != dy. */
+BN_HD void bn_bwd_apply_keep(int64_t i, int c, const float *x, const float *y, float *dy,
+                             const float *k, float *dx, int bf16) {
+    float g = act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f;
+    act_store(dy, i, g, bf16); /* g is a value of dy or 0: exact in bf16 */
+    bn_bwd_apply(i, c, x, NULL, dy, k, dx, bf16);
 }
 
 #endif

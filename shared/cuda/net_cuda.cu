@@ -13,7 +13,12 @@
  *
  * bf16 (ops_cuda.h, "bf16 activations"): the same table; the activations are
  * bfloat16 in the executor's float-typed buffers, and the convs read and write the
- * bf16 shadows of their weight and weight gradient (cuda_bf16_weight / _grad). */
+ * bf16 shadows of their weight and weight gradient (cuda_bf16_weight / _grad).
+ *
+ * The table sets net_ops.h's optional folded block backward (bn_relu_backward_keep,
+ * conv_backward_acc): the block's output ReLU mask is read by the BN backward (which
+ * leaves the masked gradient in dy for the identity shortcut) and the residual add is
+ * cuDNN's backward data with beta = 1, so a block has no ReLU or add pass of its own. */
 #include <string.h>
 
 #include "cuda/cuda_check.h"
@@ -73,13 +78,31 @@ static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const 
     cuda_bias_defer(CTX(ctx), y, bias, (size_t)n * conv_cuda_out_pixels(PLAN(plan)), cs->cout);
 }
 
+/* acc: dx += the gradient of x (conv_backward_acc), else dx = it. */
+static void nc_conv_backward_into(void *ctx, void *plan, int n, const float *x, const float *weight,
+                                  const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                                  size_t ws_bytes, int acc) {
+    /* the BN backward that produced dy writes this conv's bias gradient itself */
+    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
+    float *db = folded ? NULL : dbias;
+    const float *w = cuda_bf16_weight(CTX(ctx), weight);
+    float *dw = cuda_bf16_grad(CTX(ctx), dweight);
+    if (acc)
+        conv_cuda_backward_acc(CTX(ctx), PLAN(plan), n, x, w, dy, dx, dw, db, ws, ws_bytes);
+    else
+        conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, w, dy, dx, dw, db, ws, ws_bytes);
+}
+
 static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
                              const float *dy, float *dx, float *dweight, float *dbias, void *ws,
                              size_t ws_bytes) {
-    /* the BN backward that produced dy writes this conv's bias gradient itself */
-    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
-    conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, cuda_bf16_weight(CTX(ctx), weight), dy, dx,
-                       cuda_bf16_grad(CTX(ctx), dweight), folded ? NULL : dbias, ws, ws_bytes);
+    nc_conv_backward_into(ctx, plan, n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes, 0);
+}
+
+static void nc_conv_backward_acc(void *ctx, void *plan, int n, const float *x, const float *weight,
+                                 const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                                 size_t ws_bytes) {
+    nc_conv_backward_into(ctx, plan, n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes, 1);
 }
 
 static void nc_conv_weight_export(void *ctx, void *plan, const float *dev, float *kcrs) {
@@ -148,6 +171,17 @@ static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x,
     else
         batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy,
                                        dx, dgamma, dbeta);
+}
+
+/* Always deferred (the executor gives it a dx): launched by the conv backward that
+ * takes dx as its dy, with that conv's bias gradient, or by the next op. */
+static void nc_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const float *x,
+                                     const float *y, const float *gamma, const float *save_mean,
+                                     const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                     float *dbeta) {
+    cuda_deferred_flush(CTX(ctx));
+    cuda_bn_relu_backward_keep_defer(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                                     dgamma, dbeta);
 }
 
 static void nc_relu_forward(void *ctx, size_t count, const float *x, float *y) {
@@ -229,6 +263,8 @@ static NetOps nc_table(void) {
     t.bn_eval = nc_bn_eval;
     t.bn_backward = nc_bn_backward;
     t.bn_relu_backward = nc_bn_relu_backward;
+    t.bn_relu_backward_keep = nc_bn_relu_backward_keep; /* the block's ReLU and add folded */
+    t.conv_backward_acc = nc_conv_backward_acc;
     t.relu_forward = nc_relu_forward;
     t.relu_backward = nc_relu_backward;
     t.add = nc_add;

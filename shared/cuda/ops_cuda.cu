@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cooperative_groups.h>
+
 #include "cuda/bn_nhwc.h"
 #include "cuda/cuda_check.h"
 #include "cuda/ops_cuda.h"
@@ -41,6 +43,7 @@ typedef struct {
     int active, n, hw, c;
     const float *x, *y, *gamma, *save_mean, *save_invstd, *dy;
     float *dx, *dgamma, *dbeta;
+    int keep; /* bn_relu_backward_keep: the masked dy written back into dy */
 } BnBwdPending;
 
 struct CudaCtx {
@@ -71,6 +74,10 @@ struct CudaCtx {
     size_t pend_rows;
     int pend_c;
     BnBwdPending pend_bwd;
+    /* One cooperative kernel per training batch norm (bn_coop_run): the largest
+     * co-resident grid of each kernel, 0 where the device cannot (the two-kernel
+     * path then); decided once at creation, before any graph capture. */
+    int bn_coop_fwd_blocks, bn_coop_bwd_blocks, bn_coop_on;
     float *loss_dev;                    /* one float, for the synchronous loss */
     int *correct_dev;                   /* one int */
 };
@@ -94,6 +101,8 @@ extern "C" int ops_cuda_compute_capability(int device) {
     return major * 10 + minor;
 }
 
+static void bn_coop_plan(CudaCtx *ctx);
+
 extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
     ctx->device = device;
@@ -114,6 +123,7 @@ extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     ctx->bn_dsum = (float *)cuda_alloc((size_t)BN_MAX_C * sizeof(float));
     cuda_memset_async(ctx, ctx->bn_counters, 0, BN_MAX_C / BN_TILE * sizeof(unsigned));
     ctx->colsum_scratch = (float *)cuda_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float));
+    bn_coop_plan(ctx);
     ctx->loss_dev = (float *)cuda_alloc(sizeof(float));
     ctx->correct_dev = (int *)cuda_alloc(sizeof(int));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
@@ -328,14 +338,22 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum);
+static void bn_backward_run_keep(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                 const float *y, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                 float *dbeta, float *dsum);
 
 /* Launch the deferred BN backward; its dx column sum goes to dsum (a conv bias
  * gradient) or, NULL, to the context's scratch. */
 static void bn_backward_launch(CudaCtx *ctx, float *dsum) {
     BnBwdPending b = ctx->pend_bwd;
     ctx->pend_bwd.active = 0;
-    bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy, b.dx,
-                    b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+    if (b.keep) /* dy is the table's writable gradient (cuda_bn_relu_backward_keep_defer) */
+        bn_backward_run_keep(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd,
+                             (float *)b.dy, b.dx, b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+    else
+        bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy,
+                        b.dx, b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
 }
 
 extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
@@ -375,8 +393,24 @@ extern "C" void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const
                                        const float *save_invstd, const float *dy, float *dx,
                                        float *dgamma, float *dbeta) {
     cuda_deferred_flush(ctx);
-    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta};
+    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 0};
     ctx->pend_bwd = b;
+}
+
+/* The keep form's contract: the ReLU output y, and a dx that is not dy. */
+static void bn_keep_check(const float *y, const float *dy, const float *dx) {
+    if (!y || !dx || dx == dy)
+        die("batch norm backward keeping the masked dy: needs y and a dx other than dy "
+            "(internal error)");
+}
+
+extern "C" void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                                 const float *y, const float *gamma,
+                                                 const float *save_mean, const float *save_invstd,
+                                                 float *dy, float *dx, float *dgamma, float *dbeta) {
+    bn_keep_check(y, dy, dx);
+    cuda_bn_backward_defer(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
+    ctx->pend_bwd.keep = 1;
 }
 
 extern "C" int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
@@ -583,16 +617,17 @@ struct BnBwdArgs {
     float *dgamma, *dbeta, *k, *dsum;
 };
 
-/* The per-lane sums of one (chunk, channel) block, the lanes added in order into
- * partial[chunk][K][c]; then, in the tile's last block, the chunks added and fin(ch,
- * totals) called. Lane and final work are bn_nhwc.h's functions. */
-template <int K, class Lane, class Final>
-__device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
-                               unsigned *counters, Lane lane_sums, Final fin) {
-    __shared__ double sh[K][BN_LANES][BN_TILE + 1];
-    __shared__ int is_last;
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int ch = blockIdx.x * BN_TILE + tx, p = blockIdx.y;
+/* Shared-memory staging of one block's lane sums: [K][lane][channel of the tile]. */
+template <int K>
+using BnShared = double[K][BN_LANES][BN_TILE + 1];
+
+/* Block (tile, chunk p) of the reduction: the per-lane sums of chunk p for the
+ * tile's channels, the lanes added in order into partial[p][k][ch]. Lane work is
+ * bn_nhwc.h's. Ends with sh still read by row 0: the caller syncs before reusing it. */
+template <int K, class Lane>
+__device__ void bn_tile_partial(int tile, int p, int c, double *partial, Lane lane_sums,
+                                BnShared<K> &sh) {
+    const int tx = threadIdx.x, ty = threadIdx.y, ch = tile * BN_TILE + tx;
     double s[K];
     for (int k = 0; k < K; k++) s[k] = 0.0;
     if (ch < c) lane_sums(ch, p, ty, s);
@@ -604,15 +639,16 @@ __device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
             for (int l = 0; l < BN_LANES; l++) t += sh[k][l][tx];
             partial[((size_t)p * K + k) * c + ch] = t;
         }
-        __threadfence(); /* the partials reach device memory before the count */
     }
-    __syncthreads();
-    /* atomicInc wraps to 0 on the tile's last block: the counter is ready for the
-     * next launch (or graph replay) without a store of its own */
-    if (tx == 0 && ty == 0) is_last = atomicInc(&counters[blockIdx.x], gridDim.y - 1) == gridDim.y - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+}
+
+/* Tile `tile` once every chunk's partial is in: lane l adds chunks l, l + BN_LANES,
+ * ..., the lanes are added in order, and fin(ch, totals) is called per channel. */
+template <int K, class Final>
+__device__ void bn_tile_final(int tile, int c, int chunks, const double *partial, Final fin,
+                              BnShared<K> &sh) {
+    const int tx = threadIdx.x, ty = threadIdx.y, ch = tile * BN_TILE + tx;
+    double s[K];
     for (int k = 0; k < K; k++) s[k] = 0.0;
     if (ch < c)
 #pragma unroll 8
@@ -628,6 +664,54 @@ __device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
         }
         fin(ch, t);
     }
+}
+
+/* The two-kernel reduction's block (tile blockIdx.x, chunk blockIdx.y): its
+ * partial, then, in the tile's last block to finish, the tile's final. */
+template <int K, class Lane, class Final>
+__device__ void bn_reduce_tile(int64_t rows, int c, int chunks, double *partial,
+                               unsigned *counters, Lane lane_sums, Final fin) {
+    __shared__ BnShared<K> sh;
+    __shared__ int is_last;
+    (void)rows;
+    bn_tile_partial<K>((int)blockIdx.x, (int)blockIdx.y, c, partial, lane_sums, sh);
+    if (threadIdx.y == 0) __threadfence(); /* the partials reach device memory before the count */
+    __syncthreads();
+    /* atomicInc wraps to 0 on the tile's last block: the counter is ready for the
+     * next launch (or graph replay) without a store of its own */
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+        is_last = atomicInc(&counters[blockIdx.x], gridDim.y - 1) == gridDim.y - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    bn_tile_final<K>((int)blockIdx.x, c, chunks, partial, fin, sh);
+}
+
+/* The one-kernel (cooperative) batch norm, bn_nhwc.h "cooperative order": the
+ * partials of every (tile, chunk) item, grid barrier, the finals of every tile, grid
+ * barrier, the element-wise pass. Every sum is the two-kernel path's in its order. */
+template <int K, class Lane, class Final, class Apply>
+__device__ void bn_coop_run(int64_t rows, int c, int chunks, double *partial, Lane lane_sums,
+                            Final fin, Apply apply) {
+    __shared__ BnShared<K> sh;
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    const int tiles = bn_tiles(c);
+    for (int64_t w = blockIdx.x; w < (int64_t)tiles * chunks; w += gridDim.x) {
+        int tile, p;
+        bn_coop_item(w, tiles, &tile, &p);
+        bn_tile_partial<K>(tile, p, c, partial, lane_sums, sh);
+        __syncthreads(); /* sh is rewritten by the next item */
+    }
+    grid.sync(); /* every partial written (grid.sync orders global memory) */
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        bn_tile_final<K>(t, c, chunks, partial, fin, sh);
+        __syncthreads();
+    }
+    grid.sync(); /* every channel's affine or coefficients written */
+    const int64_t step = bn_coop_elem_step((int)gridDim.x); /* blocks of BN_TILE x BN_LANES */
+    for (int64_t i = bn_coop_elem0((int)blockIdx.x, (int)threadIdx.y, (int)threadIdx.x); i < rows * c;
+         i += step)
+        apply(i);
 }
 
 template <int BF16>
@@ -656,6 +740,41 @@ __global__ void bn_bwd_reduce_kernel(int64_t rows, int c, int chunks, BnBwdArgs 
         });
 }
 
+template <int BF16>
+__global__ void bn_fwd_coop_kernel(int64_t rows, int c, int chunks, BnFwdArgs a, const float *z,
+                                   int mode, float *y, double *partial) {
+    bn_coop_run<2>(
+        rows, c, chunks, partial,
+        [&](int ch, int p, int lane, double *s) { bn_fwd_lane(a.x, a.bias, rows, c, chunks, ch, p, lane, s, BF16); },
+        [&](int ch, const double *t) {
+            bn_fwd_final(rows, c, ch, a.x, a.bias, t, a.gamma, a.beta, a.momentum, a.eps, a.save_mean,
+                         a.save_invstd, a.running_mean, a.running_var, a.aff, BF16);
+        },
+        [&](int64_t i) { bn_fwd_apply(i, c, (float *)a.x, a.bias, a.aff, z, mode, y, BF16); });
+}
+
+/* keep: the masked dy written back into dy (bn_bwd_apply_keep); dx NULL: no pass. */
+template <int BF16>
+__global__ void bn_bwd_coop_kernel(int64_t rows, int c, int chunks, BnBwdArgs a, float *dx, int keep,
+                                   double *partial) {
+    bn_coop_run<3>(
+        rows, c, chunks, partial,
+        [&](int ch, int p, int lane, double *s) {
+            bn_bwd_lane(a.x, a.y, a.dy, a.save_mean, rows, c, chunks, ch, p, lane, s, BF16);
+        },
+        [&](int ch, const double *t) {
+            bn_bwd_final(rows, c, ch, t, a.gamma, a.save_mean, a.save_invstd, a.dgamma, a.dbeta, a.k,
+                         a.dsum);
+        },
+        [&](int64_t i) {
+            if (!dx) return;
+            if (keep)
+                bn_bwd_apply_keep(i, c, a.x, a.y, (float *)a.dy, a.k, dx, BF16);
+            else
+                bn_bwd_apply(i, c, a.x, a.y, a.dy, a.k, dx, BF16);
+        });
+}
+
 __global__ void bn_eval_final_kernel(int c, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var, float eps,
                                      float *aff) {
@@ -675,6 +794,12 @@ __global__ void bn_bwd_apply_kernel(size_t total, int c, const float *x, const f
     GRID_STRIDE(i, total) bn_bwd_apply((int64_t)i, c, x, y, dy, k, dx, BF16);
 }
 
+template <int BF16>
+__global__ void bn_bwd_apply_keep_kernel(size_t total, int c, const float *x, const float *y,
+                                         float *dy, const float *k, float *dx) {
+    GRID_STRIDE(i, total) bn_bwd_apply_keep((int64_t)i, c, x, y, dy, k, dx, BF16);
+}
+
 /* rows = n*hw, checked against the scratch the context holds. */
 static int64_t bn_rows(int n, int hw, int c) {
     if (n < 1 || hw < 1 || c < 1) die("batch norm over %d x %d rows of %d channels: empty", n, hw, c);
@@ -686,6 +811,90 @@ static dim3 bn_grid(int64_t rows, int c) {
     return dim3((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)bn_chunks(rows, c));
 }
 
+/* ---- one cooperative kernel per training batch norm ----
+ * Cooperative launches may be captured into a CUDA graph (CUDA 12+: a kernel node's
+ * cudaLaunchAttributeCooperative, "valid for graph nodes, launches", driver_types.h;
+ * cudaGraphExecUpdate keeps a node cooperative). The grid is at most what the
+ * occupancy calculator says fits at once (blocks per SM x SMs), as a grid barrier
+ * needs; the launch fails rather than deadlocks when it would not fit
+ * (cudaErrorCooperativeLaunchTooLarge). CIFAR_CUDA_BN_COOP=0 turns it off. */
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* Blocks of kernel that fit on the device at once, 0 when none. */
+template <class Kernel>
+static int bn_coop_max_blocks(Kernel kernel, int sms) {
+    int per_sm = 0;
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BN_TILE * BN_LANES, 0));
+    return per_sm * sms;
+}
+
+static void bn_coop_plan(CudaCtx *ctx) {
+    static int logged;
+    int coop = 0, sms = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx->device));
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
+    const char *env = getenv("CIFAR_CUDA_BN_COOP");
+    int off = env && strcmp(env, "0") == 0;
+    if (coop) {
+        /* one grid size for both activation types: the smaller fit */
+        ctx->bn_coop_fwd_blocks = imin(bn_coop_max_blocks(bn_fwd_coop_kernel<0>, sms),
+                                       bn_coop_max_blocks(bn_fwd_coop_kernel<1>, sms));
+        ctx->bn_coop_bwd_blocks = imin(bn_coop_max_blocks(bn_bwd_coop_kernel<0>, sms),
+                                       bn_coop_max_blocks(bn_bwd_coop_kernel<1>, sms));
+    }
+    int fits = ctx->bn_coop_fwd_blocks > 0 && ctx->bn_coop_bwd_blocks > 0;
+    ctx->bn_coop_on = coop && fits && !off;
+    if (logged++) return;
+    if (ctx->bn_coop_on)
+        log_info("batch norm: one cooperative kernel per training batch norm (grids of up to %d "
+                 "and %d blocks)", ctx->bn_coop_fwd_blocks, ctx->bn_coop_bwd_blocks);
+    else
+        log_info("batch norm: two kernels per training batch norm (%s)",
+                 off ? "CIFAR_CUDA_BN_COOP=0" : !coop ? "the device has no cooperative launch"
+                                                      : "a cooperative grid does not fit");
+}
+
+extern "C" int cuda_ctx_bn_coop(CudaCtx *ctx, int enable) {
+    if (enable >= 0)
+        ctx->bn_coop_on = enable && ctx->bn_coop_fwd_blocks > 0 && ctx->bn_coop_bwd_blocks > 0;
+    return ctx->bn_coop_on;
+}
+
+/* The grid of a cooperative batch norm: enough blocks for every (tile, chunk) item
+ * and every element once, capped by what fits at once. */
+static unsigned bn_coop_grid(int64_t rows, int c, int max_blocks) {
+    int64_t items = (int64_t)bn_tiles(c) * bn_chunks(rows, c);
+    int64_t elems = (rows * c + BN_TILE * BN_LANES - 1) / (BN_TILE * BN_LANES);
+    int64_t want = items > elems ? items : elems;
+    return (unsigned)(want < max_blocks ? want : max_blocks);
+}
+
+/* Launches kernel cooperatively on the context's stream. */
+template <class... Params, class... Args>
+static void bn_coop_launch(CudaCtx *ctx, unsigned blocks, void (*kernel)(Params...), Args... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(BN_TILE, BN_LANES);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = ctx->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+/* bn_coop_launch of kernel<1> (bf16 activations) or kernel<0>, as ACT_LAUNCH. */
+#define BN_COOP_LAUNCH(ctx, blocks, kernel, ...)                                               \
+    do {                                                                                       \
+        if ((ctx)->bf16)                                                                       \
+            bn_coop_launch(ctx, blocks, kernel<1>, __VA_ARGS__);                               \
+        else                                                                                   \
+            bn_coop_launch(ctx, blocks, kernel<0>, __VA_ARGS__);                               \
+    } while (0)
+
 /* Training forward: the reduction, then y by mode (x_bias: a deferred conv bias,
  * added to x as it is read and written back into x). */
 static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *x_bias,
@@ -695,6 +904,11 @@ static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, con
     int64_t rows = bn_rows(n, hw, c);
     BnFwdArgs a = {x, x_bias, gamma, beta, save_mean, save_invstd, running_mean, running_var,
                    ctx->bn_aff, momentum, eps};
+    if (ctx->bn_coop_on) { /* one kernel, the same sums in the same order */
+        BN_COOP_LAUNCH(ctx, bn_coop_grid(rows, c, ctx->bn_coop_fwd_blocks), bn_fwd_coop_kernel, rows,
+                       c, bn_chunks(rows, c), a, z, mode, y, ctx->bn_partial);
+        return;
+    }
     ACT_LAUNCH(ctx, ctx->bf16, bn_fwd_reduce_kernel, bn_grid(rows, c), dim3(BN_TILE, BN_LANES),
                rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     size_t total = (size_t)rows * c;
@@ -745,6 +959,23 @@ extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c
                total, c, (float *)x, x_bias, ctx->bn_aff, (const float *)NULL, (int)BN_PLAIN, y);
 }
 
+/* The backward reduction of rows x c (with the finalisation: dgamma, dbeta, the
+ * coefficients into ctx->bn_aff, dsum). */
+static void bn_bwd_reduce_launch(CudaCtx *ctx, int64_t rows, int c, const BnBwdArgs &a) {
+    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_reduce_kernel, bn_grid(rows, c), dim3(BN_TILE, BN_LANES),
+               rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
+}
+
+/* The backward as one cooperative kernel (dx non-NULL; keep: bn_bwd_apply_keep);
+ * 0 when the context has it off (the caller launches the two kernels). */
+static int bn_bwd_coop_launch(CudaCtx *ctx, int64_t rows, int c, const BnBwdArgs &a, float *dx,
+                              int keep) {
+    if (!ctx->bn_coop_on) return 0;
+    BN_COOP_LAUNCH(ctx, bn_coop_grid(rows, c, ctx->bn_coop_bwd_blocks), bn_bwd_coop_kernel, rows, c,
+                   bn_chunks(rows, c), a, dx, keep, ctx->bn_partial);
+    return 1;
+}
+
 /* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
  * column sum of dx (the gradient of a conv bias in front) goes to dsum. */
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
@@ -752,12 +983,36 @@ static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, 
                             const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum) {
     int64_t rows = bn_rows(n, hw, c);
     BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
-    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_reduce_kernel, bn_grid(rows, c), dim3(BN_TILE, BN_LANES),
-               rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
+    if (dx && bn_bwd_coop_launch(ctx, rows, c, a, dx, 0)) return;
+    bn_bwd_reduce_launch(ctx, rows, c, a);
     if (!dx) return;
     size_t total = (size_t)rows * c;
     ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
                total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
+}
+
+/* bn_backward_run masked by y, writing the masked dy back into dy (bn_bwd_apply_keep). */
+static void bn_backward_run_keep(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                 const float *y, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                 float *dbeta, float *dsum) {
+    int64_t rows = bn_rows(n, hw, c);
+    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
+    if (bn_bwd_coop_launch(ctx, rows, c, a, dx, 1)) return;
+    bn_bwd_reduce_launch(ctx, rows, c, a);
+    size_t total = (size_t)rows * c;
+    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_keep_kernel, grid_for(total), OPS_CUDA_BLOCK,
+               total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
+}
+
+extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c,
+                                                    const float *x, const float *y,
+                                                    const float *gamma, const float *save_mean,
+                                                    const float *save_invstd, float *dy, float *dx,
+                                                    float *dgamma, float *dbeta) {
+    bn_keep_check(y, dy, dx);
+    bn_backward_run_keep(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                         ctx->bn_dsum);
 }
 
 extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -1126,9 +1381,13 @@ extern "C" void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float
     if (bias) bias_apply(ctx, (size_t)n * cv->oh * cv->ow, cv->cs.cout, bias, y, 1, ctx->bf16);
 }
 
-extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
-                                   const float *weight_krsc, const float *dy, float *dx,
-                                   float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+/* conv_cuda_backward with dx = dx_beta * dx + the gradient of x: cuDNN's blending
+ * ("output = alpha * Op(inputs) + beta * output", cudnn_cnn.h, for every convolution
+ * function and algorithm); dx_beta 0 or 1. */
+static void conv_cuda_backward_beta(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                    const float *weight_krsc, const float *dy, float *dx,
+                                    float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes,
+                                    float dx_beta) {
     const float one = 1.0f, zero = 0.0f;
     if (!cv->backward) die("convolution backward on an inference-only plan (internal error)");
     conv_use_batch(ctx, cv, n, ws_bytes);
@@ -1140,9 +1399,22 @@ extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const floa
     if (dx) {
         CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_data));
         CHECK_CUDNN(cudnnConvolutionBackwardData(ctx->cudnn, &one, cv->wd, weight_krsc, cv->yd, dy,
-                                                 cv->cd, cv->cur_bwd_data, ws, ws_bytes, &zero, cv->xd,
-                                                 dx));
+                                                 cv->cd, cv->cur_bwd_data, ws, ws_bytes, &dx_beta,
+                                                 cv->xd, dx));
     }
+}
+
+extern "C" void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                   const float *weight_krsc, const float *dy, float *dx,
+                                   float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+    conv_cuda_backward_beta(ctx, cv, n, x, weight_krsc, dy, dx, dweight_krsc, dbias, ws, ws_bytes, 0.0f);
+}
+
+extern "C" void conv_cuda_backward_acc(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                                       const float *weight_krsc, const float *dy, float *dx,
+                                       float *dweight_krsc, float *dbias, void *ws, size_t ws_bytes) {
+    if (!dx) die("convolution backward accumulating into no dx (internal error)");
+    conv_cuda_backward_beta(ctx, cv, n, x, weight_krsc, dy, dx, dweight_krsc, dbias, ws, ws_bytes, 1.0f);
 }
 
 /* Scratch for the contract versions: the KRSC weight copy, the KRSC gradient and

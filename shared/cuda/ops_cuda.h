@@ -131,6 +131,11 @@ void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x, const 
 void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
                         const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
                         float *dbias, void *ws, size_t ws_bytes);
+/* conv_cuda_backward that ACCUMULATES into dx (dx += the gradient of x: cuDNN's
+ * backward data with beta = 1); dx non-NULL. */
+void conv_cuda_backward_acc(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                            const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
+                            float *dbias, void *ws, size_t ws_bytes);
 
 /* ops.h's contract exactly (KCRS weights, floats even in a bf16 context, where x, y,
  * dy and dx are bf16); scratch allocated per call, synchronises. */
@@ -142,7 +147,9 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
 
 /* ---- batch norm (our NHWC kernels, bn_nhwc.h; the same formulas as ops.h) ----
  * The real shape: n images of hw pixels and c channels (rows = n*hw, any number),
- * NHWC, c <= BN_MAX_C (4096). Two kernel launches each, deterministic. x_bias: NULL,
+ * NHWC, c <= BN_MAX_C (4096). Deterministic; two kernel launches each, or one
+ * cooperative kernel for a training BN (forward, or backward with a dx) where the
+ * device allows (cuda_ctx_bn_coop), with the same results bit for bit. x_bias: NULL,
  * or a per-channel bias that the caller has not yet added to x (a deferred conv
  * bias): the BN uses x + x_bias and writes x + x_bias back into x. */
 void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -176,6 +183,19 @@ void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const fl
                                     const float *y, const float *gamma, const float *save_mean,
                                     const float *save_invstd, const float *dy, float *dx,
                                     float *dgamma, float *dbeta);
+/* The relu form that also writes the masked dy back into dy (y and dx non-NULL,
+ * dx != dy): the gradient an identity shortcut carries (net_ops.h's
+ * bn_relu_backward_keep). dx is bit for bit the relu form's. */
+void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *y, const float *gamma, const float *save_mean,
+                                         const float *save_invstd, float *dy, float *dx,
+                                         float *dgamma, float *dbeta);
+
+/* Training batch norms (forward, and backward with a dx) as one cooperative kernel
+ * each instead of two, bit for bit the same results (bn_nhwc.h): on by default where
+ * the device supports it (CIFAR_CUDA_BN_COOP=0: off). enable 0 or 1 switches it
+ * (1 only where supported), -1 leaves it; returns whether it is on. */
+int cuda_ctx_bn_coop(CudaCtx *ctx, int enable);
 
 /* ---- deferred conv bias (the op table, net_cuda.cu) ----
  * Every conv of the network feeds a batch norm, so the CUDA table does not add the
@@ -197,6 +217,11 @@ const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
 void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             const float *dy, float *dx, float *dgamma, float *dbeta);
+/* cuda_bn_backward_defer of batchnorm2d_relu_backward_keep_cuda. */
+void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                      const float *y, const float *gamma, const float *save_mean,
+                                      const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                      float *dbeta);
 /* When dy is the deferred BN backward's dx (c channels): launches it with the column
  * sum of dx written to dbias (when non-NULL) and returns 1; else flushes
  * everything deferred and returns 0. */

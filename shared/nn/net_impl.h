@@ -189,6 +189,9 @@ static void NET_T(net_layout)(struct NET_T(Net) *net) {
 struct NET_T(Net) *NET_T(net_create)(const Model *m, const struct NET_T(NetOps) *ops, void *ctx,
                                      int max_batch, int backward) {
     if (max_batch < 1) die("model: batch size must be at least 1, got %d", max_batch);
+    if (!ops->bn_relu_backward_keep != !ops->conv_backward_acc)
+        die("model: op table '%s' sets only one of bn_relu_backward_keep and conv_backward_acc "
+            "(internal error: both or neither)", ops->name);
     struct NET_T(Net) *net = xcalloc(1, sizeof *net);
     net->m = m;
     net->ops = ops;
@@ -373,11 +376,79 @@ static void NET_T(net_bn_bwd)(struct NET_T(Net) *net, const BNLayer *l, const re
                           grads + l->gamma, grads + l->beta);
 }
 
+/* Output pixels of a block's main conv j. */
+static int NET_T(net_block_conv_out_hw)(const Block *b, int j) {
+    const ConvSpec *s = &model_block_conv(b, j)->spec;
+    int h, w;
+    model_block_conv_input(b, j, &h, &w);
+    return conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
+}
+
+/* The BN backward of a block's last main conv or of its projection: dy is the
+ * gradient of the block's output, read through the output ReLU's mask (a->out > 0),
+ * and the masked dy is written back into dy (net_ops.h: bn_relu_backward_keep). */
+static void NET_T(net_bn_out_bwd)(struct NET_T(Net) *net, const BNLayer *l, const NET_T(NetBlock) *a,
+                                  const real_t *params, real_t *grads, int n, int hw,
+                                  const real_t *x, const real_t *mean, const real_t *invstd,
+                                  real_t *dout, real_t *dx) {
+    net->ops->bn_relu_backward_keep(net->ctx, n, hw, l->c, x, a->out, params + l->gamma, mean, invstd,
+                                    dout, dx, grads + l->gamma, grads + l->beta);
+}
+
+/* net_block_backward with the table's folded ops (net_ops.h: bn_relu_backward_keep,
+ * conv_backward_acc): no ReLU backward pass, no residual add. The output ReLU's mask
+ * is read by each BN backward that reads dout (the projection's and the last main
+ * conv's), and the masked dout is left in dout: the identity shortcut's gradient. A
+ * projection conv writes its dx into dshort (beta 0); the first main conv ADDS its dx
+ * into dshort (beta 1), which then holds the gradient of the block's input. The
+ * arithmetic is the plain path's: the same masks, and one addition per element of
+ * the same two terms (a + b == b + a in IEEE). */
+static real_t *NET_T(net_block_backward_folded)(struct NET_T(Net) *net, const Block *b,
+                                                const NET_T(NetBlock) *a, const real_t *params,
+                                                real_t *grads, int n, const real_t *x, real_t *dout) {
+    int hw_out = b->out_h * b->out_w, nc = model_block_n_convs(b);
+    real_t *dshort = dout; /* identity shortcut: the masked gradient passes through */
+    if (b->has_projection) {
+        real_t *dp = NET_T(net_grad_pick)(net, dout, NULL);
+        NET_T(net_bn_out_bwd)(net, &b->proj_bn, a, params, grads, n, hw_out, a->proj_out,
+                              a->proj_mean, a->proj_invstd, dout, dp);
+        dshort = NET_T(net_grad_pick)(net, dout, dp);
+        NET_T(net_conv_bwd)(net, a->proj, params, grads, n, x, dp, dshort);
+    }
+    real_t *cur = dout;
+    for (int j = nc - 1; j >= 0; j--) {
+        int hw = NET_T(net_block_conv_out_hw)(b, j);
+        real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
+        const BNLayer *bl = model_block_bn(b, j);
+        if (j == nc - 1) /* its output goes through the residual add and the output ReLU */
+            NET_T(net_bn_out_bwd)(net, bl, a, params, grads, n, hw, a->conv_out[j], a->mean[j],
+                                  a->invstd[j], cur, dc);
+        else
+            net->ops->bn_relu_backward(net->ctx, n, hw, bl->c, a->conv_out[j], a->act[j],
+                                       params + bl->gamma, a->mean[j], a->invstd[j], cur, dc,
+                                       grads + bl->gamma, grads + bl->beta);
+        const ConvLayer *l = net->convs[a->conv[j]].layer;
+        const real_t *xin = j == 0 ? x : a->act[j - 1];
+        if (j == 0) { /* the residual add: dx accumulates into the shortcut's gradient */
+            net->ops->conv_backward_acc(net->ctx, net->convs[a->conv[j]].plan, n, xin,
+                                        params + l->weight, dc, dshort, grads + l->weight,
+                                        grads + l->bias, net->workspace, net->ws_bytes);
+        } else {
+            real_t *din = NET_T(net_grad_pick)(net, dc, dshort);
+            NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, xin, dc, din);
+            cur = din;
+        }
+    }
+    return dshort;
+}
+
 /* dout: gradient of the block's output (one of net->grad, overwritten). Returns the
  * scratch buffer holding the gradient of the block's input x. */
 static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
                                          const NET_T(NetBlock) *a, const real_t *params,
                                          real_t *grads, int n, const real_t *x, real_t *dout) {
+    if (net->ops->bn_relu_backward_keep && net->ops->conv_backward_acc)
+        return NET_T(net_block_backward_folded)(net, b, a, params, grads, n, x, dout);
     int hw_out = b->out_h * b->out_w;
     net->ops->relu_backward(net->ctx, (size_t)n * hw_out * b->cout, a->out, dout, dout);
     real_t *dshort = dout; /* identity shortcut: the gradient passes through */
@@ -390,10 +461,7 @@ static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
     }
     real_t *cur = dout;
     for (int j = model_block_n_convs(b) - 1; j >= 0; j--) {
-        const ConvSpec *s = &model_block_conv(b, j)->spec;
-        int h, w;
-        model_block_conv_input(b, j, &h, &w);
-        int hw = conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
+        int hw = NET_T(net_block_conv_out_hw)(b, j);
         real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
         const BNLayer *bl = model_block_bn(b, j);
         if (j < model_block_n_convs(b) - 1) /* bn -> relu: mask and BN backward in one op */

@@ -76,6 +76,21 @@ struct NET_T(NetOps) {
                              const NET_REAL *y, const NET_REAL *gamma, const NET_REAL *save_mean,
                              const NET_REAL *save_invstd, NET_REAL *dy, NET_REAL *dx,
                              NET_REAL *dgamma, NET_REAL *dbeta);
+    /* Optional, both or neither (NULL: net_impl.h's plain block backward, with a ReLU
+     * backward pass and a residual add per block; the CPU tables leave them NULL): the
+     * block's output ReLU and its residual add folded into backward.
+     *   bn_relu_backward_keep: bn_relu_backward (y: here the block output, the ReLU
+     *     after the residual add) that also writes the masked dy back into dy (dx !=
+     *     dy): the gradient an identity shortcut carries;
+     *   conv_backward_acc: conv_backward that ACCUMULATES into dx (dx += the gradient
+     *     of x; cuDNN's beta = 1); dx non-NULL. */
+    void (*bn_relu_backward_keep)(void *ctx, int n, int hw, int c, const NET_REAL *x,
+                                  const NET_REAL *y, const NET_REAL *gamma,
+                                  const NET_REAL *save_mean, const NET_REAL *save_invstd,
+                                  NET_REAL *dy, NET_REAL *dx, NET_REAL *dgamma, NET_REAL *dbeta);
+    void (*conv_backward_acc)(void *ctx, void *plan, int n, const NET_REAL *x,
+                              const NET_REAL *weight, const NET_REAL *dy, NET_REAL *dx,
+                              NET_REAL *dweight, NET_REAL *dbias, void *ws, size_t ws_bytes);
 
     void (*relu_forward)(void *ctx, size_t count, const NET_REAL *x, NET_REAL *y);
     void (*relu_backward)(void *ctx, size_t count, const NET_REAL *y, const NET_REAL *dy,
