@@ -1529,7 +1529,7 @@ static size_t shadow_index(const float *base, size_t count, const float *p, cons
 }
 
 extern "C" const float *cuda_bf16_weight(CudaCtx *ctx, const float *param) {
-    if (!ctx->bf16) return param;
+    if (!ctx->bf16 || !param) return param; /* NULL stays NULL, as cuda_bf16_grad */
     return (const float *)(ctx->w16 + shadow_index(ctx->params32, ctx->nparams, param, "weight"));
 }
 
