@@ -204,6 +204,8 @@ else
     train --device cpu --run-dir "$work/cpu" || fail "cifar-train --device cpu"
     train "${gpu[@]}" --run-dir "$work/gpu" || fail "cifar-train --device cuda"
     CIFAR_CUDA_GRAPH=0 train "${gpu[@]}" --run-dir "$work/eager" || fail "cifar-train --device cuda with CIFAR_CUDA_GRAPH=0"
+    CIFAR_CUDA_BN_COOP=0 train "${gpu[@]}" --run-dir "$work/twokernel" ||
+        fail "cifar-train --device cuda with CIFAR_CUDA_BN_COOP=0"
     cp "$work/cpu/metrics.jsonl" "$out/metrics_cpu.jsonl" 2>/dev/null
     cp "$work/gpu/metrics.jsonl" "$out/metrics_gpu.jsonl" 2>/dev/null
     cpu_loss=$(field train_loss <"$work/cpu/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
@@ -225,6 +227,15 @@ else
         pass "GPU train loss with and without CUDA graphs within 1e-4, epoch by epoch"
     else
         fail "GPU train loss with CUDA graphs differs from the eager run's (CIFAR_CUDA_GRAPH=0)"
+    fi
+    # The same run with each training batch norm as two kernels instead of one
+    # cooperative kernel: the same sums in the same order (bn_nhwc.h), so the same losses.
+    two_loss=$(field train_loss <"$work/twokernel/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+    say "train loss per epoch: gpu with two-kernel batch norm [$two_loss]"
+    if curves_close "$gpu_loss" "$two_loss" 1e-4; then
+        pass "GPU train loss with one cooperative or two kernels per batch norm within 1e-4, epoch by epoch"
+    else
+        fail "GPU train loss with the cooperative batch norm differs from the two-kernel run's (CIFAR_CUDA_BN_COOP=0)"
     fi
     # The same run with both splits streamed from the dataset's map through pinned
     # batch slots (the loader handing 50 records over at a time: three pieces per
