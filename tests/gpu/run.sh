@@ -250,6 +250,9 @@ else
     grep -h 'cuda engine: data:' "$out/train_stream.log" | head -1 | tee -a "$summary"
     expect_line "$out/train_stream.log" 'cuda engine: data: train [0-9.]* MiB streamed, test [0-9.]* MiB streamed' \
         "CIFAR_CUDA_DATA=stream:50: both splits streamed"
+    # an H100/H200 has cooperative launch: the one-kernel batch norm must be the one used
+    expect_line "$out/train_stream.log" 'batch norm: one cooperative kernel per training batch norm' \
+        "one cooperative kernel per training batch norm (no fallback to two)"
     # "CUDA graph included" must be so: a failed capture falls back to eager steps,
     # whose curves match too, and the staged batches replayed through the graph's
     # fixed staging buffer would then go unchecked.
