@@ -216,9 +216,21 @@ static void test_conv(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol,
     free(x); free(wt); free(b); free(dy); free(y); free(dx); free(dw); free(db); free(ws);
 }
 
+/* The KRSC weight (floats) as the context's convs read it: a bf16 copy in a bf16
+ * context (the engine's shadow), else itself. */
+static float *conv_weight_act(CudaCtx *ctx, float *krsc, size_t nw) {
+    if (!cuda_ctx_bf16(ctx)) return krsc;
+    float *d = cuda_alloc(nw * sizeof(float));
+    cuda_f32_to_bf16(ctx, nw, krsc, d);
+    return d;
+}
+
 /* conv_cuda_backward_acc (cuDNN backward data with beta = 1): dx holding r before
- * ends as r + the CPU's dx; the weight gradient is the plain backward's. */
-static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol) {
+ * ends as r + the CPU's dx; the weight gradient is the plain backward's. In a bf16
+ * context (cuDNN's PSEUDO_BFLOAT16 configuration) x, the weight, dy and r are bf16
+ * values, and the KRSC weight and its gradient bf16 as the engine's shadows. */
+static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol,
+                                   const char *tag) {
     int oh = conv_out_size(h, cs.k, cs.stride, cs.pad), ow = conv_out_size(w, cs.k, cs.stride, cs.pad);
     size_t nx = (size_t)n * h * w * cs.cin, ny = (size_t)n * oh * ow * cs.cout;
     size_t nw = (size_t)cs.cout * cs.cin * cs.k * cs.k;
@@ -226,26 +238,35 @@ static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int 
     float *r = rand_vec(nx, -1, 1), *dx = xmalloc(nx * sizeof(float)), *dw = xmalloc(nw * sizeof(float));
     float *db = xmalloc(cs.cout * sizeof(float));
     float *cws = xmalloc((conv2d_workspace_floats(&cs, n, h, w) + 1) * sizeof(float));
+    act_round_host(ctx, x, nx);
+    act_round_host(ctx, wt, nw);
+    act_round_host(ctx, dy, ny);
+    act_round_host(ctx, r, nx);
     conv2d_backward(&cs, n, h, w, x, wt, dy, dx, dw, db, cws);
     for (size_t i = 0; i < nx; i++) dx[i] += r[i];
     ConvCuda *cv = conv_cuda_create(ctx, &cs, n, h, w, (size_t)256 << 20, 1);
     size_t ws_bytes = conv_cuda_workspace_bytes(cv);
     void *ws = cuda_alloc(ws_bytes ? ws_bytes : 1);
-    float *gx = dev_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gdy = dev_from(ctx, dy, ny);
-    float *gdx = dev_from(ctx, r, nx), *gwk = cuda_alloc(nw * sizeof(float));
+    float *gx = dev_act_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gdy = dev_act_from(ctx, dy, ny);
+    float *gdx = dev_act_from(ctx, r, nx), *gwk = cuda_alloc(nw * sizeof(float));
     float *gdwk = cuda_alloc(nw * sizeof(float)), *gdw = cuda_alloc(nw * sizeof(float));
     conv_weight_to_krsc_cuda(ctx, &cs, gw, gwk);
+    float *wk = conv_weight_act(ctx, gwk, nw);
+    float *dwk = cuda_ctx_bf16(ctx) ? cuda_alloc(nw * sizeof(float)) : gdwk; /* bf16 in a bf16 context */
     conv_cuda_prepare(ctx, cv, n, ws_bytes);
-    conv_cuda_backward_acc(ctx, cv, n, gx, gwk, gdy, gdx, gdwk, NULL, ws, ws_bytes);
+    conv_cuda_backward_acc(ctx, cv, n, gx, wk, gdy, gdx, dwk, NULL, ws, ws_bytes);
+    if (dwk != gdwk) cuda_bf16_to_f32(ctx, nw, dwk, gdwk);
     conv_weight_from_krsc_cuda(ctx, &cs, gdwk, gdw);
     char name[160];
-    snprintf(name, sizeof name, "conv backward accumulating (beta 1) k%d s%d %d->%d: dx = r + dx", cs.k,
-             cs.stride, cs.cin, cs.cout);
-    expect_dev(ctx, name, gdx, dx, nx, tol, tol);
-    snprintf(name, sizeof name, "conv backward accumulating (beta 1) k%d s%d %d->%d: dweight", cs.k,
-             cs.stride, cs.cin, cs.cout);
+    snprintf(name, sizeof name, "conv %s backward accumulating (beta 1) k%d s%d %d->%d: dx = r + dx", tag,
+             cs.k, cs.stride, cs.cin, cs.cout);
+    expect_dev_act(ctx, name, gdx, dx, nx, tol, tol);
+    snprintf(name, sizeof name, "conv %s backward accumulating (beta 1) k%d s%d %d->%d: dweight", tag,
+             cs.k, cs.stride, cs.cin, cs.cout);
     expect_dev(ctx, name, gdw, dw, nw, tol * 10, tol);
     conv_cuda_free(cv);
+    if (wk != gwk) cuda_free(wk);
+    if (dwk != gdwk) cuda_free(dwk);
     cuda_free(ws); cuda_free(gx); cuda_free(gw); cuda_free(gdy); cuda_free(gdx); cuda_free(gwk);
     cuda_free(gdwk); cuda_free(gdw);
     free(x); free(wt); free(dy); free(r); free(dx); free(dw); free(db); free(cws);
@@ -446,8 +467,8 @@ static void bn_coop_case(CudaCtx *ctx, int n, int hw, int c, const float *x, con
                          const float *z, const float *g, const float *b, const float *dy,
                          float **out) {
     size_t nx = (size_t)n * hw * c;
-    float *gx = dev_from(ctx, x, nx), *gbias = dev_from(ctx, bias, c), *gz = dev_from(ctx, z, nx);
-    float *gg = dev_from(ctx, g, c), *gb = dev_from(ctx, b, c), *gdy = dev_from(ctx, dy, nx);
+    float *gx = dev_act_from(ctx, x, nx), *gbias = dev_from(ctx, bias, c), *gz = dev_act_from(ctx, z, nx);
+    float *gg = dev_from(ctx, g, c), *gb = dev_from(ctx, b, c), *gdy = dev_act_from(ctx, dy, nx);
     float *y = cuda_alloc(nx * sizeof(float)), *dx = cuda_alloc(nx * sizeof(float));
     float *m = cuda_alloc(c * sizeof(float)), *inv = cuda_alloc(c * sizeof(float));
     float *rm = dev_from(ctx, g, c), *rv = dev_from(ctx, g, c);
@@ -456,7 +477,8 @@ static void bn_coop_case(CudaCtx *ctx, int n, int hw, int c, const float *x, con
                                             0.1f, 1e-5f);
     batchnorm2d_relu_backward_keep_cuda(ctx, n, hw, c, gx, y, gg, m, inv, gdy, dx, dg, db);
     float *dev[COOP_OUTS] = {y, gx, m, inv, rm, rv, dx, gdy, dg, db};
-    for (int k = 0; k < COOP_OUTS; k++) out[k] = host_from(ctx, dev[k], k < 2 || k == 6 || k == 7 ? nx : (size_t)c);
+    for (int k = 0; k < COOP_OUTS; k++) /* activations in the context's type, as they are */
+        out[k] = k < 2 || k == 6 || k == 7 ? host_act_from(ctx, dev[k], nx) : host_from(ctx, dev[k], (size_t)c);
     for (int k = 0; k < COOP_OUTS; k++) cuda_free(dev[k]);
     cuda_free(gbias); cuda_free(gz); cuda_free(gg); cuda_free(gb);
 }
@@ -484,8 +506,8 @@ static void test_bn_coop(CudaCtx *ctx) {
         for (int k = 0; k < COOP_OUTS; k++) {
             char what[160];
             size_t cnt = k < 2 || k == 6 || k == 7 ? nx : (size_t)c;
-            snprintf(what, sizeof what, "batch norm %d x %d x %d: cooperative %s = two kernels, bit for bit",
-                     n, hw, c, names[k]);
+            snprintf(what, sizeof what, "batch norm %s %d x %d x %d: cooperative %s = two kernels, bit for bit",
+                     cuda_ctx_bf16(ctx) ? "bf16" : "fp32", n, hw, c, names[k]);
             expect_true(what, memcmp(out[0][k], out[1][k], cnt * sizeof(float)) == 0);
             free(out[0][k]);
             free(out[1][k]);
@@ -949,8 +971,8 @@ int main(int argc, char **argv) {
     test_bn_repeatable(ctx);
     test_bn_backward_keep(ctx);
     test_bn_coop(ctx);
-    test_conv_backward_acc(ctx, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-4f);
-    test_conv_backward_acc(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f);
+    test_conv_backward_acc(ctx, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-4f, "fp32");
+    test_conv_backward_acc(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f, "fp32");
     test_augment(ctx, 3, 4, 1);
     test_augment(ctx, 1, 2, 1);
     test_augment(ctx, 3, 0, 0);
@@ -972,6 +994,9 @@ int main(int argc, char **argv) {
         test_elementwise(b16);
         test_bn_pool_bf16(b16);
         test_bn_repeatable(b16);
+        test_bn_coop(b16); /* the bf16 instances of the cooperative kernels */
+        test_conv_backward_acc(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
+        test_conv_backward_acc(b16, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-2f, "bf16");
         test_conv(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
         test_conv(b16, (ConvSpec){3, 16, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16 stem (3 channels)");
         cuda_ctx_free(b16);

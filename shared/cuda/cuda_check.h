@@ -32,6 +32,9 @@ static inline const char *cuda_check_hint(cudaError_t e) {
         return "the device index does not exist: check CUDA_VISIBLE_DEVICES and --nproc-per-node";
     case cudaErrorDevicesUnavailable:
         return "the GPU is busy or in exclusive mode: check what else runs on it (nvidia-smi)";
+    case cudaErrorCooperativeLaunchTooLarge:
+        return "a cooperative batch-norm grid does not fit on this GPU as it is shared or limited now "
+               "(MPS, another context): run with CIFAR_CUDA_BN_COOP=0 (two kernels per batch norm)";
     case cudaErrorUnsupportedPtxVersion:
     case cudaErrorNoKernelImageForDevice:
         return "the binary was not built for this GPU: rebuild with CUDA_ARCHS for its compute capability";

@@ -813,8 +813,10 @@ static dim3 bn_grid(int64_t rows, int c) {
 
 /* ---- one cooperative kernel per training batch norm ----
  * Cooperative launches may be captured into a CUDA graph (CUDA 12+: a kernel node's
- * cudaLaunchAttributeCooperative, "valid for graph nodes, launches", driver_types.h;
- * cudaGraphExecUpdate keeps a node cooperative). The grid is at most what the
+ * cudaLaunchAttributeCooperative, "valid for graph nodes, launches", driver_types.h).
+ * cudaGraphExecUpdate cannot turn a cooperative node into a plain one or back
+ * (cuda_runtime_api.h): after cuda_ctx_bn_coop switches, recapture (the engine never
+ * updates a graph). The grid is at most what the
  * occupancy calculator says fits at once (blocks per SM x SMs), as a grid barrier
  * needs; the launch fails rather than deadlocks when it would not fit
  * (cudaErrorCooperativeLaunchTooLarge). CIFAR_CUDA_BN_COOP=0 turns it off. */

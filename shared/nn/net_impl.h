@@ -401,8 +401,12 @@ static void NET_T(net_bn_out_bwd)(struct NET_T(Net) *net, const BNLayer *l, cons
  * conv's), and the masked dout is left in dout: the identity shortcut's gradient. A
  * projection conv writes its dx into dshort (beta 0); the first main conv ADDS its dx
  * into dshort (beta 1), which then holds the gradient of the block's input. The
- * arithmetic is the plain path's: the same masks, and one addition per element of
- * the same two terms (a + b == b + a in IEEE). */
+ * arithmetic is the plain path's when the table's accumulation is one addition per
+ * element of the same two terms (a + b == b + a in IEEE; test_model checks it so):
+ * the same masks. cuDNN's beta = 1 adds the shortcut to its float result before the
+ * one rounding to the activation type, so in bf16 the GPU sum is rounded once where
+ * the plain path rounds the conv's dx first (not bit for bit there: the folded sum
+ * is the correctly rounded one). */
 static real_t *NET_T(net_block_backward_folded)(struct NET_T(Net) *net, const Block *b,
                                                 const NET_T(NetBlock) *a, const real_t *params,
                                                 real_t *grads, int n, const real_t *x, real_t *dout) {
