@@ -220,23 +220,21 @@ else
     else
         fail "GPU train loss curve differs from the CPU's"
     fi
-    # The same deterministic run without CUDA graphs: the same kernels, so the same losses.
-    eager_loss=$(field train_loss <"$work/eager/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
-    say "train loss per epoch: gpu without CUDA graphs [$eager_loss]"
-    if curves_close "$gpu_loss" "$eager_loss" 1e-4; then
-        pass "GPU train loss with and without CUDA graphs within 1e-4, epoch by epoch"
-    else
-        fail "GPU train loss with CUDA graphs differs from the eager run's (CIFAR_CUDA_GRAPH=0)"
-    fi
-    # The same run with each training batch norm as two kernels instead of one
-    # cooperative kernel: the same sums in the same order (bn_nhwc.h), so the same losses.
-    two_loss=$(field train_loss <"$work/twokernel/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
-    say "train loss per epoch: gpu with two-kernel batch norm [$two_loss]"
-    if curves_close "$gpu_loss" "$two_loss" 1e-4; then
-        pass "GPU train loss with one cooperative or two kernels per batch norm within 1e-4, epoch by epoch"
-    else
-        fail "GPU train loss with the cooperative batch norm differs from the two-kernel run's (CIFAR_CUDA_BN_COOP=0)"
-    fi
+    # same_curve DIR WHAT: the deterministic GPU run again, changed as WHAT says, whose
+    # kernels do the same sums in the same order: its loss curve must be the GPU run's.
+    same_curve() {
+        local loss
+        loss=$(field train_loss <"$1/metrics.jsonl" 2>/dev/null | tr '\n' ' ')
+        say "train loss per epoch: gpu $2 [$loss]"
+        if curves_close "$gpu_loss" "$loss" 1e-4; then
+            pass "GPU train loss $2 within 1e-4 of the GPU run's, epoch by epoch"
+        else
+            fail "GPU train loss $2 differs from the GPU run's"
+        fi
+    }
+    same_curve "$work/eager" "without CUDA graphs (CIFAR_CUDA_GRAPH=0)"
+    # bn_nhwc.h: the cooperative kernel keeps the two kernels' reduction order
+    same_curve "$work/twokernel" "with two kernels per batch norm (CIFAR_CUDA_BN_COOP=0)"
     # The same run with both splits streamed from the dataset's map through pinned
     # batch slots (the loader handing 50 records over at a time: three pieces per
     # batch of 128 gathered on demand), CUDA graph included: the same batches, so the
