@@ -600,9 +600,9 @@ static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const rea
             opsi_weight_to_hwc(cs, weight, wt);
         wmat = wt;
     }
-    /* statically, also the few, uneven GEMM tiles: taking them dynamically (3 tiles on 2
-     * threads: 160 against 96 images, not 192 against 64) measured no faster, as a thread
-     * then reads images the other one has in its cache */
+    /* statically: each thread keeps the images it had in the layer before, in its
+     * cache (the power-of-two tiles of opsi_conv_plan share a batch of 2^k evenly;
+     * taking uneven tiles dynamically measured no faster) */
 #pragma omp for schedule(static)
     for (int t = 0; t < p.nwork; t++) opsi_conv_forward_tile(cs, &p, n, h, w, x, wmat, bias, y, t);
 }
