@@ -516,6 +516,38 @@ static void test_bn_coop(CudaCtx *ctx) {
     }
 }
 
+/* A cooperative launch the GPU refuses (a grid cap above what fits, as under MPS)
+ * turns the context to two kernels, with the two kernels' results bit for bit. */
+static void test_bn_coop_refused(CudaCtx *ctx) {
+    if (!cuda_ctx_bn_coop(ctx, -1)) {
+        printf("SKIP cooperative launch refused: the cooperative batch norm is off here\n");
+        return;
+    }
+    const int n = 64, hw = 1024, c = 64; /* 16,384 blocks of elements: never all resident */
+    size_t nx = (size_t)n * hw * c;
+    float *x = rand_vec(nx, -2, 3), *z = rand_vec(nx, -1, 1), *dy = rand_vec(nx, -1, 1);
+    float *bias = rand_vec(c, -0.5f, 0.5f), *g = rand_vec(c, 0.5f, 1.5f), *b = rand_vec(c, -0.5f, 0.5f);
+    float *out[2][COOP_OUTS];
+    int fwd = 1 << 30, bwd = 1 << 30;
+    cuda_ctx_bn_coop_caps(ctx, &fwd, &bwd); /* caps above any GPU: the launch is refused */
+    bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, out[0]);
+    int turned = !cuda_ctx_bn_coop(ctx, -1);
+    cuda_ctx_bn_coop_caps(ctx, &fwd, &bwd); /* the real caps back */
+    cuda_ctx_bn_coop(ctx, 0);
+    bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, out[1]);
+    cuda_ctx_bn_coop(ctx, 1);
+    expect_true("a refused cooperative launch turns the context to two kernels", turned);
+    int same = 1;
+    for (int k = 0; k < COOP_OUTS; k++) {
+        size_t cnt = k < 2 || k == 6 || k == 7 ? nx : (size_t)c;
+        same &= memcmp(out[0][k], out[1][k], cnt * sizeof(float)) == 0;
+        free(out[0][k]);
+        free(out[1][k]);
+    }
+    expect_true("after a refused cooperative launch: the two kernels' results, bit for bit", same);
+    free(x); free(z); free(dy); free(bias); free(g); free(b);
+}
+
 static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
     const int h = 12, w = 10, count = 40, n = 17;
     size_t rec = (size_t)h * w * c;
@@ -971,6 +1003,7 @@ int main(int argc, char **argv) {
     test_bn_repeatable(ctx);
     test_bn_backward_keep(ctx);
     test_bn_coop(ctx);
+    test_bn_coop_refused(ctx);
     test_conv_backward_acc(ctx, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-4f, "fp32");
     test_conv_backward_acc(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f, "fp32");
     test_augment(ctx, 3, 4, 1);

@@ -863,6 +863,14 @@ extern "C" int cuda_ctx_bn_coop(CudaCtx *ctx, int enable) {
     return ctx->bn_coop_on;
 }
 
+extern "C" void cuda_ctx_bn_coop_caps(CudaCtx *ctx, int *fwd, int *bwd) {
+    int f = ctx->bn_coop_fwd_blocks, b = ctx->bn_coop_bwd_blocks;
+    ctx->bn_coop_fwd_blocks = *fwd;
+    ctx->bn_coop_bwd_blocks = *bwd;
+    *fwd = f;
+    *bwd = b;
+}
+
 /* The grid of a cooperative batch norm: enough blocks for every (tile, chunk) item
  * and every element once, capped by what fits at once. */
 static unsigned bn_coop_grid(int64_t rows, int c, int max_blocks) {
@@ -872,9 +880,30 @@ static unsigned bn_coop_grid(int64_t rows, int c, int max_blocks) {
     return (unsigned)(want < max_blocks ? want : max_blocks);
 }
 
-/* Launches kernel cooperatively on the context's stream. */
+/* A cooperative launch the runtime refused outside a capture (the grid no longer fits
+ * because the GPU is shared or limited now, MPS, or cooperative launches are not
+ * supported there): the context turns to two kernels per batch norm for good, said
+ * once, and 0 is returned so that the caller launches them. The refusal happens at
+ * launch, before anything runs, and is not sticky (cleared here). Inside a capture
+ * the error is fatal to the capture, whose guard ends it and runs the step eagerly,
+ * where this fallback then applies; the first full step is eager anyway, so a
+ * refusal is normally met before any capture. */
+static int bn_coop_refused(CudaCtx *ctx, cudaError_t rc) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CHECK_CUDA(cudaStreamIsCapturing(ctx->stream, &capturing));
+    int refusal = rc == cudaErrorCooperativeLaunchTooLarge || rc == cudaErrorNotSupported;
+    if (!refusal || capturing != cudaStreamCaptureStatusNone) CHECK_CUDA(rc);
+    (void)cudaGetLastError();
+    ctx->bn_coop_on = 0;
+    log_warn("batch norm: the GPU refused a cooperative launch (%s); two kernels per batch norm "
+             "from now on", cudaGetErrorString(rc));
+    return 0;
+}
+
+/* Launches kernel cooperatively on the context's stream: 1, or 0 when the launch was
+ * refused and the context turned to two kernels (bn_coop_refused). */
 template <class... Params, class... Args>
-static void bn_coop_launch(CudaCtx *ctx, unsigned blocks, void (*kernel)(Params...), Args... args) {
+static int bn_coop_launch(CudaCtx *ctx, unsigned blocks, void (*kernel)(Params...), Args... args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
@@ -885,17 +914,15 @@ static void bn_coop_launch(CudaCtx *ctx, unsigned blocks, void (*kernel)(Params.
     cfg.stream = ctx->stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+    cudaError_t rc = cudaLaunchKernelEx(&cfg, kernel, args...);
+    return rc == cudaSuccess ? 1 : bn_coop_refused(ctx, rc);
 }
 
-/* bn_coop_launch of kernel<1> (bf16 activations) or kernel<0>, as ACT_LAUNCH. */
+/* bn_coop_launch of kernel<1> (bf16 activations) or kernel<0>, as ACT_LAUNCH: 1 when
+ * launched, 0 when refused (then launch the two kernels). */
 #define BN_COOP_LAUNCH(ctx, blocks, kernel, ...)                                               \
-    do {                                                                                       \
-        if ((ctx)->bf16)                                                                       \
-            bn_coop_launch(ctx, blocks, kernel<1>, __VA_ARGS__);                               \
-        else                                                                                   \
-            bn_coop_launch(ctx, blocks, kernel<0>, __VA_ARGS__);                               \
-    } while (0)
+    ((ctx)->bf16 ? bn_coop_launch(ctx, blocks, kernel<1>, __VA_ARGS__)                         \
+                 : bn_coop_launch(ctx, blocks, kernel<0>, __VA_ARGS__))
 
 /* Training forward: the reduction, then y by mode (x_bias: a deferred conv bias,
  * added to x as it is read and written back into x). */
@@ -906,11 +933,11 @@ static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, con
     int64_t rows = bn_rows(n, hw, c);
     BnFwdArgs a = {x, x_bias, gamma, beta, save_mean, save_invstd, running_mean, running_var,
                    ctx->bn_aff, momentum, eps};
-    if (ctx->bn_coop_on) { /* one kernel, the same sums in the same order */
+    /* one kernel, the same sums in the same order; two where it is off or refused */
+    if (ctx->bn_coop_on &&
         BN_COOP_LAUNCH(ctx, bn_coop_grid(rows, c, ctx->bn_coop_fwd_blocks), bn_fwd_coop_kernel, rows,
-                       c, bn_chunks(rows, c), a, z, mode, y, ctx->bn_partial);
+                       c, bn_chunks(rows, c), a, z, mode, y, ctx->bn_partial))
         return;
-    }
     ACT_LAUNCH(ctx, ctx->bf16, bn_fwd_reduce_kernel, bn_grid(rows, c), dim3(BN_TILE, BN_LANES),
                rows, c, bn_chunks(rows, c), a, ctx->bn_partial, ctx->bn_counters);
     size_t total = (size_t)rows * c;
@@ -969,13 +996,13 @@ static void bn_bwd_reduce_launch(CudaCtx *ctx, int64_t rows, int c, const BnBwdA
 }
 
 /* The backward as one cooperative kernel (dx non-NULL; keep: bn_bwd_apply_keep);
- * 0 when the context has it off (the caller launches the two kernels). */
+ * 0 when the context has it off or the launch was refused (the caller launches the
+ * two kernels). */
 static int bn_bwd_coop_launch(CudaCtx *ctx, int64_t rows, int c, const BnBwdArgs &a, float *dx,
                               int keep) {
     if (!ctx->bn_coop_on) return 0;
-    BN_COOP_LAUNCH(ctx, bn_coop_grid(rows, c, ctx->bn_coop_bwd_blocks), bn_bwd_coop_kernel, rows, c,
-                   bn_chunks(rows, c), a, dx, keep, ctx->bn_partial);
-    return 1;
+    return BN_COOP_LAUNCH(ctx, bn_coop_grid(rows, c, ctx->bn_coop_bwd_blocks), bn_bwd_coop_kernel,
+                          rows, c, bn_chunks(rows, c), a, dx, keep, ctx->bn_partial);
 }
 
 /* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The

@@ -196,6 +196,10 @@ void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, con
  * the device supports it (CIFAR_CUDA_BN_COOP=0: off). enable 0 or 1 switches it
  * (1 only where supported), -1 leaves it; returns whether it is on. */
 int cuda_ctx_bn_coop(CudaCtx *ctx, int enable);
+/* Tests only: swaps the cooperative grid caps (blocks that fit at once, forward and
+ * backward) with *fwd and *bwd. A cap above what fits makes the next cooperative
+ * launch refused, which turns the context to two kernels (the fallback's test). */
+void cuda_ctx_bn_coop_caps(CudaCtx *ctx, int *fwd, int *bwd);
 
 /* ---- deferred conv bias (the op table, net_cuda.cu) ----
  * Every conv of the network feeds a batch norm, so the CUDA table does not add the
