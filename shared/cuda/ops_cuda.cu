@@ -889,11 +889,15 @@ static unsigned bn_coop_grid(int64_t rows, int c, int max_blocks) {
  * where this fallback then applies; the first full step is eager anyway, so a
  * refusal is normally met before any capture. */
 static int bn_coop_refused(CudaCtx *ctx, cudaError_t rc) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    CHECK_CUDA(cudaStreamIsCapturing(ctx->stream, &capturing));
     int refusal = rc == cudaErrorCooperativeLaunchTooLarge || rc == cudaErrorNotSupported;
-    if (!refusal || capturing != cudaStreamCaptureStatusNone) CHECK_CUDA(rc);
-    (void)cudaGetLastError();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    /* only for a refusal: any other error (a sticky one of an earlier kernel too, which
+     * cudaStreamIsCapturing would return as its own) is reported as the launch's */
+    if (refusal) CHECK_CUDA(cudaStreamIsCapturing(ctx->stream, &capturing));
+    if (!refusal || capturing != cudaStreamCaptureStatusNone)
+        check_fail(__FILE__, __LINE__, "cudaLaunchKernelEx (a cooperative batch norm)",
+                   cudaGetErrorString(rc), cuda_check_hint(rc));
+    (void)cudaGetLastError(); /* the refusal is the thread's last error: the next check reads it */
     ctx->bn_coop_on = 0;
     log_warn("batch norm: the GPU refused a cooperative launch (%s); two kernels per batch norm "
              "from now on", cudaGetErrorString(rc));
