@@ -516,8 +516,28 @@ static void test_bn_coop(CudaCtx *ctx) {
     }
 }
 
-/* A cooperative launch the GPU refuses (a grid cap above what fits, as under MPS)
- * turns the context to two kernels, with the two kernels' results bit for bit. */
+/* bn_coop_case with the cooperative grid caps set above what fits for the forward
+ * (refuse_fwd: refused at once, the backward then two kernels although it fits) or
+ * for the backward only (the forward cooperative, the backward refused half-way
+ * through the step), the real caps back after; returns whether the context turned
+ * to two kernels, and leaves it on again. */
+static int bn_coop_case_refused(CudaCtx *ctx, int refuse_fwd, int n, int hw, int c, const float *x,
+                                const float *bias, const float *z, const float *g, const float *b,
+                                const float *dy, float **out) {
+    int fwd = 0, bwd = 0;
+    cuda_ctx_bn_coop_caps(ctx, &fwd, &bwd); /* the real caps out */
+    int cap_fwd = refuse_fwd ? 1 << 30 : fwd, cap_bwd = refuse_fwd ? bwd : 1 << 30;
+    cuda_ctx_bn_coop_caps(ctx, &cap_fwd, &cap_bwd); /* a cap above any GPU: refused */
+    bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, out);
+    int turned = !cuda_ctx_bn_coop(ctx, -1);
+    cuda_ctx_bn_coop_caps(ctx, &fwd, &bwd); /* the real caps back */
+    cuda_ctx_bn_coop(ctx, 1);
+    return turned;
+}
+
+/* A cooperative launch the GPU refuses (a grid cap above what fits, as under MPS),
+ * the forward's or only the backward's, turns the context to two kernels, with the
+ * two kernels' results bit for bit. */
 static void test_bn_coop_refused(CudaCtx *ctx) {
     if (!cuda_ctx_bn_coop(ctx, -1)) {
         printf("SKIP cooperative launch refused: the cooperative batch norm is off here\n");
@@ -527,24 +547,29 @@ static void test_bn_coop_refused(CudaCtx *ctx) {
     size_t nx = (size_t)n * hw * c;
     float *x = rand_vec(nx, -2, 3), *z = rand_vec(nx, -1, 1), *dy = rand_vec(nx, -1, 1);
     float *bias = rand_vec(c, -0.5f, 0.5f), *g = rand_vec(c, 0.5f, 1.5f), *b = rand_vec(c, -0.5f, 0.5f);
-    float *out[2][COOP_OUTS];
-    int fwd = 1 << 30, bwd = 1 << 30;
-    cuda_ctx_bn_coop_caps(ctx, &fwd, &bwd); /* caps above any GPU: the launch is refused */
-    bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, out[0]);
-    int turned = !cuda_ctx_bn_coop(ctx, -1);
-    cuda_ctx_bn_coop_caps(ctx, &fwd, &bwd); /* the real caps back */
+    float *two[COOP_OUTS], *out[COOP_OUTS];
     cuda_ctx_bn_coop(ctx, 0);
-    bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, out[1]);
+    bn_coop_case(ctx, n, hw, c, x, bias, z, g, b, dy, two);
     cuda_ctx_bn_coop(ctx, 1);
-    expect_true("a refused cooperative launch turns the context to two kernels", turned);
-    int same = 1;
-    for (int k = 0; k < COOP_OUTS; k++) {
-        size_t cnt = k < 2 || k == 6 || k == 7 ? nx : (size_t)c;
-        same &= memcmp(out[0][k], out[1][k], cnt * sizeof(float)) == 0;
-        free(out[0][k]);
-        free(out[1][k]);
+    const char *type = cuda_ctx_bf16(ctx) ? "bf16" : "fp32";
+    for (int refuse_fwd = 1; refuse_fwd >= 0; refuse_fwd--) {
+        const char *which = refuse_fwd ? "forward" : "backward (after a cooperative forward)";
+        char what[200];
+        int turned = bn_coop_case_refused(ctx, refuse_fwd, n, hw, c, x, bias, z, g, b, dy, out);
+        snprintf(what, sizeof what, "batch norm %s: a refused cooperative %s turns the context to two kernels",
+                 type, which);
+        expect_true(what, turned);
+        int same = 1;
+        for (int k = 0; k < COOP_OUTS; k++) {
+            size_t cnt = k < 2 || k == 6 || k == 7 ? nx : (size_t)c;
+            same &= memcmp(out[k], two[k], cnt * sizeof(float)) == 0;
+            free(out[k]);
+        }
+        snprintf(what, sizeof what, "batch norm %s: after a refused cooperative %s: the two kernels' "
+                 "results, bit for bit", type, which);
+        expect_true(what, same);
     }
-    expect_true("after a refused cooperative launch: the two kernels' results, bit for bit", same);
+    for (int k = 0; k < COOP_OUTS; k++) free(two[k]);
     free(x); free(z); free(dy); free(bias); free(g); free(b);
 }
 
@@ -1028,6 +1053,7 @@ int main(int argc, char **argv) {
         test_bn_pool_bf16(b16);
         test_bn_repeatable(b16);
         test_bn_coop(b16); /* the bf16 instances of the cooperative kernels */
+        test_bn_coop_refused(b16);
         test_conv_backward_acc(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
         test_conv_backward_acc(b16, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-2f, "bf16");
         test_conv(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
