@@ -885,8 +885,9 @@ static unsigned bn_coop_grid(int64_t rows, int c, int max_blocks) {
  * supported there): the context turns to two kernels per batch norm for good, said
  * once, and 0 is returned so that the caller launches them. The refusal happens at
  * launch, before anything runs, and is not sticky (cleared here). Inside a capture
- * the error is fatal to the capture, whose guard ends it and runs the step eagerly,
- * where this fallback then applies; the first full step is eager anyway, so a
+ * the error is fatal to the capture, whose guard ends it and runs the step (and every
+ * later one: no capture again) eagerly, where this fallback then applies; the first
+ * full step is eager anyway, so a
  * refusal is normally met before any capture. */
 static int bn_coop_refused(CudaCtx *ctx, cudaError_t rc) {
     int refusal = rc == cudaErrorCooperativeLaunchTooLarge || rc == cudaErrorNotSupported;
