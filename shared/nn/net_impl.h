@@ -362,11 +362,13 @@ static real_t *NET_T(net_grad_pick)(struct NET_T(Net) *net, const real_t *busy1,
     die("model: no free gradient buffer (internal error)");
 }
 
+/* acc: dx += the gradient of x (the table's conv_backward_acc), else dx = it. */
 static void NET_T(net_conv_bwd)(struct NET_T(Net) *net, int id, const real_t *params, real_t *grads,
-                                int n, const real_t *x, const real_t *dy, real_t *dx) {
+                                int n, const real_t *x, const real_t *dy, real_t *dx, int acc) {
     const ConvLayer *l = net->convs[id].layer;
-    net->ops->conv_backward(net->ctx, net->convs[id].plan, n, x, params + l->weight, dy, dx,
-                            grads + l->weight, grads + l->bias, net->workspace, net->ws_bytes);
+    (acc ? net->ops->conv_backward_acc : net->ops->conv_backward)(
+        net->ctx, net->convs[id].plan, n, x, params + l->weight, dy, dx, grads + l->weight,
+        grads + l->bias, net->workspace, net->ws_bytes);
 }
 
 static void NET_T(net_bn_bwd)(struct NET_T(Net) *net, const BNLayer *l, const real_t *params,
@@ -384,99 +386,68 @@ static int NET_T(net_block_conv_out_hw)(const Block *b, int j) {
     return conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
 }
 
-/* The BN backward of a block's last main conv or of its projection: dy is the
- * gradient of the block's output, read through the output ReLU's mask (a->out > 0),
- * and the masked dy is written back into dy (net_ops.h: bn_relu_backward_keep). */
+/* The BN backward of a BN whose output reaches the block's output ReLU (the last main
+ * conv's, the projection's). With the table's folded ops (net_ops.h) it reads that
+ * ReLU's mask (a->out > 0) itself and writes the masked dout back into dout
+ * (bn_relu_backward_keep); without them dout is masked already (a ReLU backward pass). */
 static void NET_T(net_bn_out_bwd)(struct NET_T(Net) *net, const BNLayer *l, const NET_T(NetBlock) *a,
                                   const real_t *params, real_t *grads, int n, int hw,
                                   const real_t *x, const real_t *mean, const real_t *invstd,
                                   real_t *dout, real_t *dx) {
-    net->ops->bn_relu_backward_keep(net->ctx, n, hw, l->c, x, a->out, params + l->gamma, mean, invstd,
-                                    dout, dx, grads + l->gamma, grads + l->beta);
+    if (net->ops->bn_relu_backward_keep)
+        net->ops->bn_relu_backward_keep(net->ctx, n, hw, l->c, x, a->out, params + l->gamma, mean,
+                                        invstd, dout, dx, grads + l->gamma, grads + l->beta);
+    else
+        NET_T(net_bn_bwd)(net, l, params, grads, n, hw, x, mean, invstd, dout, dx);
 }
 
-/* net_block_backward with the table's folded ops (net_ops.h: bn_relu_backward_keep,
- * conv_backward_acc): no ReLU backward pass, no residual add. The output ReLU's mask
- * is read by each BN backward that reads dout (the projection's and the last main
- * conv's), and the masked dout is left in dout: the identity shortcut's gradient. A
- * projection conv writes its dx into dshort (beta 0); the first main conv ADDS its dx
- * into dshort (beta 1), which then holds the gradient of the block's input. The
+/* dout: gradient of the block's output (one of net->grad, overwritten). Returns the
+ * scratch buffer holding the gradient of the block's input x.
+ *
+ * Plain tables: a ReLU backward pass masks dout, and a residual add ends the block.
+ * Tables with the folded ops (net_ops.h: bn_relu_backward_keep, conv_backward_acc)
+ * have neither: each BN backward that reads dout reads the mask itself and leaves the
+ * masked dout in dout (the identity shortcut's gradient), and the first main conv
+ * ADDS its dx into dshort (beta 1), which then holds the gradient of x. The
  * arithmetic is the plain path's when the table's accumulation is one addition per
- * element of the same two terms (a + b == b + a in IEEE; test_model checks it so):
- * the same masks. cuDNN's beta = 1 adds the shortcut to its float result before the
- * one rounding to the activation type, so in bf16 the GPU sum is rounded once where
- * the plain path rounds the conv's dx first (not bit for bit there: the folded sum
- * is the correctly rounded one). */
-static real_t *NET_T(net_block_backward_folded)(struct NET_T(Net) *net, const Block *b,
-                                                const NET_T(NetBlock) *a, const real_t *params,
-                                                real_t *grads, int n, const real_t *x, real_t *dout) {
+ * element of the same two terms (a + b == b + a in IEEE; test_model checks it so).
+ * cuDNN's beta = 1 adds the shortcut to its float result before the one rounding to
+ * the activation type, so in bf16 the GPU sum is rounded once where the plain path
+ * rounds the conv's dx first (not bit for bit there: the folded sum is the correctly
+ * rounded one). */
+static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
+                                         const NET_T(NetBlock) *a, const real_t *params,
+                                         real_t *grads, int n, const real_t *x, real_t *dout) {
+    int folded = net->ops->conv_backward_acc != NULL; /* net_create: both folded ops or neither */
     int hw_out = b->out_h * b->out_w, nc = model_block_n_convs(b);
-    real_t *dshort = dout; /* identity shortcut: the masked gradient passes through */
+    if (!folded) net->ops->relu_backward(net->ctx, (size_t)n * hw_out * b->cout, a->out, dout, dout);
+    real_t *dshort = dout; /* identity shortcut: the (masked) gradient passes through */
     if (b->has_projection) {
         real_t *dp = NET_T(net_grad_pick)(net, dout, NULL);
         NET_T(net_bn_out_bwd)(net, &b->proj_bn, a, params, grads, n, hw_out, a->proj_out,
                               a->proj_mean, a->proj_invstd, dout, dp);
         dshort = NET_T(net_grad_pick)(net, dout, dp);
-        NET_T(net_conv_bwd)(net, a->proj, params, grads, n, x, dp, dshort);
+        NET_T(net_conv_bwd)(net, a->proj, params, grads, n, x, dp, dshort, 0);
     }
     real_t *cur = dout;
     for (int j = nc - 1; j >= 0; j--) {
         int hw = NET_T(net_block_conv_out_hw)(b, j);
         real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
         const BNLayer *bl = model_block_bn(b, j);
-        if (j == nc - 1) /* its output goes through the residual add and the output ReLU */
+        if (j < nc - 1) /* bn -> relu: mask and BN backward in one op */
+            net->ops->bn_relu_backward(net->ctx, n, hw, bl->c, a->conv_out[j], a->act[j],
+                                       params + bl->gamma, a->mean[j], a->invstd[j], cur, dc,
+                                       grads + bl->gamma, grads + bl->beta);
+        else /* its output goes through the residual add and the output ReLU */
             NET_T(net_bn_out_bwd)(net, bl, a, params, grads, n, hw, a->conv_out[j], a->mean[j],
                                   a->invstd[j], cur, dc);
-        else
-            net->ops->bn_relu_backward(net->ctx, n, hw, bl->c, a->conv_out[j], a->act[j],
-                                       params + bl->gamma, a->mean[j], a->invstd[j], cur, dc,
-                                       grads + bl->gamma, grads + bl->beta);
-        const ConvLayer *l = net->convs[a->conv[j]].layer;
         const real_t *xin = j == 0 ? x : a->act[j - 1];
-        if (j == 0) { /* the residual add: dx accumulates into the shortcut's gradient */
-            net->ops->conv_backward_acc(net->ctx, net->convs[a->conv[j]].plan, n, xin,
-                                        params + l->weight, dc, dshort, grads + l->weight,
-                                        grads + l->bias, net->workspace, net->ws_bytes);
-        } else {
-            real_t *din = NET_T(net_grad_pick)(net, dc, dshort);
-            NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, xin, dc, din);
-            cur = din;
+        if (j == 0 && folded) { /* the residual add: dx accumulates into dshort */
+            NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, xin, dc, dshort, 1);
+            return dshort;
         }
-    }
-    return dshort;
-}
-
-/* dout: gradient of the block's output (one of net->grad, overwritten). Returns the
- * scratch buffer holding the gradient of the block's input x. */
-static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
-                                         const NET_T(NetBlock) *a, const real_t *params,
-                                         real_t *grads, int n, const real_t *x, real_t *dout) {
-    if (net->ops->bn_relu_backward_keep && net->ops->conv_backward_acc)
-        return NET_T(net_block_backward_folded)(net, b, a, params, grads, n, x, dout);
-    int hw_out = b->out_h * b->out_w;
-    net->ops->relu_backward(net->ctx, (size_t)n * hw_out * b->cout, a->out, dout, dout);
-    real_t *dshort = dout; /* identity shortcut: the gradient passes through */
-    if (b->has_projection) {
-        real_t *dp = NET_T(net_grad_pick)(net, dout, NULL);
-        NET_T(net_bn_bwd)(net, &b->proj_bn, params, grads, n, hw_out, a->proj_out, a->proj_mean,
-                          a->proj_invstd, dout, dp);
-        dshort = NET_T(net_grad_pick)(net, dout, dp);
-        NET_T(net_conv_bwd)(net, a->proj, params, grads, n, x, dp, dshort);
-    }
-    real_t *cur = dout;
-    for (int j = model_block_n_convs(b) - 1; j >= 0; j--) {
-        int hw = NET_T(net_block_conv_out_hw)(b, j);
-        real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
-        const BNLayer *bl = model_block_bn(b, j);
-        if (j < model_block_n_convs(b) - 1) /* bn -> relu: mask and BN backward in one op */
-            net->ops->bn_relu_backward(net->ctx, n, hw, bl->c, a->conv_out[j], a->act[j],
-                                       params + bl->gamma, a->mean[j], a->invstd[j], cur, dc,
-                                       grads + bl->gamma, grads + bl->beta);
-        else
-            NET_T(net_bn_bwd)(net, bl, params, grads, n, hw, a->conv_out[j], a->mean[j], a->invstd[j],
-                              cur, dc);
         real_t *din = NET_T(net_grad_pick)(net, dc, dshort);
-        NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, j == 0 ? x : a->act[j - 1], dc, din);
+        NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, xin, dc, din, 0);
         cur = din;
     }
     net->ops->add(net->ctx, (size_t)n * b->in_h * b->in_w * b->cin, cur, dshort, cur);
@@ -516,7 +487,7 @@ static void NET_T(net_backward_walk)(void *arg) {
     real_t *dc = NET_T(net_grad_pick)(net, g, NULL);
     NET_T(net_bn_bwd)(net, &m->stem_bn, params, grads, n, m->stem_h * m->stem_w, net->stem_out,
                       net->stem_mean, net->stem_invstd, g, dc);
-    NET_T(net_conv_bwd)(net, net->stem_conv, params, grads, n, net->x, dc, NULL);
+    NET_T(net_conv_bwd)(net, net->stem_conv, params, grads, n, net->x, dc, NULL, 0);
 }
 
 void NET_T(net_backward)(struct NET_T(Net) *net, const real_t *params, const int32_t *labels, int n,
