@@ -337,23 +337,17 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
 
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
-                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum);
-static void bn_backward_run_keep(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                 const float *y, const float *gamma, const float *save_mean,
-                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
-                                 float *dbeta, float *dsum);
+                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum,
+                            int keep);
 
 /* Launch the deferred BN backward; its dx column sum goes to dsum (a conv bias
  * gradient) or, NULL, to the context's scratch. */
 static void bn_backward_launch(CudaCtx *ctx, float *dsum) {
     BnBwdPending b = ctx->pend_bwd;
     ctx->pend_bwd.active = 0;
-    if (b.keep) /* dy is the table's writable gradient (cuda_bn_relu_backward_keep_defer) */
-        bn_backward_run_keep(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd,
-                             (float *)b.dy, b.dx, b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
-    else
-        bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy,
-                        b.dx, b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum);
+    /* keep: dy is the table's writable gradient (cuda_bn_relu_backward_keep_defer) */
+    bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy, b.dx,
+                    b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum, b.keep);
 }
 
 extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
@@ -1011,32 +1005,25 @@ static int bn_bwd_coop_launch(CudaCtx *ctx, int64_t rows, int c, const BnBwdArgs
 }
 
 /* Backward (y: the ReLU output after the BN, or NULL): the reduction, then dx. The
- * column sum of dx (the gradient of a conv bias in front) goes to dsum. */
+ * column sum of dx (the gradient of a conv bias in front) goes to dsum. keep (y and dx
+ * non-NULL, dy writable): the masked dy is also written back into dy
+ * (bn_bwd_apply_keep). */
 static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
                             const float *gamma, const float *save_mean, const float *save_invstd,
-                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum) {
+                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum,
+                            int keep) {
     int64_t rows = bn_rows(n, hw, c);
     BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
-    if (dx && bn_bwd_coop_launch(ctx, rows, c, a, dx, 0)) return;
+    if (dx && bn_bwd_coop_launch(ctx, rows, c, a, dx, keep)) return;
     bn_bwd_reduce_launch(ctx, rows, c, a);
     if (!dx) return;
     size_t total = (size_t)rows * c;
-    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
-               total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
-}
-
-/* bn_backward_run masked by y, writing the masked dy back into dy (bn_bwd_apply_keep). */
-static void bn_backward_run_keep(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                 const float *y, const float *gamma, const float *save_mean,
-                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
-                                 float *dbeta, float *dsum) {
-    int64_t rows = bn_rows(n, hw, c);
-    BnBwdArgs a = {x, y, dy, gamma, save_mean, save_invstd, dgamma, dbeta, ctx->bn_aff, dsum};
-    if (bn_bwd_coop_launch(ctx, rows, c, a, dx, 1)) return;
-    bn_bwd_reduce_launch(ctx, rows, c, a);
-    size_t total = (size_t)rows * c;
-    ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_keep_kernel, grid_for(total), OPS_CUDA_BLOCK,
-               total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
+    if (keep)
+        ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_keep_kernel, grid_for(total), OPS_CUDA_BLOCK,
+                   total, c, x, y, (float *)dy, (const float *)ctx->bn_aff, dx);
+    else
+        ACT_LAUNCH(ctx, ctx->bf16, bn_bwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
+                   total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
 }
 
 extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c,
@@ -1045,8 +1032,8 @@ extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw,
                                                     const float *save_invstd, float *dy, float *dx,
                                                     float *dgamma, float *dbeta) {
     bn_keep_check(y, dy, dx);
-    bn_backward_run_keep(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
-                         ctx->bn_dsum);
+    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                    ctx->bn_dsum, 1);
 }
 
 extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -1054,7 +1041,7 @@ extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, co
                                           const float *save_invstd, const float *dy, float *dx,
                                           float *dgamma, float *dbeta) {
     bn_backward_run(ctx, n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
-                    ctx->bn_dsum);
+                    ctx->bn_dsum, 0);
 }
 
 extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
@@ -1063,7 +1050,7 @@ extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int 
                                                const float *dy, float *dx, float *dgamma,
                                                float *dbeta) {
     bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
-                    ctx->bn_dsum);
+                    ctx->bn_dsum, 0);
 }
 
 
