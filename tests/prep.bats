@@ -314,7 +314,7 @@ PY
 }
 
 @test "a missing image" {
-    rm "$D/train_cifar10/img_000005.png" "$D/train_cifar10/img_000005.jpg" 2>/dev/null || true
+    rm -f "$D/train_cifar10/img_000005.png" "$D/train_cifar10/img_000005.jpg" # the one that exists
     prep_fails "$D/train_cifar10/img_000005.(png|jpg): cannot read the image \(No such file or directory\)$" "$D"
 }
 
