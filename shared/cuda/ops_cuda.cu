@@ -1508,11 +1508,15 @@ extern "C" void cuda_f32_to_bf16(CudaCtx *ctx, size_t n, const float *src, float
     CHECK_CUDA_LAST();
 }
 
-extern "C" void cuda_bf16_to_f32(CudaCtx *ctx, size_t n, const float *src_bf16, float *dst) {
+/* dst[i] = src[i] widened, where mask[i] (every i when mask is NULL). */
+static void bf16_widen(CudaCtx *ctx, size_t n, const bf16_t *src, const uint8_t *mask, float *dst) {
     if (!n) return;
-    bf16_to_f32_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, (const bf16_t *)src_bf16,
-                                                                       NULL, dst);
+    bf16_to_f32_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, src, mask, dst);
     CHECK_CUDA_LAST();
+}
+
+extern "C" void cuda_bf16_to_f32(CudaCtx *ctx, size_t n, const float *src_bf16, float *dst) {
+    bf16_widen(ctx, n, (const bf16_t *)src_bf16, NULL, dst);
 }
 
 extern "C" void cuda_bf16_shadow_init(CudaCtx *ctx, const float *params, float *grads, size_t count,
@@ -1535,10 +1539,7 @@ extern "C" void cuda_bf16_weights_refresh(CudaCtx *ctx) {
 }
 
 extern "C" void cuda_bf16_grads_collect(CudaCtx *ctx) {
-    if (!ctx->g16 || !ctx->nparams) return;
-    bf16_to_f32_kernel<<<grid_for(ctx->nparams), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
-        ctx->nparams, ctx->g16, ctx->conv_mask, ctx->grads32);
-    CHECK_CUDA_LAST();
+    if (ctx->g16) bf16_widen(ctx, ctx->nparams, ctx->g16, ctx->conv_mask, ctx->grads32);
 }
 
 /* Index of p in the flat buffer base[0 .. count), or die (the executor hands the
