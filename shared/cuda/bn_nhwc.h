@@ -126,6 +126,13 @@ BN_HD void act_store(float *p, int64_t i, float v, int bf16) {
         p[i] = v;
 }
 
+/* dy[i] through the ReLU mask of y (y[i] > 0, so a NaN y masks it to 0),
+ * or dy[i] itself when y is NULL. */
+BN_HD float bn_masked_dy(const float *y, const float *dy, int64_t i, int bf16) {
+    if (y && !(act_load(y, i, bf16) > 0.0f)) return 0.0f;
+    return act_load(dy, i, bf16);
+}
+
 /* v as the activation type holds it (the identity for floats). */
 BN_HD float act_round(float v, int bf16) { return bf16 ? bf16_to_float(bf16_from_float(v)) : v; }
 
@@ -167,7 +174,7 @@ BN_HD void bn_bwd_lane(const float *x, const float *y, const float *dy, const fl
     BN_UNROLL
     for (int64_t r = r0 + lane; r < r1; r += BN_LANES) {
         int64_t i = r * c + ch;
-        float g = y ? (act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f) : act_load(dy, i, bf16);
+        float g = bn_masked_dy(y, dy, i, bf16);
         double xm = (double)act_load(x, i, bf16) - mean;
         a1 += g;
         a2 += (double)g * xm;
@@ -257,7 +264,7 @@ BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const flo
 BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const float *dy,
                         const float *k, float *dx, int bf16) {
     int ch = bn_channel(i, c);
-    float g = y ? (act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f) : act_load(dy, i, bf16);
+    float g = bn_masked_dy(y, dy, i, bf16);
     act_store(dx, i, k[ch] * g + k[c + ch] * act_load(x, i, bf16) + k[2 * c + ch], bf16);
 }
 
@@ -267,7 +274,7 @@ BN_HD void bn_bwd_apply(int64_t i, int c, const float *x, const float *y, const 
  * bn_relu_backward_keep). dx != dy. */
 BN_HD void bn_bwd_apply_keep(int64_t i, int c, const float *x, const float *y, float *dy,
                              const float *k, float *dx, int bf16) {
-    float g = act_load(y, i, bf16) > 0.0f ? act_load(dy, i, bf16) : 0.0f;
+    float g = bn_masked_dy(y, dy, i, bf16);
     act_store(dy, i, g, bf16); /* g is a value of dy or 0: exact in bf16 */
     bn_bwd_apply(i, c, x, NULL, dy, k, dx, bf16);
 }
