@@ -213,9 +213,7 @@ else
     say "train loss per epoch: cpu [$cpu_loss] gpu [$gpu_loss]"
     say "test acc per epoch:   cpu [$(field test_acc <"$work/cpu/metrics.jsonl" 2>/dev/null | tr '\n' ' ')] gpu [$(field test_acc <"$work/gpu/metrics.jsonl" 2>/dev/null | tr '\n' ' ')]"
     # fp32 on both: the curves may drift apart only by accumulated rounding.
-    if awk -v a="$cpu_loss" -v b="$gpu_loss" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
-            if (n != 3 || m != 3) exit 1;
-            for (i = 1; i <= 3; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 0.03 * x[i] + 0.01) exit 1 } }'; then
+    if curves_close "$cpu_loss" "$gpu_loss" 0.03 0.01; then
         pass "GPU train loss within 3% of the CPU's, epoch by epoch"
     else
         fail "GPU train loss curve differs from the CPU's"
