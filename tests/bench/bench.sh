@@ -45,6 +45,9 @@ anchor() { # file, python, args...
 }
 have_torch() { [ -f "$ANCHOR" ] && "$1" -c 'import torch' 2>/dev/null; }
 anchors=()
+declare -A anchor_name=([torch1]="PyTorch 1.13 eager" [torch2]="PyTorch 2.x eager" [torch2c]="PyTorch 2.x torch.compile")
+declare -A anchor_py=([torch1]="$PYTHON_TORCH" [torch2]="${PYTHON_TORCH2:-}" [torch2c]="${PYTHON_TORCH2:-}")
+declare -A anchor_args=([torch1]="" [torch2]="" [torch2c]="--compile")
 if have_torch "$PYTHON_TORCH"; then anchors+=(torch1); else echo "SKIP PyTorch 1.13 anchor: $ANCHOR or torch for $PYTHON_TORCH missing"; fi
 if [ -n "${PYTHON_TORCH2:-}" ]; then
   if have_torch "$PYTHON_TORCH2"; then anchors+=(torch2 torch2c); else echo "SKIP PyTorch 2.x anchor: no torch for PYTHON_TORCH2=$PYTHON_TORCH2"; fi
@@ -63,11 +66,9 @@ for r in $(seq "$RUNS"); do
   fi
   echo "ours, $THREADS threads: $many"; echo "$many" >> "$work/tn"
   for a in "${anchors[@]}"; do
-    case $a in
-      torch1) printf 'PyTorch 1.13 eager: '; anchor torch1 "$PYTHON_TORCH" ;;
-      torch2) printf 'PyTorch 2.x eager: '; anchor torch2 "$PYTHON_TORCH2" ;;
-      torch2c) printf 'PyTorch 2.x torch.compile: '; anchor torch2c "$PYTHON_TORCH2" --compile ;;
-    esac
+    printf '%s: ' "${anchor_name[$a]}"
+    # shellcheck disable=SC2086 # the extra arguments are words
+    anchor "$a" "${anchor_py[$a]}" ${anchor_args[$a]}
   done
 done
 for f in images_per_s images_per_s_median images_per_s_peak; do
@@ -80,10 +81,9 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 ours_best=$(column images_per_s < "$work/tn" | sort -g | tail -1)
 ours_median=$(column images_per_s < "$work/tn" | median)
 for a in "${anchors[@]}"; do
-  case $a in torch1) name="PyTorch 1.13 eager" ;; torch2) name="PyTorch 2.x eager" ;; torch2c) name="PyTorch 2.x torch.compile" ;; esac
   their_best=$(column images_per_s < "$work/$a" | sort -g | tail -1)
   their_median=$(column images_per_s < "$work/$a" | median)
-  awk -v n="$name" -v r="$(column images_per_s < "$work/$a" | range)" -v ob="$ours_best" -v om="$ours_median" \
+  awk -v n="${anchor_name[$a]}" -v r="$(column images_per_s < "$work/$a" | range)" -v ob="$ours_best" -v om="$ours_median" \
       -v tb="$their_best" -v tm="$their_median" \
     'BEGIN { printf "ours / %s (%s images/s): best against best %.2fx, median against median %.2fx\n", n, r, ob / tb, om / tm }'
 done
