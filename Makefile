@@ -120,28 +120,34 @@ LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lm -lpthread
 LDFLAGS += -fopenmp
 
 # comm_mpi.c needs mpi.h: it goes into $(BIN)/libcifar-mpi.so (below), not libcifar.a.
-MPI_C = shared/dist/comm_mpi.c
-SHARED_C = $(filter-out $(MPI_C),$(wildcard shared/util/*.c shared/io/*.c shared/data/*.c shared/nn/*.c shared/dist/*.c))
-# CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/cuda/)
+MPI_C = shared/comm/comm_mpi.c
+# comm_nccl_cuda.c needs nccl.h: it goes into $(BIN)/libcifar-cuda.so with the other GPU code.
+NCCL_C = shared/comm/comm_nccl_cuda.c
+# shared/backend-cuda/ holds everything in libcifar-cuda.so plus its loader
+# (cuda_loader.c, which dlopens the library from the commands: in libcifar.a).
+CUDA_LOADER_C = shared/backend-cuda/cuda_loader.c
+SHARED_C = $(filter-out $(MPI_C) $(NCCL_C),$(wildcard shared/core/*.c shared/format/*.c shared/data/*.c \
+             shared/model/*.c shared/backend-cpu/*.c shared/comm/*.c)) $(CUDA_LOADER_C)
+# CUDA builds: everything that touches CUDA, cuDNN, cuBLAS or NCCL (shared/backend-cuda/, shared/comm/comm_nccl_cuda.c)
 # goes into $(BIN)/libcifar-cuda.so, with its own copy of the device-neutral network
-# executor (shared/nn/net.c); shared/nn/cuda_loader.c dlopens it on demand: the
+# executor (shared/model/net.c); shared/backend-cuda/cuda_loader.c dlopens it on demand: the
 # commands link none of those libraries, start as fast as CPU builds and run where
 # they are missing. The library imports nothing from the command: the command hands
-# it a table of callbacks (shared/nn/cuda_host.h).
+# it a table of callbacks (shared/backend-cuda/cuda_host.h).
 CUDA_SO =
 CUDA_OBJS =
 ifeq ($(CUDA),1)
 CFLAGS += -DCIFAR_CUDA -I$(CUDA_INC) -I$(CUDA_HOME)/include
 NVFLAGS = $(OPT) -std=c++17 $(CUDA_ARCHS) -Ishared -I$(CUDA_INC) -DCIFAR_CUDA -Xcompiler -Wall,-Wextra,-fopenmp,-fPIC \
           --expt-relaxed-constexpr -Werror all-warnings -MMD -MP
-CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(wildcard shared/cuda/*.c) shared/nn/net.c) \
-            $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/cuda/*.cu))
+CUDA_OBJS = $(patsubst %.c,$(OBJ)/%.pic.o,$(filter-out $(CUDA_LOADER_C),$(wildcard shared/backend-cuda/*.c)) $(NCCL_C) shared/model/net.c) \
+            $(patsubst %.cu,$(OBJ)/%.cu.o,$(wildcard shared/backend-cuda/*.cu))
 CUDA_SO = $(BIN)/libcifar-cuda.so
 LDLIBS += -ldl
 endif
 
 # MPI builds: the MPI communicator (comm_mpi.c, linked with libmpi by mpicc) is
-# $(BIN)/libcifar-mpi.so, which shared/dist/mpi_loader.c dlopens when a CPU job
+# $(BIN)/libcifar-mpi.so, which shared/comm/mpi_loader.c dlopens when a CPU job
 # runs under mpirun or srun --mpi=pmix: the commands link no MPI library and run
 # where Open MPI is not installed (as with libcifar-cuda.so).
 MPI_SO =
@@ -205,7 +211,7 @@ $(OBJ)/tests/test_ops_cuda $(OBJ)/tests/test_comm_nccl: $(OBJ)/tests/%: $(OBJ)/t
 # The CUDA loader's hand-over on the CPU (tests/test_loader_cuda.c): loader_cuda.cu
 # compiled as host C++ and linked with the test's fake CUDA runtime; no GPU needed.
 LOADER_HOST_O = $(OBJ)/tests/loader_cuda.host.o
-$(LOADER_HOST_O): shared/cuda/loader_cuda.cu shared/cuda/loader_cuda.h shared/cuda/cuda_check.h shared/data/dataset.h
+$(LOADER_HOST_O): shared/backend-cuda/loader_cuda.cu shared/backend-cuda/loader_cuda.h shared/backend-cuda/cuda_check.h shared/data/dataset.h
 	@mkdir -p $(dir $@)
 	$(CXX) -x c++ -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Ishared -I$(CUDA_INC) -I$(CUDA_HOME)/include \
 	    -DCIFAR_CUDA -c $< -o $@

@@ -8,16 +8,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "util/omp_env.h"
-#include "io/checkpoint.h"
+#include "core/check.h"
+#include "core/omp_env.h"
+#include "format/checkpoint.h"
 #include "data/dataset.h"
-#include "nn/engine.h"
-#include "io/fsutil.h"
-#include "nn/device.h"
-#include "nn/model.h"
-#include "util/options.h"
-#include "util/progress.h"
+#include "model/engine.h"
+#include "core/fsutil.h"
+#include "model/device.h"
+#include "model/model.h"
+#include "core/options.h"
+#include "core/progress.h"
 
 static const char *usage_text =
     "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors]\n"

@@ -22,9 +22,9 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "util/check.h"
-#include "io/fsutil.h"
-#include "util/rng.h"
+#include "core/check.h"
+#include "core/fsutil.h"
+#include "core/rng.h"
 
 typedef struct {
     char out[4000];

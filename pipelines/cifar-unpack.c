@@ -26,8 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "io/fsutil.h"
+#include "core/check.h"
+#include "core/fsutil.h"
 
 enum { SIDE = 32, PLANE = SIDE * SIDE, RECORD = 1 + 3 * PLANE, CLASSES = 10 };
 

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "util/check.h"
-#include "io/fsutil.h"
+#include "core/check.h"
+#include "core/fsutil.h"
 
 #define ANNOTATIONS_MAX_BYTES (4ull << 30)
 #define ANNOTATIONS_MAX_COUNT 100000000LL /* the dataset's 8-digit keys */

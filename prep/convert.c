@@ -13,8 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "util/progress.h"
+#include "core/check.h"
+#include "core/progress.h"
 
 #define CONVERT_MAX_FILE (256ll << 20)   /* a PNG of 4096x4096x3 is well under this */
 #define CONVERT_WINDOW_BYTES (64ull << 20)

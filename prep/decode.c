@@ -7,7 +7,7 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "util/check.h"
+#include "core/check.h"
 #include "data/dataset.h"
 
 /* libpng's memory (its structs, zlib's state and window, row buffers: ~50 KiB

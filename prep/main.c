@@ -17,12 +17,12 @@
 #include <unistd.h>
 
 #include "annotations.h"
-#include "util/check.h"
+#include "core/check.h"
 #include "convert.h"
 #include "data/dataset.h"
 #include "decode.h"
-#include "io/fsutil.h"
-#include "util/progress.h"
+#include "core/fsutil.h"
+#include "core/progress.h"
 
 #define PATH_CAP 4096
 #define CLASSES_MAX 1000000

@@ -2,7 +2,7 @@
 # check_cuda_so.sh LIB: libcifar-cuda.so must import only from libc, the C/C++
 # runtimes and the CUDA libraries (cudart, cuDNN, cuBLAS, NCCL): nothing from the
 # executable that loads it (it gets the program's callbacks through
-# cifar_cuda_init, shared/nn/cuda_host.h). Prints each offending symbol; exit 1.
+# cifar_cuda_init, shared/backend-cuda/cuda_host.h). Prints each offending symbol; exit 1.
 set -eu
 lib=${1:?usage: check_cuda_so.sh path/to/libcifar-cuda.so}
 [ -f "$lib" ] || { echo "check_cuda_so: $lib: no such file" >&2; exit 1; }

@@ -8,15 +8,15 @@
 #define OPS_REAL double
 #define OPS_FN(name) ops_d_##name
 #define OPS_GEMM cblas_dgemm
-#include "nn/ops_cpu_impl.h"
+#include "backend-cpu/ops_cpu_impl.h"
 
 #define NET_REAL double
 #define NET_T(name) name##D
-#include "nn/net_ops.h"
+#include "model/net_ops.h"
 #define NET_OPS_DECLARED
 #define NET_CPU_OP(name) ops_d_##name
-#include "nn/net_cpu_impl.h"
-#include "nn/net_impl.h"
+#include "backend-cpu/net_cpu_impl.h"
+#include "model/net_impl.h"
 #undef NET_OPS_DECLARED
 
 #endif

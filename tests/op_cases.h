@@ -14,7 +14,7 @@
  * a gradient output, and per tensor max|analytic - numeric| / max(max|numeric|, 1e-2)
  * must stay below fd_tol. Checks are counted by tests/unit.h.
  * How a case runs on a table is written once over the scalar type (op_cases_run.h).
- * Include after unit.h and nn/net.h; include tests/cpu_double.h first to get the
+ * Include after unit.h and model/net.h; include tests/cpu_double.h first to get the
  * double instance (OpBackendD, opc_runD) and the finite differences. */
 #ifndef CIFAR_TESTS_OP_CASES_H
 #define CIFAR_TESTS_OP_CASES_H
@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/net.h"
-#include "util/check.h"
+#include "model/net.h"
+#include "core/check.h"
 
 typedef enum {
     OPC_CONV,          /* conv forward + backward (dx, dweight, dbias) */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# The rendezvous that hands the NCCL id to the ranks (shared/dist/rendezvous.c),
+# The rendezvous that hands the NCCL id to the ranks (shared/comm/rendezvous.c),
 # run by `test_comm rendezvous-rank` on the CPU: a 2-rank job rendezvous while
 # strangers connect to rank 0's port (silent, wrong magic, another job, a wrong
 # token, a second rank 0), each built here in Python from the documented wire

@@ -1,4 +1,4 @@
-/* test_bn_nhwc: the CUDA batch-norm arithmetic (shared/cuda/bn_nhwc.h) run on the
+/* test_bn_nhwc: the CUDA batch-norm arithmetic (shared/backend-cuda/bn_nhwc.h) run on the
  * CPU, against ops.h's batch norm, on every machine (no GPU needed).
  *
  * The kernels of ops_cuda.cu call bn_nhwc.h's functions per thread; this test calls
@@ -29,9 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/bn_nhwc.h"
-#include "nn/ops.h"
-#include "util/check.h"
+#include "backend-cuda/bn_nhwc.h"
+#include "model/ops.h"
+#include "core/check.h"
 #include "unit.h"
 
 static uint64_t g_seed = 0x9E3779B97F4A7C15ull;

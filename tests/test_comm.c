@@ -38,9 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "dist/comm.h"
-#include "dist/rendezvous.h"
+#include "core/check.h"
+#include "comm/comm.h"
+#include "comm/rendezvous.h"
 
 #include "unit.h"
 

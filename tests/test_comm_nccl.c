@@ -1,4 +1,4 @@
-/* test_comm_nccl: the NCCL transport (shared/cuda/comm_nccl_cuda.c) with a one-rank
+/* test_comm_nccl: the NCCL transport (shared/comm/comm_nccl_cuda.c) with a one-rank
  * communicator, the only NCCL a single GPU can run: world size 1 otherwise never
  * touches NCCL (comm_create makes a COMM_SINGLE). Built in CUDA builds only; run by
  * make test-gpu and tests/gpu/run.sh.
@@ -17,12 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/ops_cuda.h"
-#include "dist/comm.h"
-#include "dist/comm_nccl.h"
-#include "nn/cuda_host.h"
-#include "nn/engine.h"
-#include "util/check.h"
+#include "backend-cuda/ops_cuda.h"
+#include "comm/comm.h"
+#include "comm/comm_nccl.h"
+#include "backend-cuda/cuda_host.h"
+#include "model/engine.h"
+#include "core/check.h"
 #include "unit.h"
 
 int cifar_cuda_init(const CudaHostApi *api);

@@ -17,10 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "util/check.h"
+#include "core/check.h"
 #include "data/crc32c.h"
 #include "data/dataset.h"
-#include "io/fsutil.h"
+#include "core/fsutil.h"
 
 #include "unit.h"
 

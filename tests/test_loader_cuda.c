@@ -1,4 +1,4 @@
-/* test_loader_cuda.c: the CUDA loader's hand-over (shared/cuda/loader_cuda.cu,
+/* test_loader_cuda.c: the CUDA loader's hand-over (shared/backend-cuda/loader_cuda.cu,
  * compiled as host C++) on the CPU, against a fake CUDA runtime defined here: one
  * "device" thread runs a FIFO of asynchronous copies, each after a random delay
  * and reading its source only when it runs (as DMA does), and event records. No
@@ -27,8 +27,8 @@ int main(void) {
 #include <pthread.h>
 #include <unistd.h>
 
-#include "cuda/loader_cuda.h"
-#include "util/check.h"
+#include "backend-cuda/loader_cuda.h"
+#include "core/check.h"
 
 /* ---------------------------------------------------------------- fake runtime */
 

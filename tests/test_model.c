@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/check.h"
-#include "nn/model.h"
-#include "nn/net.h"
-#include "nn/ops.h"
-#include "util/rng.h"
+#include "core/check.h"
+#include "model/model.h"
+#include "model/net.h"
+#include "model/ops.h"
+#include "core/rng.h"
 
 #include "unit.h"
 

@@ -1,7 +1,7 @@
 /* test_ops.c: unit tests of the CPU ops (ops.h).
  *
  * op_cases.h's table, twice: every backward on the CPU's op table compiled in double
- * (tests/cpu_double.h: the very op bodies of shared/nn/ops_cpu_impl.h, ops_d_*)
+ * (tests/cpu_double.h: the very op bodies of shared/backend-cpu/ops_cpu_impl.h, ops_d_*)
  * against central finite differences, and every CPU instruction-set variant against
  * the baseline. Also: one bottleneck block's gradients against finite differences, the
  * convolution against a direct 7-loop reference, the float ops against the double
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/check.h"
-#include "nn/ops.h"
+#include "core/check.h"
+#include "model/ops.h"
 #include "unit.h"
-#include "nn/net.h"
+#include "model/net.h"
 #include "cpu_double.h"
 #include "op_cases.h"
 

@@ -8,7 +8,7 @@
  *   - every parameter gradient and the BN running statistics after it;
  *   - every parameter and buffer after 3 SGD steps (sgd_update), and the
  *     eval-mode logits after them.
- * Two runs of the same network executor (shared/nn/net_impl.h):
+ * Two runs of the same network executor (shared/model/net_impl.h):
  *   double  - the executor and the CPU ops instantiated for double: every
  *             comparison, with tolerances a little above the float32 rounding
  *             of the stored reference;
@@ -29,10 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/check.h"
-#include "io/fsutil.h"
-#include "nn/model.h"
-#include "nn/ops.h"
+#include "core/check.h"
+#include "core/fsutil.h"
+#include "model/model.h"
+#include "model/ops.h"
 #include "unit.h"
 
 /* The ops, their op table and the network executor in double. */

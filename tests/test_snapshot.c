@@ -1,4 +1,4 @@
-/* test_snapshot.c: the safetensors snapshot format (shared/io/snapshot.c).
+/* test_snapshot.c: the safetensors snapshot format (shared/format/safetensors.c).
  *
  * Round trips, every kind of corruption refused with its own message, atomic
  * writes (no temporary left behind, the old file intact after a failed write),
@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "io/fsutil.h"
-#include "io/snapshot.h"
+#include "core/fsutil.h"
+#include "format/safetensors.h"
 
 #include "unit.h"
 

@@ -24,8 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "util/options.h"
+#include "core/check.h"
+#include "core/options.h"
 
 extern char **environ;
 

@@ -28,7 +28,7 @@
 
 #include <stddef.h>
 
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 #define LAUNCH_NPROC_GPU (-1) /* --nproc-per-node gpu|auto: one per visible GPU */
 

@@ -12,10 +12,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "util/omp_env.h"
-#include "dist/comm.h"
-#include "io/checkpoint.h"
+#include "core/check.h"
+#include "core/omp_env.h"
+#include "comm/comm.h"
+#include "format/checkpoint.h"
 #include "launcher.h"
 #include "train.h"
 

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/check.h"
-#include "io/fsutil.h"
-#include "util/options.h"
+#include "core/check.h"
+#include "core/fsutil.h"
+#include "core/options.h"
 #include "train.h"
 
 static const char *usage_text =

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "util/check.h"
+#include "core/check.h"
 
 static int64_t env_i64(const char *var, int64_t fallback) {
     const char *v = getenv(var);

@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "io/checkpoint.h"
-#include "nn/engine.h"
+#include "format/checkpoint.h"
+#include "model/engine.h"
 
 typedef struct {
     int64_t die_after_steps;

@@ -4,9 +4,9 @@
 
 #include <stdint.h>
 
-#include "dist/comm.h"
-#include "nn/device.h"
-#include "nn/engine.h"
+#include "comm/comm.h"
+#include "model/device.h"
+#include "model/engine.h"
 
 typedef enum { SCHEDULE_CONST, SCHEDULE_STEP, SCHEDULE_COSINE } Schedule;
 typedef enum { NORMALIZE_DATASET, NORMALIZE_IMAGENET } NormalizeChoice;

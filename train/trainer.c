@@ -9,14 +9,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "util/check.h"
-#include "io/checkpoint.h"
+#include "core/check.h"
+#include "format/checkpoint.h"
 #include "data/dataset.h"
-#include "io/fsutil.h"
-#include "nn/model.h"
-#include "util/progress.h"
+#include "core/fsutil.h"
+#include "model/model.h"
+#include "core/progress.h"
 #include "data/sampler.h"
-#include "io/snapshot.h"
+#include "format/safetensors.h"
 #include "test_hooks.h"
 #include "train.h"
 

@@ -1,7 +1,7 @@
 /* augment.c: see augment.h. The GPU twin is augment_cuda.cu. */
 #include "data/augment.h"
 
-#include "util/rng.h"
+#include "core/rng.h"
 
 /* One output pixel row: source row sy of the record (or zeros outside), mirrored
  * when flipped, then normalised. */

@@ -18,9 +18,9 @@
 #include <unistd.h>
 
 #include "data/crc32c.h"
-#include "util/check.h"
-#include "util/progress.h"
-#include "io/fsutil.h"
+#include "core/check.h"
+#include "core/progress.h"
+#include "core/fsutil.h"
 
 #define DATASET_KEY_DIGITS 8
 #define DATASET_MAX_RECORDS 100000000LL /* keys are 8 decimal digits */

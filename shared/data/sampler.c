@@ -1,7 +1,7 @@
 /* sampler.c: see sampler.h. */
 #include "data/sampler.h"
 
-#include "util/rng.h"
+#include "core/rng.h"
 
 int64_t sampler_per_rank(int64_t n, int world) { return (n + world - 1) / world; }
 

@@ -15,12 +15,12 @@
 #include <string.h>
 
 #include "data/augment.h"
-#include "util/check.h"
-#include "nn/model.h"
-#include "util/omp_env.h"
-#include "nn/ops.h"
-#include "util/progress.h"
-#include "util/rng.h"
+#include "core/check.h"
+#include "model/model.h"
+#include "core/omp_env.h"
+#include "model/ops.h"
+#include "core/progress.h"
+#include "core/rng.h"
 
 typedef struct {
     const char *name;

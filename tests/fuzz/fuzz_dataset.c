@@ -1,8 +1,8 @@
 /* fuzz_dataset.c: libFuzzer target for the LMDB dataset reader (dataset.h).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Ishared tests/fuzz/fuzz_dataset.c \
- *         shared/data/dataset.c shared/data/crc32c.c shared/util/check.c shared/util/progress.c \
- *         shared/io/fsutil.c \
+ *         shared/data/dataset.c shared/data/crc32c.c shared/core/check.c shared/core/progress.c \
+ *         shared/core/fsutil.c \
  *         -llmdb -lcjson -lm -o fuzz_dataset
  *   ./fuzz_dataset tests/fuzz/corpus_dataset
  *

@@ -1,7 +1,7 @@
 /* fuzz_snapshot.c: libFuzzer target for the snapshot reader.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Ishared tests/fuzz/fuzz_snapshot.c \
- *         shared/io/snapshot.c shared/util/check.c shared/io/fsutil.c -lcjson -llmdb -o fuzz_snapshot
+ *         shared/format/safetensors.c shared/core/check.c shared/core/fsutil.c -lcjson -llmdb -o fuzz_snapshot
  *   ./fuzz_snapshot tests/fuzz/corpus_snapshot
  *
  * Any bytes must give a Snapshot or NULL with a one-line reason: never a crash,
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/snapshot.h"
+#include "format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

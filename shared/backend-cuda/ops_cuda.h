@@ -1,0 +1,294 @@
+/* ops_cuda.h: the CUDA twins of ops.h (same names with a _cuda suffix, same
+ * contracts, device pointers), plus the few GPU-only pieces the CUDA engine needs.
+ *
+ * Every op takes a CudaCtx first: the device, one stream, the cuDNN and cuBLAS
+ * handles (bound to that stream), the math mode (fp32 or tf32) and whether only
+ * deterministic algorithms may be used. All work is queued on ctx's stream and is
+ * asynchronous unless a function says it synchronises.
+ *
+ * Convolutions go through cuDNN with NHWC activations. cuDNN wants an NHWC filter
+ * (KRSC: [Cout][K][K][Cin]) with NHWC data, while ops.h keeps PyTorch's KCRS
+ * ([Cout][Cin][K][K]); so:
+ *   - conv2d_forward_cuda / conv2d_backward_cuda keep ops.h's contract (KCRS in,
+ *     KCRS dweight out) and convert in scratch memory they allocate per call:
+ *     for tests and one-off use;
+ *   - ConvCuda is the fast path: algorithms picked once at creation, weights and
+ *     weight gradients in KRSC, caller-owned workspace. The CUDA engine keeps its
+ *     conv weights in KRSC on the device and converts only at state transfers
+ *     (conv_weight_to_krsc_cuda / conv_weight_from_krsc_cuda).
+ *
+ * Header for C and C++: no CUDA header needed to include it. */
+#ifndef CIFAR_OPS_CUDA_H
+#define CIFAR_OPS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/augment.h"
+#include "model/ops.h"
+#include "model/ops_list.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CudaCtx CudaCtx;
+
+/* Usable CUDA devices; 0 when there is no driver or no GPU (never fails). */
+int ops_cuda_device_count(void);
+/* Compute capability of `device` as major*10 + minor (80 for an A100, 90 for an H100). */
+int ops_cuda_compute_capability(int device);
+
+/* Select `device`, create its stream and handles. tf32: let cuDNN and cuBLAS use
+ * TF32 tensor cores for fp32 data (else plain FMA math). deterministic: only
+ * algorithms cuDNN reports as deterministic, picked by heuristics rather than by
+ * timing, so two runs choose the same ones. Dies with a clear message on failure. */
+CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic);
+void cuda_ctx_free(CudaCtx *ctx);
+int cuda_ctx_device(const CudaCtx *ctx);
+int cuda_ctx_deterministic(const CudaCtx *ctx);
+/* The cudaStream_t, as a pointer so that C code needs no CUDA header. */
+void *cuda_ctx_stream(const CudaCtx *ctx);
+/* Wait for everything queued on ctx's stream. */
+void cuda_ctx_sync(CudaCtx *ctx);
+
+/* ---- bf16 activations (--precision bf16) ----
+ * cuda_ctx_use_bf16, called right after cuda_ctx_create (before any conv plan):
+ * from then on every activation and activation gradient the ops read or write is
+ * bfloat16 (bf16.h: round to nearest even), stored in the same float-typed device
+ * buffers (an n-element activation uses the first n*2 bytes). That is: conv x, y,
+ * dy, dx and the weight and weight gradient cuDNN sees (PSEUDO_BFLOAT16: bf16 data,
+ * float compute, tensor-op math); every batch-norm x, y, z, dy, dx; relu, add,
+ * add_relu; meanpool_forward's x and meanpool_backward's dx; the augmentation's
+ * output. Floats in every case: the conv bias and its gradient, gamma, beta, the
+ * saved and running statistics (sums in double as in fp32), the pooled features,
+ * the linear layer, the logits, the loss and the SGD. The convolutions of the
+ * executor read their weights from a bf16 shadow of the fp32 master params and
+ * write their weight gradients to a bf16 shadow of the flat gradients:
+ *   cuda_bf16_shadow_init: register the engine's flat params and grads (count
+ *     floats) and conv_mask (device, count bytes: 1 where a param is a conv weight);
+ *   cuda_bf16_weights_refresh: shadow = bf16(params), one kernel (before a forward);
+ *   cuda_bf16_grads_collect: grads = float(shadow) where conv_mask, one kernel
+ *     (after a backward: the all-reduce, SGD and snapshots see fp32 only);
+ *   cuda_bf16_weight / cuda_bf16_grad: the shadow of a pointer into params / grads
+ *     (the pointer itself in an fp32 context; NULL stays NULL).
+ * Both are graph-capturable. cuda_f32_to_bf16 / cuda_bf16_to_f32 convert n values
+ * on the stream (tests, the ops.h-contract conv forms). */
+void cuda_ctx_use_bf16(CudaCtx *ctx);
+int cuda_ctx_bf16(const CudaCtx *ctx);
+void cuda_f32_to_bf16(CudaCtx *ctx, size_t n, const float *src, float *dst_bf16);
+void cuda_bf16_to_f32(CudaCtx *ctx, size_t n, const float *src_bf16, float *dst);
+void cuda_bf16_shadow_init(CudaCtx *ctx, const float *params, float *grads, size_t count,
+                           const uint8_t *conv_mask);
+void cuda_bf16_weights_refresh(CudaCtx *ctx);
+void cuda_bf16_grads_collect(CudaCtx *ctx);
+const float *cuda_bf16_weight(CudaCtx *ctx, const float *param);
+float *cuda_bf16_grad(CudaCtx *ctx, float *grad);
+
+/* Device memory (checked: dies on failure). cuda_free(NULL) is a no-op. */
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *ptr);
+/* Synchronous copies through ctx's stream. */
+void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes);
+void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes);
+/* Asynchronous device memset / copy on ctx's stream. */
+void cuda_memset_async(CudaCtx *ctx, void *dst_dev, int value, size_t bytes);
+void cuda_copy_d2d_async(CudaCtx *ctx, void *dst_dev, const void *src_dev, size_t bytes);
+
+/* ---- convolution ---- */
+
+/* PyTorch layout [Cout][Cin][K][K] <-> cuDNN NHWC filter layout [Cout][K][K][Cin]
+ * (out of place; 1x1 kernels are the same in both). */
+void conv_weight_to_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *kcrs, float *krsc);
+void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *krsc, float *kcrs);
+
+typedef struct ConvCuda ConvCuda;
+
+/* Descriptors for cs on inputs of max_n x h x w, and the forward (and, when
+ * backward != 0, backward-data and backward-filter) algorithms for batch max_n:
+ * measured by cudnnFind* (fastest whose workspace fits ws_limit bytes), or, when
+ * ctx is deterministic, the first deterministic one cuDNN's heuristics rank (none:
+ * the candidate table is printed and the process exits). Smaller batches reuse the
+ * algorithms (falling back to workspace-free ones if the workspace would not fit). */
+ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
+                           size_t ws_limit, int backward);
+/* Point the descriptors at batch n and settle its algorithms now (host calls only):
+ * done before a CUDA graph capture, so that nothing inside it resets a
+ * descriptor or queries a workspace size. */
+void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes);
+const ConvSpec *conv_cuda_spec(const ConvCuda *cv);
+/* Output pixels per image (oh * ow). */
+size_t conv_cuda_out_pixels(const ConvCuda *cv);
+void conv_cuda_free(ConvCuda *cv);
+/* Workspace bytes the chosen algorithms need at max_n (forward and backward). */
+size_t conv_cuda_workspace_bytes(const ConvCuda *cv);
+/* Names of the chosen algorithms ("fwd=IMPLICIT_PRECOMP_GEMM bwd_data=1 ..."). */
+const char *conv_cuda_describe(const ConvCuda *cv);
+/* As conv2d_forward / conv2d_backward, weight and dweight in KRSC, n <= max_n;
+ * ws is a device workspace of ws_bytes >= conv_cuda_workspace_bytes. */
+void conv_cuda_forward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x, const float *weight_krsc,
+                       const float *bias, float *y, void *ws, size_t ws_bytes);
+void conv_cuda_backward(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                        const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
+                        float *dbias, void *ws, size_t ws_bytes);
+/* conv_cuda_backward that ACCUMULATES into dx (dx += the gradient of x: cuDNN's
+ * backward data with beta = 1); dx non-NULL. */
+void conv_cuda_backward_acc(CudaCtx *ctx, ConvCuda *cv, int n, const float *x,
+                            const float *weight_krsc, const float *dy, float *dx, float *dweight_krsc,
+                            float *dbias, void *ws, size_t ws_bytes);
+
+/* ops.h's contract exactly (KCRS weights, floats even in a bf16 context, where x, y,
+ * dy and dx are bf16); scratch allocated per call, synchronises. */
+void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
+                         const float *weight, const float *bias, float *y);
+void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w, const float *x,
+                          const float *weight, const float *dy, float *dx, float *dweight,
+                          float *dbias);
+
+/* ---- batch norm (our NHWC kernels, bn_nhwc.h; the same formulas as ops.h) ----
+ * The real shape: n images of hw pixels and c channels (rows = n*hw, any number),
+ * NHWC, c <= BN_MAX_C (4096). Deterministic; two kernel launches each, or one
+ * cooperative kernel for a training BN (forward, or backward with a dx) where the
+ * device allows (cuda_ctx_bn_coop), with the same results bit for bit. x_bias: NULL,
+ * or a per-channel bias that the caller has not yet added to x (a deferred conv
+ * bias): the BN uses x + x_bias and writes x + x_bias back into x. */
+void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                    const float *x_bias, const float *gamma, const float *beta,
+                                    float *y, float *save_mean, float *save_invstd,
+                                    float *running_mean, float *running_var, float momentum,
+                                    float eps);
+void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                   const float *x_bias, const float *gamma, const float *beta,
+                                   const float *running_mean, const float *running_var,
+                                   float eps, float *y);
+/* Training BN then ReLU (NaN passes); relu(BN(x) + z). */
+void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *x_bias, const float *gamma,
+                                         const float *beta, float *y, float *save_mean,
+                                         float *save_invstd, float *running_mean,
+                                         float *running_var, float momentum, float eps);
+void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                             const float *x_bias, const float *gamma,
+                                             const float *beta, const float *z, float *y,
+                                             float *save_mean, float *save_invstd,
+                                             float *running_mean, float *running_var,
+                                             float momentum, float eps);
+/* dx, dgamma, dbeta (dx may be dy; NULL dx: only dgamma and dbeta); the relu form
+ * masks dy by y > 0 (y: the ReLU output) on the fly. */
+void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                               const float *gamma, const float *save_mean,
+                               const float *save_invstd, const float *dy, float *dx,
+                               float *dgamma, float *dbeta);
+void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                    const float *y, const float *gamma, const float *save_mean,
+                                    const float *save_invstd, const float *dy, float *dx,
+                                    float *dgamma, float *dbeta);
+/* The relu form that also writes the masked dy back into dy (y and dx non-NULL,
+ * dx != dy): the gradient an identity shortcut carries (net_ops.h's
+ * bn_relu_backward_keep). dx is bit for bit the relu form's. */
+void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                         const float *y, const float *gamma, const float *save_mean,
+                                         const float *save_invstd, float *dy, float *dx,
+                                         float *dgamma, float *dbeta);
+
+/* Training batch norms (forward, and backward with a dx) as one cooperative kernel
+ * each instead of two, bit for bit the same results (bn_nhwc.h): on by default where
+ * the device supports it (CIFAR_CUDA_BN_COOP=0: off). enable 0 or 1 switches it
+ * (1 only where supported), -1 leaves it; returns whether it is on. */
+int cuda_ctx_bn_coop(CudaCtx *ctx, int enable);
+/* Tests only: swaps the cooperative grid caps (blocks that fit at once, forward and
+ * backward) with *fwd and *bwd. A cap above what fits makes the next cooperative
+ * launch refused, which turns the context to two kernels (the fallback's test). */
+void cuda_ctx_bn_coop_caps(CudaCtx *ctx, int *fwd, int *bwd);
+
+/* ---- deferred conv bias (the op table, net_cuda.cu) ----
+ * Every conv of the network feeds a batch norm, so the CUDA table does not add the
+ * conv bias in a pass of its own: conv_forward defers it (cuda_bias_defer), and the
+ * next table op, if it is a BN of that very output, takes it (cuda_bias_take) and
+ * folds it into its read (writing x + bias back). In backward, a BN backward with a
+ * dx is deferred (cuda_bn_backward_defer) until the next op: when that is the conv
+ * backward taking this dx as dy (cuda_bn_backward_take), the BN kernels write the
+ * column sum of dx, the conv bias gradient, straight into that conv's dbias, and the
+ * conv backward sums nothing. Any other op, cuda_ctx_sync, cuda_upload and
+ * cuda_download first flush what is deferred (the bias pass, the BN backward), so
+ * every op's contract holds whatever the order of calls. */
+void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c);
+/* The deferred bias when x (rows x c) is its conv output (then no longer deferred);
+ * else everything deferred is flushed and NULL returned. */
+const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
+/* batchnorm2d_relu_backward_cuda (y non-NULL) or batchnorm2d_backward_cuda (y NULL),
+ * launched later. */
+void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            const float *dy, float *dx, float *dgamma, float *dbeta);
+/* cuda_bn_backward_defer of batchnorm2d_relu_backward_keep_cuda. */
+void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                      const float *y, const float *gamma, const float *save_mean,
+                                      const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                      float *dbeta);
+/* When dy is the deferred BN backward's dx (c channels): launches it with the column
+ * sum of dx written to dbias (when non-NULL) and returns 1; else flushes
+ * everything deferred and returns 0. */
+int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
+void cuda_deferred_flush(CudaCtx *ctx);
+/* Forget what is deferred without running it: after a failed CUDA graph capture,
+ * whose work is discarded as a whole. */
+void cuda_deferred_drop(CudaCtx *ctx);
+
+/* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
+ * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers
+ * (sgd_update_cuda's decay_mask a device array or NULL): relu_forward_cuda,
+ * relu_backward_cuda, add_forward_cuda, add_relu_forward_cuda, meanpool_forward_cuda,
+ * meanpool_backward_cuda, linear_forward_cuda, linear_backward_cuda, sgd_update_cuda. */
+#define OPS_CUDA_WITH_CTX(...) (CudaCtx *ctx, __VA_ARGS__)
+#define OPS_CUDA_DECLARE_VOID(name, params, args) void name##_cuda OPS_CUDA_WITH_CTX params;
+#define OPS_CUDA_DECLARE_RET(type, name, params, args) type name##_cuda OPS_CUDA_WITH_CTX params;
+OPS_LIST_SHARED(OPS_CUDA_DECLARE_VOID, OPS_CUDA_DECLARE_RET, float)
+#undef OPS_CUDA_DECLARE_VOID
+#undef OPS_CUDA_DECLARE_RET
+#undef OPS_CUDA_WITH_CTX
+
+/* ---- loss ---- */
+
+/* Asynchronous form: the mean loss goes to *loss_dev (one float), the hit count to
+ * *correct_dev (one int), the arg-max of each row (first maximum) to pred_dev
+ * when non-NULL; dlogits as in ops.h (NULL: none). */
+void softmax_xent_cuda_async(CudaCtx *ctx, int n, int k, const float *logits,
+                             const int32_t *labels, float smoothing, float *dlogits,
+                             float *loss_dev, int *correct_dev, int32_t *pred_dev);
+/* ops.h's contract: returns the mean loss (synchronises). */
+float softmax_xent_forward_backward_cuda(CudaCtx *ctx, int n, int k, const float *logits,
+                                         const int32_t *labels, float smoothing, float *dlogits,
+                                         int *correct);
+
+/* ---- optimizer ---- */
+
+/* The same with lr and first_step read from device memory when the kernel runs
+ * (so a captured CUDA graph can be replayed with a new learning rate). */
+void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
+                         float *momentum_buf, const uint8_t *decay_mask, const float *lr_dev,
+                         float momentum, float weight_decay, int nesterov,
+                         const int *first_step_dev);
+
+/* ---- the executor's op table (net_cuda.cu) ---- */
+
+/* net.h's NetOps for CUDA: ctx is a CudaCtx, memory is device memory. */
+struct NetOps;
+const struct NetOps *net_cuda_ops(void);
+
+/* ---- augmentation (augment_cuda.cu) ---- */
+
+/* augment.h's augment_batch on the device: pixels/labels are the whole split on
+ * the device, idx (n int64) on the device. When epoch_dev is non-NULL the epoch is
+ * read from it when the kernel runs (CUDA graphs), else spec->epoch is used. With
+ * staged = 1, pixels/labels hold only the batch's n records, in batch order
+ * (record i for idx[i]); idx[i] still keys the random crop and flip. out is
+ * bfloat16 in a bf16 context (the same values, rounded). */
+void augment_batch_cuda(CudaCtx *ctx, const AugmentSpec *spec, const uint8_t *pixels,
+                        const int32_t *labels, const int64_t *idx, int n, float *out,
+                        int32_t *out_labels, const int64_t *epoch_dev, int staged);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

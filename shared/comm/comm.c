@@ -1,0 +1,730 @@
+/* comm.c: the communicator of comm.h: where this process sits in the job
+ * (dist_env_read: ranks, job identity and token), COMM_SINGLE, COMM_SHM, and the
+ * dispatch to COMM_NCCL (libcifar-cuda.so) and COMM_MPI (libcifar-mpi.so).
+ *
+ * COMM_SHM segment "/cifar-<run_id>" (POSIX shm, one machine):
+ *     [ShmHeader, padded to 4 KiB][slot 0]...[slot W-1][area 0][area 1]
+ * every slot and area holds slot_bytes (default 4 MiB, CIFAR_COMM_SLOT_BYTES for
+ * tests; rank 0 chooses it and writes it in the header, the others read it).
+ * Rank 0 removes any stale segment of that name, creates the new one and sets
+ * `ready` last; the others open it (retrying until the timeout), check magic,
+ * version, world size, run id and that rank 0's pid is alive, then write their pid.
+ * After the first barrier rank 0 unlinks the name, so nothing is left in /dev/shm
+ * even if a process dies later (the launcher also removes it after each group).
+ *
+ * All-reduce, per chunk of at most slot_bytes: each rank copies its chunk into its
+ * slot; barrier; each rank sums a disjoint slice of the chunk over the slots in
+ * rank order 0..W-1 and then divides by W, into a result area; barrier; each rank
+ * copies the result back. Every element is summed in the same order whichever
+ * rank computes it, so all ranks get identical bits, run after run.
+ * (PyTorch DDP divides each gradient by W and then sums in NCCL's ring order; its
+ * bits cannot be reproduced anyway. "Sum then divide" rounds once less.)
+ * Result areas alternate (area_seq): an area is written, a barrier passes, it is
+ * read; its next writer has passed a later barrier that every reader reached
+ * only after reading, so no barrier is needed after the copy-back.
+ *
+ * Barrier: a generation counter (sense reversal with a counter instead of a bit).
+ * The last arrival resets the count, bumps the generation and wakes the futex;
+ * the others spin briefly, then sleep on the futex in 50 ms slices, checking the
+ * timeout and whether each peer's pid is still alive. */
+#include "comm/comm.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm_mpi.h"
+#include "comm/sha256.h"
+#include "core/check.h"
+#ifdef CIFAR_CUDA
+#include "comm/comm_nccl.h"
+#endif
+
+/* ------------------------------------------------------------------ DistEnv */
+
+/* Strict integer parse of an environment variable: 1 found, 0 absent, -1 bad. */
+static int env_int(const char *name, long *out, char *err, size_t errlen) {
+    const char *s = getenv(name);
+    if (s == NULL || *s == '\0') return 0;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < INT_MIN || v > INT_MAX) {
+        snprintf(err, errlen, "%s=%s is not an integer", name, s);
+        return -1;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Slurm's SLURM_TASKS_PER_NODE looks like "4(x2),3": the first count is ours
+ * on a homogeneous allocation, which is what data-parallel jobs use. */
+static int env_leading_int(const char *name, long *out) {
+    const char *s = getenv(name);
+    if (s == NULL || !isdigit((unsigned char)*s)) return 0;
+    *out = strtol(s, NULL, 10);
+    return 1;
+}
+
+/* Keep [A-Za-z0-9._-] so the run id is a valid shm name component. */
+static void run_id_sanitize(char *id) {
+    for (char *p = id; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && *p != '-') *p = '_';
+}
+
+static void dist_env_run_id(DistEnv *env) {
+    const char *cifar = getenv("CIFAR_RUN_ID");
+    const char *elastic = getenv("TORCHELASTIC_RUN_ID");
+    const char *job = getenv("SLURM_JOB_ID");
+    const char *step = getenv("SLURM_STEP_ID");
+    if (cifar && *cifar) {
+        snprintf(env->run_id, sizeof env->run_id, "%s", cifar);
+    } else if (elastic && *elastic && strcmp(elastic, "none") != 0) {
+        /* a restarted torchrun group must not meet the previous one's segment */
+        snprintf(env->run_id, sizeof env->run_id, "te-%.40s-r%d", elastic, env->restart_count);
+    } else if (job && *job) {
+        snprintf(env->run_id, sizeof env->run_id, "slurm-%.20s.%.10s-p%d-r%d", job,
+                 step ? step : "0", env->master_port, env->restart_count);
+    } else {
+        snprintf(env->run_id, sizeof env->run_id, "p%d-r%d", env->master_port,
+                 env->restart_count);
+    }
+    run_id_sanitize(env->run_id);
+}
+
+/* Fills rank/world/local from the first family of variables that is present. */
+static int dist_env_read_ranks(DistEnv *env, char *err, size_t errlen) {
+    static const char *families[3][4] = {
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
+    };
+    for (int f = 0; f < 3; f++) {
+        long rank = 0, world = 0, lrank = 0, lworld = 0;
+        int has_rank = env_int(families[f][0], &rank, err, errlen);
+        if (has_rank < 0) return -1;
+        if (has_rank == 0) continue;
+        int has_world = env_int(families[f][1], &world, err, errlen);
+        if (has_world < 0) return -1;
+        if (has_world == 0) {
+            snprintf(err, errlen, "%s is set but %s is not", families[f][0], families[f][1]);
+            return -1;
+        }
+        int has_lrank = env_int(families[f][2], &lrank, err, errlen);
+        if (has_lrank < 0) return -1;
+        int has_lworld = families[f][3] ? env_int(families[f][3], &lworld, err, errlen)
+                                        : env_leading_int("SLURM_TASKS_PER_NODE", &lworld);
+        if (has_lworld < 0) return -1;
+        /* without the local variables, assume one node */
+        env->rank = (int)rank;
+        env->world_size = (int)world;
+        env->local_rank = has_lrank ? (int)lrank : (int)rank;
+        env->local_world_size = has_lworld ? (int)lworld : (int)world;
+        env->from_env = 1;
+        return 0;
+    }
+    return 0;
+}
+
+static int env_set(const char *name) {
+    const char *s = getenv(name);
+    return s != NULL && *s != '\0';
+}
+
+static void dist_env_job_id(DistEnv *env) {
+    const char *job = getenv("CIFAR_JOB_ID");
+    const char *elastic = getenv("TORCHELASTIC_RUN_ID");
+    const char *slurm = getenv("SLURM_JOB_ID");
+    const char *step = getenv("SLURM_STEP_ID");
+    const char *pmix = getenv("PMIX_NAMESPACE");
+    const char *launcher = getenv("CIFAR_RUN_ID");
+    size_t len = sizeof env->job_id;
+    if (job && *job)
+        snprintf(env->job_id, len, "user:%.120s", job);
+    else if (elastic && *elastic && strcmp(elastic, "none") != 0)
+        /* torchrun restarts every node's group together: a rank left over from the
+         * previous round is another job */
+        snprintf(env->job_id, len, "torchelastic:%.100s-r%d", elastic, env->restart_count);
+    else if (slurm && *slurm)
+        snprintf(env->job_id, len, "slurm:%.40s.%.40s", slurm, step ? step : "");
+    else if (pmix && *pmix)
+        snprintf(env->job_id, len, "pmix:%.100s", pmix);
+    else if (launcher && *launcher && env->local_world_size == env->world_size)
+        snprintf(env->job_id, len, "launcher:%.100s", launcher); /* one node: one launcher */
+    else {
+        snprintf(env->job_id, len, "addr:%.100s:%d", env->master_addr, env->master_port);
+        env->job_id_weak = 1;
+    }
+}
+
+/* The job's identity, and the token its rendezvous hellos carry (comm.h). */
+static void dist_env_job_identity(DistEnv *env) {
+    static const char prefix[] = "cifar-job-token/v1\n";
+    dist_env_job_id(env);
+    const char *token = getenv("CIFAR_JOB_TOKEN");
+    env->token_from_user = token != NULL && *token != '\0';
+    if (env->token_from_user)
+        sha256_two(prefix, sizeof prefix - 1, token, strlen(token), env->job_token);
+    else
+        sha256_two(prefix, sizeof prefix - 1, env->job_id, strlen(env->job_id), env->job_token);
+}
+
+static int dist_env_validate(const DistEnv *env, char *err, size_t errlen) {
+    if (env->world_size < 1) {
+        snprintf(err, errlen, "world size %d: must be at least 1", env->world_size);
+        return -1;
+    }
+    if (env->rank < 0 || env->rank >= env->world_size) {
+        snprintf(err, errlen, "rank %d is outside 0..%d (world size %d)", env->rank,
+                 env->world_size - 1, env->world_size);
+        return -1;
+    }
+    if (env->local_world_size < 1 || env->local_world_size > env->world_size) {
+        snprintf(err, errlen, "local world size %d: must be in 1..%d (the world size)",
+                 env->local_world_size, env->world_size);
+        return -1;
+    }
+    if (env->local_rank < 0 || env->local_rank >= env->local_world_size) {
+        snprintf(err, errlen, "local rank %d is outside 0..%d (local world size %d)",
+                 env->local_rank, env->local_world_size - 1, env->local_world_size);
+        return -1;
+    }
+    if (env->master_port < 1 || env->master_port > 65535) {
+        snprintf(err, errlen, "MASTER_PORT=%d: must be in 1..65535", env->master_port);
+        return -1;
+    }
+    return 0;
+}
+
+int dist_env_read(DistEnv *env, char *err, size_t errlen) {
+    memset(env, 0, sizeof *env);
+    env->world_size = 1;
+    env->local_world_size = 1;
+    env->master_port = 29500; /* torchrun's default */
+    snprintf(env->master_addr, sizeof env->master_addr, "127.0.0.1");
+    if (dist_env_read_ranks(env, err, errlen) < 0) return -1;
+
+    const char *addr = getenv("MASTER_ADDR");
+    if (addr && *addr) {
+        if (strlen(addr) >= sizeof env->master_addr) {
+            snprintf(err, errlen, "MASTER_ADDR is longer than %zu characters",
+                     sizeof env->master_addr - 1);
+            return -1;
+        }
+        snprintf(env->master_addr, sizeof env->master_addr, "%s", addr);
+    }
+    long v = 0;
+    int rc = env_int("MASTER_PORT", &v, err, errlen);
+    if (rc < 0) return -1;
+    if (rc > 0) env->master_port = (int)v;
+    rc = env_int("CIFAR_RESTART_COUNT", &v, err, errlen);
+    if (rc == 0) rc = env_int("TORCHELASTIC_RESTART_COUNT", &v, err, errlen);
+    if (rc < 0) return -1;
+    env->restart_count = rc > 0 ? (int)v : 0;
+    if (env->restart_count < 0) {
+        snprintf(err, errlen, "restart count %d is negative", env->restart_count);
+        return -1;
+    }
+    dist_env_run_id(env);
+    if (dist_env_validate(env, err, errlen) != 0) return -1;
+    env->mpi_launched = env_set("OMPI_COMM_WORLD_RANK") || env_set("PMIX_RANK") || env_set("PMI_RANK");
+    dist_env_job_identity(env);
+    return 0;
+}
+
+double comm_timeout_seconds(void) {
+    const char *s = getenv("CIFAR_COMM_TIMEOUT");
+    if (s == NULL || *s == '\0') return 300.0;
+    char *end = NULL;
+    double t = strtod(s, &end);
+    if (end == s || *end != '\0' || !(t > 0) || t > 1e7)
+        die("CIFAR_COMM_TIMEOUT=%s: expected a positive number of seconds (default 300)", s);
+    return t;
+}
+
+/* ------------------------------------------------------------- shm segment */
+
+#define SHM_MAGIC 0x4d534643u /* "CFSM" */
+#define SHM_VERSION 1u
+#define SHM_MAX_RANKS 256
+#define SHM_HEADER_BYTES 16384
+#define SHM_DEFAULT_SLOT_BYTES ((size_t)4 << 20)
+#define SHM_BLOCK ((size_t)2048) /* elements reduced at a time (8 KiB of floats) */
+
+typedef struct {
+    uint32_t magic, version;
+    int32_t world_size, pad_;
+    uint64_t slot_bytes, total_bytes;
+    char run_id[64];
+    _Atomic int32_t ready;                      /* set by rank 0 when initialized */
+    alignas(64) _Atomic uint32_t bar_count;     /* arrivals in the current barrier */
+    alignas(64) _Atomic uint32_t bar_gen;       /* futex word: barriers completed */
+    alignas(64) _Atomic uint64_t arrived[SHM_MAX_RANKS]; /* barriers entered, per rank */
+    _Atomic int32_t pid[SHM_MAX_RANKS];
+} ShmHeader;
+
+_Static_assert(sizeof(ShmHeader) <= SHM_HEADER_BYTES, "ShmHeader outgrew its page");
+
+struct Comm {
+    CommKind kind;
+    int rank, world_size;
+    double timeout_s;
+    /* COMM_SHM */
+    ShmHeader *hdr;
+    unsigned char *base;
+    size_t map_bytes, slot_bytes;
+    uint64_t epoch;    /* barriers this rank has entered */
+    uint64_t area_seq; /* which result area the next phase uses */
+    int name_linked;   /* rank 0: the name is still in /dev/shm */
+    char name[96];
+    CommMpi *mpi; /* COMM_MPI */
+#ifdef CIFAR_CUDA
+    CommNccl *nccl;
+#endif
+};
+
+static const char *const comm_kind_names[] = {"single", "shm", "nccl", "mpi"};
+
+const char *comm_kind_name(CommKind kind) {
+    return (unsigned)kind < 4 ? comm_kind_names[kind] : "unknown";
+}
+
+int comm_kind_parse(const char *name, CommKind *kind) {
+    for (int k = 0; k < 4; k++)
+        if (strcmp(name, comm_kind_names[k]) == 0) {
+            *kind = (CommKind)k;
+            return 0;
+        }
+    return -1;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_seconds(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static void shm_name_for(const char *run_id, char *buf, size_t len) {
+    snprintf(buf, len, "/cifar-%s", run_id);
+}
+
+void comm_shm_cleanup(const char *run_id) {
+    char name[96];
+    shm_name_for(run_id, name, sizeof name);
+    shm_unlink(name); /* ENOENT is the normal case */
+}
+
+/* Alive unless kill() says it is gone or /proc shows a zombie (a dead child its
+ * parent has not reaped yet still answers kill(pid, 0)). */
+static int pid_alive(pid_t pid) {
+    if (pid <= 0) return 1;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return errno == ENOENT ? 0 : 1;
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = '\0';
+    const char *paren = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (paren == NULL || paren[1] == '\0') return 1;
+    char state = paren[2];
+    return !(state == 'Z' || state == 'X' || state == 'x');
+}
+
+static void futex_wait_slice(_Atomic uint32_t *word, uint32_t expected, double seconds) {
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Before dying: rank 0 takes the name away if the first barrier never passed. */
+static void shm_unlink_if_linked(Comm *c) {
+    if (c->name_linked) shm_unlink(c->name);
+    c->name_linked = 0;
+}
+
+/* Dies if a peer that registered its pid is gone (unless the barrier completed
+ * meanwhile: a peer may pass the last barrier and exit normally). */
+static void shm_check_peers(Comm *c, uint32_t gen) {
+    ShmHeader *h = c->hdr;
+    for (int r = 0; r < c->world_size; r++) {
+        if (r == c->rank) continue;
+        pid_t pid = atomic_load(&h->pid[r]);
+        if (pid_alive(pid)) continue;
+        if (atomic_load(&h->bar_gen) != gen) return;
+        shm_unlink_if_linked(c);
+        die("rank %d (pid %d) died; rank %d stops (shared-memory run %s)", r, (int)pid,
+            c->rank, c->name + 1);
+    }
+}
+
+static void shm_die_timeout(Comm *c) {
+    ShmHeader *h = c->hdr;
+    int laggard = -1;
+    for (int r = 0; r < c->world_size && laggard < 0; r++)
+        if (r != c->rank && atomic_load(&h->arrived[r]) < c->epoch) laggard = r;
+    if (laggard < 0) laggard = c->rank == 0 ? 1 : 0;
+    pid_t pid = atomic_load(&h->pid[laggard]);
+    shm_unlink_if_linked(c);
+    die("rank %d: collective timed out after %g s waiting for rank %d (pid %d)\n"
+        "---> HINT: rank %d is stopped or stuck; raise CIFAR_COMM_TIMEOUT if it is only slow",
+        c->rank, c->timeout_s, laggard, (int)pid, laggard);
+}
+
+static void shm_barrier(Comm *c) {
+    ShmHeader *h = c->hdr;
+    uint32_t gen = atomic_load(&h->bar_gen);
+    c->epoch++;
+    atomic_store(&h->arrived[c->rank], c->epoch);
+    if (atomic_fetch_add(&h->bar_count, 1) == (uint32_t)c->world_size - 1) {
+        atomic_store(&h->bar_count, 0);
+        atomic_fetch_add(&h->bar_gen, 1);
+        futex_wake_all(&h->bar_gen);
+        return;
+    }
+    for (int i = 0; i < 4000; i++) {
+        if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) return;
+        cpu_relax();
+    }
+    double start = now_seconds();
+    while (atomic_load(&h->bar_gen) == gen) {
+        futex_wait_slice(&h->bar_gen, gen, 0.05);
+        if (atomic_load(&h->bar_gen) != gen) return;
+        shm_check_peers(c, gen);
+        if (now_seconds() - start > c->timeout_s) {
+            if (atomic_load(&h->bar_gen) != gen) return;
+            shm_die_timeout(c);
+        }
+    }
+}
+
+static size_t shm_total_bytes(int world, size_t slot_bytes) {
+    return SHM_HEADER_BYTES + ((size_t)world + 2) * slot_bytes;
+}
+
+static size_t shm_slot_bytes_from_env(void) {
+    const char *s = getenv("CIFAR_COMM_SLOT_BYTES");
+    if (s == NULL || *s == '\0') return SHM_DEFAULT_SLOT_BYTES;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end != '\0' || v < 64 || v > ((size_t)1 << 30))
+        die("CIFAR_COMM_SLOT_BYTES=%s: expected 64 .. 1073741824 bytes", s);
+    return (size_t)v & ~(size_t)63; /* keep slots 64-byte aligned */
+}
+
+static void shm_create_rank0(Comm *c, const DistEnv *env) {
+    size_t slot = shm_slot_bytes_from_env();
+    size_t total = shm_total_bytes(c->world_size, slot);
+    shm_unlink(c->name); /* a segment left by a killed run of the same id */
+    int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        char what[160];
+        snprintf(what, sizeof what, "shm_open(%s)", c->name);
+        CHECK_STDIO(0, what);
+    }
+    c->name_linked = 1;
+    CHECK_STDIO(ftruncate(fd, (off_t)total) == 0, "ftruncate(shared-memory segment)");
+    /* reserve the pages now: a full /dev/shm would otherwise be a SIGBUS later */
+    int rc = posix_fallocate(fd, 0, (off_t)total);
+    if (rc != 0) {
+        shm_unlink(c->name);
+        check_fail(__FILE__, __LINE__, "reserving the shared-memory segment", strerror(rc),
+                   "/dev/shm is too small: free it or enlarge it (docker: --shm-size=1g)");
+    }
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK_STDIO(p != MAP_FAILED, "mmap(shared-memory segment)");
+    close(fd);
+    ShmHeader *h = p;
+    h->magic = SHM_MAGIC;
+    h->version = SHM_VERSION;
+    h->world_size = c->world_size;
+    h->slot_bytes = slot;
+    h->total_bytes = total;
+    snprintf(h->run_id, sizeof h->run_id, "%s", env->run_id);
+    atomic_store(&h->pid[0], (int32_t)getpid());
+    atomic_store(&h->ready, 1); /* last: the others trust nothing before this */
+    c->hdr = h;
+    c->base = p;
+    c->map_bytes = total;
+    c->slot_bytes = slot;
+}
+
+/* One attempt to attach: 1 attached, 0 not yet (retry), dies on a mismatch. */
+static int shm_try_attach(Comm *c, const DistEnv *env) {
+    int fd = shm_open(c->name, O_RDWR, 0600);
+    if (fd < 0) {
+        if (errno == ENOENT) return 0;
+        char what[160];
+        snprintf(what, sizeof what, "shm_open(%s)", c->name);
+        CHECK_STDIO(0, what);
+    }
+    struct stat st;
+    CHECK_STDIO(fstat(fd, &st) == 0, "fstat(shared-memory segment)");
+    if ((size_t)st.st_size < SHM_HEADER_BYTES) { /* rank 0 is between open and ftruncate */
+        close(fd);
+        return 0;
+    }
+    size_t total = (size_t)st.st_size;
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK_STDIO(p != MAP_FAILED, "mmap(shared-memory segment)");
+    close(fd);
+    ShmHeader *h = p;
+    if (!atomic_load(&h->ready) || !pid_alive(atomic_load(&h->pid[0]))) {
+        munmap(p, total); /* not initialized yet, or left by a dead run */
+        return 0;
+    }
+    if (h->magic != SHM_MAGIC || h->version != SHM_VERSION)
+        die("rank %d: %s is not a cifar segment of version %u: another program uses this name",
+            c->rank, c->name, SHM_VERSION);
+    if (h->world_size != c->world_size || strcmp(h->run_id, env->run_id) != 0 ||
+        h->total_bytes != total || total != shm_total_bytes(h->world_size, h->slot_bytes))
+        die("rank %d: %s belongs to a job of world size %d (this one: %d): two jobs share run "
+            "id '%s'; give each its own CIFAR_RUN_ID or MASTER_PORT",
+            c->rank, c->name, h->world_size, c->world_size, env->run_id);
+    int32_t expected = 0;
+    if (!atomic_compare_exchange_strong(&h->pid[c->rank], &expected, (int32_t)getpid()))
+        die("rank %d of run %s is already taken by pid %d: two processes got the same RANK",
+            c->rank, env->run_id, (int)expected);
+    c->hdr = h;
+    c->base = p;
+    c->map_bytes = total;
+    c->slot_bytes = h->slot_bytes;
+    return 1;
+}
+
+static void shm_attach(Comm *c, const DistEnv *env) {
+    double start = now_seconds();
+    while (!shm_try_attach(c, env)) {
+        if (now_seconds() - start > c->timeout_s)
+            die("rank %d: timed out after %g s waiting for rank 0 to create %s\n"
+                "---> HINT: start every rank with the same CIFAR_RUN_ID/MASTER_PORT, on one machine",
+                c->rank, c->timeout_s, c->name);
+        sleep_seconds(0.005);
+    }
+}
+
+static void shm_open_comm(Comm *c, const DistEnv *env) {
+    /* permanent: no restart brings the other nodes' workers onto this machine */
+    if (env->local_world_size != env->world_size)
+        die_permanent("CPU workers on several nodes: the shared-memory communicator needs every "
+                      "rank on one machine (world size %d, %d on this node)\n---> HINT: for CPUs "
+                      "on several machines start the ranks with mpirun or srun --mpi=pmix (MPI "
+                      "communicator); GPUs use NCCL",
+                      env->world_size, env->local_world_size);
+    if (env->world_size > SHM_MAX_RANKS)
+        die("the shared-memory communicator supports at most %d ranks (asked: %d)",
+            SHM_MAX_RANKS, env->world_size);
+    shm_name_for(env->run_id, c->name, sizeof c->name);
+    if (c->rank == 0)
+        shm_create_rank0(c, env);
+    else
+        shm_attach(c, env);
+    shm_barrier(c); /* everyone attached ... */
+    shm_unlink_if_linked(c); /* ... so the name can go (rank 0) */
+}
+
+static unsigned char *shm_slot(Comm *c, int r) {
+    return c->base + SHM_HEADER_BYTES + (size_t)r * c->slot_bytes;
+}
+
+static unsigned char *shm_next_area(Comm *c) {
+    size_t which = (size_t)(c->area_seq++ & 1);
+    return c->base + SHM_HEADER_BYTES + ((size_t)c->world_size + which) * c->slot_bytes;
+}
+
+/* This rank's slice [lo, hi) of m elements. */
+static void shm_slice(const Comm *c, size_t m, size_t *lo, size_t *hi) {
+    *lo = m * (size_t)c->rank / (size_t)c->world_size;
+    *hi = m * ((size_t)c->rank + 1) / (size_t)c->world_size;
+}
+
+static void shm_allreduce_mean(Comm *c, float *buf, size_t n) {
+    size_t per = c->slot_bytes / sizeof(float);
+    const float w = (float)c->world_size;
+    for (size_t off = 0; off < n; off += per) {
+        size_t m = n - off < per ? n - off : per;
+        memcpy(shm_slot(c, c->rank), buf + off, m * sizeof(float));
+        shm_barrier(c);
+        float *out = (float *)shm_next_area(c);
+        size_t lo, hi;
+        shm_slice(c, m, &lo, &hi);
+        /* in blocks that stay in L1: copy slot 0, add slots 1.., divide */
+        for (size_t b = lo; b < hi; b += SHM_BLOCK) {
+            size_t e = hi - b < SHM_BLOCK ? hi : b + SHM_BLOCK;
+            memcpy(out + b, shm_slot(c, 0) + b * sizeof(float), (e - b) * sizeof(float));
+            for (int r = 1; r < c->world_size; r++) {
+                const float *s = (const float *)shm_slot(c, r);
+                for (size_t i = b; i < e; i++) out[i] += s[i];
+            }
+            for (size_t i = b; i < e; i++) out[i] /= w;
+        }
+        shm_barrier(c);
+        memcpy(buf + off, out, m * sizeof(float));
+    }
+}
+
+static void shm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
+    size_t per = c->slot_bytes / sizeof(double);
+    for (size_t off = 0; off < n; off += per) {
+        size_t m = n - off < per ? n - off : per;
+        memcpy(shm_slot(c, c->rank), buf + off, m * sizeof(double));
+        shm_barrier(c);
+        double *out = (double *)shm_next_area(c);
+        size_t lo, hi;
+        shm_slice(c, m, &lo, &hi);
+        memcpy(out + lo, shm_slot(c, 0) + lo * sizeof(double), (hi - lo) * sizeof(double));
+        for (int r = 1; r < c->world_size; r++) {
+            const double *s = (const double *)shm_slot(c, r);
+            for (size_t i = lo; i < hi; i++) out[i] += s[i];
+        }
+        shm_barrier(c);
+        memcpy(buf + off, out, m * sizeof(double));
+    }
+}
+
+static void shm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+    unsigned char *p = buf;
+    for (size_t off = 0; off < bytes; off += c->slot_bytes) {
+        size_t m = bytes - off < c->slot_bytes ? bytes - off : c->slot_bytes;
+        unsigned char *area = shm_next_area(c);
+        if (c->rank == root) memcpy(area, p + off, m);
+        shm_barrier(c);
+        if (c->rank != root) memcpy(p + off, area, m);
+    }
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+Comm *comm_create(CommKind kind, const DistEnv *env) {
+#ifndef CIFAR_CUDA
+    if (kind == COMM_NCCL)
+        die("the NCCL communicator is not available: this program was built without CUDA\n"
+            "---> HINT: rebuild with CUDA (make CUDA=1) or train on the CPU");
+#endif
+    if (kind == COMM_SINGLE && env->world_size != 1)
+        die("a single-process communicator cannot serve world size %d", env->world_size);
+    Comm *c = xcalloc(1, sizeof *c);
+    c->rank = env->rank;
+    c->world_size = env->world_size;
+    c->timeout_s = comm_timeout_seconds();
+    c->kind = env->world_size == 1 ? COMM_SINGLE : kind;
+    if (c->kind == COMM_SHM) shm_open_comm(c, env);
+    if (c->kind == COMM_MPI) c->mpi = comm_mpi_create(env, c->timeout_s);
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) c->nccl = comm_nccl_create(env, c->timeout_s);
+#endif
+    return c;
+}
+
+void comm_destroy(Comm *c) {
+    if (c == NULL) return;
+    if (c->kind == COMM_SHM && c->base) munmap(c->base, c->map_bytes);
+    if (c->kind == COMM_MPI) comm_mpi_destroy(c->mpi);
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_destroy(c->nccl);
+#endif
+    free(c);
+}
+
+CommKind comm_kind(const Comm *c) { return c->kind; }
+int comm_rank(const Comm *c) { return c->rank; }
+int comm_world_size(const Comm *c) { return c->world_size; }
+
+void comm_allreduce_mean(Comm *c, float *buf, size_t n) {
+    if (c->kind == COMM_SHM) shm_allreduce_mean(c, buf, n);
+    if (c->kind == COMM_MPI) comm_mpi_allreduce_mean(c->mpi, buf, n);
+    if (c->kind == COMM_NCCL) comm_allreduce_mean_on_stream(c, buf, n, NULL);
+}
+
+static void comm_check_device_memory(const Comm *c, const char *what) {
+    if (c->kind == COMM_SHM || c->kind == COMM_MPI)
+        die("%s on a CUDA stream: the %s communicator works on host memory only", what,
+            c->kind == COMM_SHM ? "shared-memory" : "MPI");
+}
+
+void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
+    comm_check_device_memory(c, "all-reduce");
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_allreduce_mean(c->nccl, dev_buf, n, cuda_stream);
+#else
+    (void)dev_buf, (void)n, (void)cuda_stream;
+#endif
+}
+
+void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
+    if (c->kind == COMM_SHM) shm_allreduce_sum_f64(c, buf, n);
+    if (c->kind == COMM_MPI) comm_mpi_allreduce_sum_f64(c->mpi, buf, n);
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_allreduce_sum_f64(c->nccl, buf, n);
+#endif
+}
+
+static void comm_check_root(const Comm *c, int root) {
+    if (root < 0 || root >= c->world_size)
+        die("broadcast from rank %d: the world has ranks 0..%d", root, c->world_size - 1);
+}
+
+void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
+    comm_check_root(c, root);
+    if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
+    if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
+    if (c->kind == COMM_NCCL) comm_broadcast_on_stream(c, buf, bytes, root, NULL);
+}
+
+void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream) {
+    comm_check_root(c, root);
+    comm_check_device_memory(c, "broadcast");
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_broadcast(c->nccl, dev_buf, bytes, root, cuda_stream);
+#else
+    (void)dev_buf, (void)bytes, (void)cuda_stream;
+#endif
+}
+
+void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root) {
+    comm_check_root(c, root);
+    if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
+    if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_broadcast_host(c->nccl, buf, bytes, root);
+#endif
+}
+
+void comm_barrier(Comm *c) {
+    if (c->kind == COMM_SHM) shm_barrier(c);
+    if (c->kind == COMM_MPI) comm_mpi_barrier(c->mpi);
+#ifdef CIFAR_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_barrier(c->nccl);
+#endif
+}

@@ -1,0 +1,383 @@
+/* checkpoint.c: see checkpoint.h. */
+#include "format/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/fsutil.h"
+#include "core/check.h"
+
+#define MOMENTUM_TENSOR "optimizer.momentum"
+
+void train_state_alloc(TrainState *s, const Model *m) {
+    s->params = xmalloc_aligned(m->num_params * sizeof(float));
+    s->buffers = xmalloc_aligned((m->num_buffers ? m->num_buffers : 1) * sizeof(float));
+    s->momentum = xmalloc_aligned(m->num_params * sizeof(float));
+}
+
+void train_state_free(TrainState *s) {
+    free(s->params);
+    free(s->buffers);
+    free(s->momentum);
+    memset(s, 0, sizeof *s);
+}
+
+void checkpoint_info_free(CheckpointInfo *info) {
+    free(info->model_json);
+    free(info->dataset_path);
+    free(info->dataset_shape);
+    free(info->options_json);
+    memset(info, 0, sizeof *info);
+}
+
+void checkpoint_dataset_shape(const ModelConfig *cfg, char *buf, size_t buflen) {
+    snprintf(buf, buflen, "%dx%dx%d/%d", cfg->img_height, cfg->img_width, cfg->img_channels,
+             cfg->num_classes);
+}
+
+static void format_floats(const float *v, int n, char *buf, size_t buflen) {
+    size_t off = (size_t)snprintf(buf, buflen, "[");
+    for (int i = 0; i < n && off < buflen; i++)
+        off += (size_t)snprintf(buf + off, buflen - off, "%s%.9g", i ? "," : "", (double)v[i]);
+    if (off < buflen) snprintf(buf + off, buflen - off, "]");
+}
+
+static int parse_floats(const char *text, float *out, int n) {
+    cJSON *arr = cJSON_Parse(text);
+    int ok = cJSON_IsArray(arr) && cJSON_GetArraySize(arr) == n;
+    for (int i = 0; ok && i < n; i++) {
+        cJSON *it = cJSON_GetArrayItem(arr, i);
+        ok = cJSON_IsNumber(it);
+        if (ok) out[i] = (float)it->valuedouble;
+    }
+    cJSON_Delete(arr);
+    return ok ? 0 : -1;
+}
+
+/* The tensor list of the model's state_dict followed by the momentum vector. */
+static SnapTensorIn *checkpoint_tensors(const Model *m, const TrainState *st, const int64_t *nbt,
+                                        int *count) {
+    SnapTensorIn *t = xcalloc((size_t)m->n_tensors + 1, sizeof *t);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const TensorInfo *ti = &m->tensors[i];
+        t[i].name = ti->name;
+        t[i].ndim = ti->ndim;
+        memcpy(t[i].shape, ti->shape, sizeof t[i].shape);
+        if (ti->kind == TENSOR_COUNTER) {
+            t[i].dtype = SNAP_I64;
+            t[i].data = nbt;
+        } else {
+            t[i].dtype = SNAP_F32;
+            t[i].data = (ti->kind == TENSOR_PARAM ? st->params : st->buffers) + ti->offset;
+        }
+    }
+    SnapTensorIn *mom = &t[m->n_tensors];
+    mom->name = MOMENTUM_TENSOR;
+    mom->dtype = SNAP_F32;
+    mom->ndim = 1;
+    mom->shape[0] = (int64_t)m->num_params;
+    mom->data = st->momentum;
+    *count = m->n_tensors + 1;
+    return t;
+}
+
+int checkpoint_write(const char *path, const Model *m, const TrainState *st,
+                     const CheckpointInfo *info, char *err, size_t errlen) {
+    int64_t nbt = info->progress.step;
+    int n_tensors;
+    SnapTensorIn *tensors = checkpoint_tensors(m, st, &nbt, &n_tensors);
+    char *model_json = model_config_to_json(&m->cfg);
+    char shape[64], mean[160], std[160], epochs[32], step[32], sie[32], partial[160], world[16];
+    checkpoint_dataset_shape(&m->cfg, shape, sizeof shape);
+    format_floats(info->mean, m->cfg.img_channels, mean, sizeof mean);
+    format_floats(info->std, m->cfg.img_channels, std, sizeof std);
+    snprintf(epochs, sizeof epochs, "%" PRId64, info->progress.epochs);
+    snprintf(step, sizeof step, "%" PRId64, info->progress.step);
+    snprintf(sie, sizeof sie, "%" PRId64, info->progress.step_in_epoch);
+    snprintf(partial, sizeof partial, "[%.17g,%.17g,%.17g,%.17g]", info->progress.partial_loss_sum,
+             info->progress.partial_correct, info->progress.partial_seen,
+             info->progress.partial_seconds);
+    snprintf(world, sizeof world, "%d", info->progress.world_size);
+    SnapMeta meta[] = {
+        {"model", model_json},
+        {"dataset", info->dataset_path ? info->dataset_path : ""},
+        {"dataset_shape", shape},
+        {"normalize_mean", mean},
+        {"normalize_std", std},
+        {"epochs", epochs},
+        {"step", step},
+        {"step_in_epoch", sie},
+        {"partial_epoch", partial},
+        {"world_size", world},
+        {"options", info->options_json ? info->options_json : "{}"},
+    };
+    int rc = snapshot_write(path, tensors, n_tensors, meta, (int)(sizeof meta / sizeof meta[0]),
+                            err, errlen);
+    free(model_json);
+    free(tensors);
+    return rc;
+}
+
+static const char *meta_required(const Snapshot *s, const char *key, char *err, size_t errlen) {
+    const char *v = snapshot_meta(s, key);
+    if (!v) snprintf(err, errlen, "snapshot metadata lacks \"%s\" (not written by cifar-train?)", key);
+    return v;
+}
+
+static int parse_i64(const char *text, int64_t *out) {
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end != '\0' || v < 0) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_progress(const Snapshot *s, TrainProgress *p, char *err, size_t errlen) {
+    const char *keys[] = {"epochs", "step", "step_in_epoch"};
+    int64_t *dst[] = {&p->epochs, &p->step, &p->step_in_epoch};
+    for (int i = 0; i < 3; i++) {
+        const char *v = meta_required(s, keys[i], err, errlen);
+        if (!v) return -1;
+        if (parse_i64(v, dst[i]) != 0) {
+            snprintf(err, errlen, "snapshot metadata \"%s\" is not a count: %.40s", keys[i], v);
+            return -1;
+        }
+    }
+    const char *partial = snapshot_meta(s, "partial_epoch");
+    if (partial && sscanf(partial, "[%lg,%lg,%lg,%lg]", &p->partial_loss_sum, &p->partial_correct,
+                          &p->partial_seen, &p->partial_seconds) != 4) {
+        snprintf(err, errlen, "snapshot metadata \"partial_epoch\" is malformed");
+        return -1;
+    }
+    const char *world = snapshot_meta(s, "world_size");
+    p->world_size = world ? atoi(world) : 1;
+    return 0;
+}
+
+/* The image shape and class count, which model_config_to_json records beside
+ * the seed's Config fields. */
+static int parse_image_fields(const char *model_json, ModelConfig *cfg) {
+    cJSON *root = cJSON_Parse(model_json);
+    const char *keys[] = {"img_channels", "img_height", "img_width", "num_classes"};
+    int *dst[] = {&cfg->img_channels, &cfg->img_height, &cfg->img_width, &cfg->num_classes};
+    int ok = cJSON_IsObject(root);
+    for (int i = 0; ok && i < 4; i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        ok = cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e6;
+        if (ok) *dst[i] = (int)v->valuedouble;
+    }
+    cJSON_Delete(root);
+    return ok ? 0 : -1;
+}
+
+Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *info, char *err,
+                          size_t errlen) {
+    memset(info, 0, sizeof *info);
+    Snapshot *s = snapshot_read(path, err, errlen);
+    if (!s) return NULL;
+    const char *model = meta_required(s, "model", err, errlen);
+    if (!model) goto fail;
+    char why[256];
+    if (model_config_parse_json(model, cfg, why, sizeof why) != 0) {
+        snprintf(err, errlen, "snapshot metadata \"model\" is invalid: %s", why);
+        goto fail;
+    }
+    if (parse_image_fields(model, cfg) != 0 || cfg->img_channels < 1 || cfg->img_channels > 4 ||
+        cfg->num_classes < 1 || cfg->img_height < 1 || cfg->img_width < 1) {
+        snprintf(err, errlen, "snapshot metadata \"model\" lacks the image shape or class count");
+        goto fail;
+    }
+    const char *mean = meta_required(s, "normalize_mean", err, errlen);
+    const char *std = meta_required(s, "normalize_std", err, errlen);
+    if (!mean || !std) goto fail;
+    if (parse_floats(mean, info->mean, cfg->img_channels) != 0 ||
+        parse_floats(std, info->std, cfg->img_channels) != 0) {
+        snprintf(err, errlen, "snapshot normalisation metadata does not match %d channels",
+                 cfg->img_channels);
+        goto fail;
+    }
+    if (parse_progress(s, &info->progress, err, errlen) != 0) goto fail;
+    info->channels = cfg->img_channels;
+    info->model_json = xstrdup(model);
+    const char *ds = snapshot_meta(s, "dataset");
+    info->dataset_path = xstrdup(ds ? ds : "");
+    const char *shape = snapshot_meta(s, "dataset_shape");
+    info->dataset_shape = xstrdup(shape ? shape : "");
+    const char *opts = snapshot_meta(s, "options");
+    info->options_json = xstrdup(opts ? opts : "{}");
+    return s;
+fail:
+    snapshot_free(s);
+    checkpoint_info_free(info);
+    return NULL;
+}
+
+static int tensor_matches(const SnapTensor *t, const TensorInfo *ti, SnapDtype dtype) {
+    if (t->dtype != dtype || t->ndim != ti->ndim) return 0;
+    for (int d = 0; d < ti->ndim; d++)
+        if (t->shape[d] != ti->shape[d]) return 0;
+    return 1;
+}
+
+static void shape_str(int ndim, const int64_t *shape, char *buf, size_t buflen) {
+    size_t off = (size_t)snprintf(buf, buflen, "[");
+    for (int d = 0; d < ndim && off < buflen; d++)
+        off += (size_t)snprintf(buf + off, buflen - off, "%s%" PRId64, d ? "," : "", shape[d]);
+    if (off < buflen) snprintf(buf + off, buflen - off, "]");
+}
+
+int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
+                          size_t errlen) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const TensorInfo *ti = &m->tensors[i];
+        const SnapTensor *t = snapshot_tensor(snap, ti->name);
+        SnapDtype want = ti->kind == TENSOR_COUNTER ? SNAP_I64 : SNAP_F32;
+        if (!t) {
+            snprintf(err, errlen, "tensor %s is missing: the snapshot is of another model", ti->name);
+            return -1;
+        }
+        if (!tensor_matches(t, ti, want)) {
+            char a[64], b[64];
+            shape_str(t->ndim, t->shape, a, sizeof a);
+            shape_str(ti->ndim, ti->shape, b, sizeof b);
+            snprintf(err, errlen, "tensor %s has shape %s, the model needs %s (%s)", ti->name, a, b,
+                     want == SNAP_I64 ? "I64" : "F32");
+            return -1;
+        }
+        if (ti->kind == TENSOR_COUNTER) continue;
+        float *dst = (ti->kind == TENSOR_PARAM ? st->params : st->buffers) + ti->offset;
+        memcpy(dst, t->data, ti->numel * sizeof(float));
+    }
+    const SnapTensor *mom = snapshot_tensor(snap, MOMENTUM_TENSOR);
+    if (mom) {
+        if (mom->dtype != SNAP_F32 || mom->numel != m->num_params) {
+            snprintf(err, errlen, "tensor %s has %zu elements, the model needs %zu", MOMENTUM_TENSOR,
+                     mom->numel, m->num_params);
+            return -1;
+        }
+        memcpy(st->momentum, mom->data, m->num_params * sizeof(float));
+    } else {
+        memset(st->momentum, 0, m->num_params * sizeof(float));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ resume choice */
+
+/* The snapshot is of another model or dataset: both shapes, and stop. */
+static void refuse_foreign_snapshot(const char *path, const CheckpointInfo *info, const Model *m,
+                                    const char *dataset_shape) {
+    char *mine = model_config_to_json(&m->cfg);
+    die_permanent("%s: the snapshot is of another model or dataset: the snapshot has data %s and "
+                  "model %s; this run has data %s and model %s ---> HINT: use another --run-dir, "
+                  "or the same --model and data",
+                  path, info->dataset_shape, info->model_json, dataset_shape, mine);
+}
+
+/* Load the snapshot at path into st and progress: 0, or -1 with a reason in err
+ * (the file is unusable: truncated, corrupt, wrong tensors). A snapshot of
+ * another model or dataset, or of a newer program, stops the run. */
+static int resume_from(const char *path, const Model *m, const char *dataset_shape, TrainState *st,
+                       TrainProgress *progress, char *err, size_t errlen) {
+    ModelConfig cfg = m->cfg;
+    CheckpointInfo info;
+    Snapshot *s = checkpoint_open(path, &cfg, &info, err, errlen);
+    /* A newer program's snapshot is good data we cannot read: retraining would
+     * write over it under the same name. */
+    if (!s && strstr(err, "newer version"))
+        die_permanent("%s: %s ---> HINT: resume with the newer cifar-train, or use another --run-dir",
+                      path, err);
+    if (!s) return -1;
+    if (!model_config_equal(&cfg, &m->cfg) || strcmp(info.dataset_shape, dataset_shape) != 0)
+        refuse_foreign_snapshot(path, &info, m, dataset_shape);
+    int rc = checkpoint_load_state(s, m, st, err, errlen);
+    if (rc == 0) *progress = info.progress;
+    snapshot_free(s);
+    checkpoint_info_free(&info);
+    return rc;
+}
+
+/* Rank 0: the step of the newest snapshot that loads, or -1. */
+static int64_t choose_snapshot(const char *run_dir, const Model *m, const char *dataset_shape,
+                               TrainState *st, TrainProgress *progress) {
+    fs_remove_stale_temps(run_dir);
+    int count = 0;
+    char **paths = snapshot_list(run_dir, &count);
+    int64_t chosen = -1;
+    for (int i = 0; i < count && chosen < 0; i++) {
+        char err[512];
+        if (resume_from(paths[i], m, dataset_shape, st, progress, err, sizeof err) == 0)
+            chosen = progress->step;
+        else
+            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+    }
+    snapshot_list_free(paths, count);
+    return chosen;
+}
+
+int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
+                      TrainState *st, TrainProgress *progress) {
+    int64_t step = -1;
+    if (comm_rank(comm) == 0) step = choose_snapshot(run_dir, m, dataset_shape, st, progress);
+    comm_broadcast_host(comm, &step, sizeof step, 0);
+    if (step < 0) return 0;
+    if (comm_rank(comm) != 0) {
+        char path[4096], err[512];
+        snapshot_path_for(run_dir, step, path, sizeof path);
+        if (resume_from(path, m, dataset_shape, st, progress, err, sizeof err) != 0)
+            die("%s: %s (the snapshot rank 0 chose)", path, err);
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ run folder lock */
+
+/* What the lock file says about its holder, for the refusal message. */
+static void lock_holder(int fd, char *buf, size_t len) {
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    if (n <= 0) {
+        snprintf(buf, len, "holder unknown");
+        return;
+    }
+    buf[n] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+static void lock_record_holder(int fd, const char *path) {
+    char host[256] = "?", line[512];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    char when[32] = "?";
+    if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int n = snprintf(line, sizeof line, "pid %d on host %s since %s\n", (int)getpid(), host, when);
+    CHECK_STDIO(ftruncate(fd, 0) == 0, path);
+    CHECK_STDIO(pwrite(fd, line, (size_t)n, 0) == n, path);
+}
+
+int run_dir_lock(const char *run_dir) {
+    if (fs_mkdirs(run_dir, 0755) != 0)
+        die("%s: cannot create the run folder: %s", run_dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lock", run_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    CHECK_STDIO(fd >= 0, path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        CHECK_STDIO(errno == EWOULDBLOCK, path);
+        char holder[256];
+        lock_holder(fd, holder, sizeof holder);
+        die("%s: the run folder is in use by another cifar-train (%s) ---> HINT: wait for it to "
+            "finish or stop it, or use another --run-dir",
+            run_dir, holder);
+    }
+    lock_record_holder(fd, path);
+    return fd;
+}

@@ -1,0 +1,92 @@
+/* checkpoint.h: the training state <-> a snapshot file (safetensors.h).
+ *
+ * The tensors are the model's state_dict (model->tensors: params, BN buffers,
+ * num_batches_tracked) plus "optimizer.momentum" (the flat momentum buffer, one
+ * F32 vector). __metadata__ holds the model config ("model"), the dataset it was
+ * trained on ("dataset", "dataset_shape"), the normalisation ("normalize_mean",
+ * "normalize_std"), the progress ("epochs", "step", "step_in_epoch", partial-epoch
+ * sums) and the training options ("options"). cifar-train and cifar-eval both use it. */
+#ifndef CIFAR_CHECKPOINT_H
+#define CIFAR_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "model/model.h"
+#include "format/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int64_t epochs;         /* epochs completed */
+    int64_t step;           /* optimizer steps taken (= num_batches_tracked) */
+    int64_t step_in_epoch;  /* steps of the epoch in progress (0 at an epoch boundary) */
+    double partial_loss_sum, partial_correct, partial_seen; /* the epoch in progress */
+    double partial_seconds;
+    int world_size;
+} TrainProgress;
+
+typedef struct {
+    float *params, *buffers, *momentum; /* num_params, num_buffers, num_params floats */
+} TrainState;
+
+void train_state_alloc(TrainState *s, const Model *m);
+void train_state_free(TrainState *s);
+
+/* The metadata a snapshot carries besides the tensors. Strings are owned. */
+typedef struct {
+    char *model_json;
+    char *dataset_path;
+    char *dataset_shape;  /* "HxWxC/K" */
+    float mean[4], std[4];
+    int channels;
+    char *options_json;
+    TrainProgress progress;
+} CheckpointInfo;
+
+void checkpoint_info_free(CheckpointInfo *info);
+
+/* "HxWxC/K" for a model config. */
+void checkpoint_dataset_shape(const ModelConfig *cfg, char *buf, size_t buflen);
+
+/* Write the state atomically. 0, or -1 with a reason in err. */
+int checkpoint_write(const char *path, const Model *m, const TrainState *st,
+                     const CheckpointInfo *info, char *err, size_t errlen);
+
+/* Read a snapshot's metadata only enough to rebuild the model: fills *info and
+ * the model config's network fields (image shape and classes included).
+ * The returned Snapshot must be freed. NULL with a reason in err. */
+Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *info, char *err,
+                          size_t errlen);
+
+/* Copy the tensors of an opened snapshot into st, checking every name, dtype and
+ * shape against the model. momentum may be absent (zeroed). 0, or -1 + reason. */
+int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
+                          size_t errlen);
+
+/* The resume choice of a run folder, the same on every rank: rank 0 takes the
+ * newest snapshot that loads (a corrupt one is reported and the previous one
+ * used; temporaries of a killed writer are removed first) and broadcasts its
+ * step over comm; the other ranks load that one. A snapshot of another model or
+ * dataset (its shape "HxWxC/K" against dataset_shape), or of a newer program, is
+ * a permanent failure: training would write over it. On resume *st and
+ * *progress hold the snapshot's state and 1 is returned; 0 when there is none
+ * (nothing is touched). */
+int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
+                      TrainState *st, TrainProgress *progress);
+
+/* The exclusive lock of a run folder: one writer (cifar-train job) at a time.
+ * An flock on RUN_DIR/lock held while the returned descriptor is open (the
+ * kernel drops it when the holder dies, SIGKILL included: no stale lock); the
+ * file records the holder (pid, host, start time) for the message a second
+ * writer gets. The descriptor is close-on-exec. Creates the folder. A busy
+ * folder ends the process with exit 1 naming the folder and the holder. */
+int run_dir_lock(const char *run_dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,100 @@
+/* device.c: see device.h. */
+#include "model/device.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/progress.h"
+
+const char *const device_choice_names[3] = {"auto", "cpu", "cuda"};
+
+/* The CUDA engine, or NULL with the reason in why. NCCL refuses two ranks on one
+ * GPU ("Duplicate GPU detected"), so more ranks on this node than GPUs is a reason
+ * too, given before any engine exists. */
+static Engine *try_cuda_engine(EngineConfig *cfg, int local_rank, int local_world_size, char *why,
+                               size_t whylen) {
+    int gpus = engine_cuda_device_count();
+    if (gpus <= 0) {
+        const char *lib = cuda_library_error();
+        snprintf(why, whylen, "%s", lib ? lib : "no NVIDIA driver or no GPU visible");
+        return NULL;
+    }
+    if (local_world_size > gpus) {
+        snprintf(why, whylen,
+                 "%d processes on this node but %d GPU%s: NCCL needs one GPU per process "
+                 "(--nproc-per-node gpu starts one per GPU)",
+                 local_world_size, gpus, gpus == 1 ? "" : "s");
+        return NULL;
+    }
+    cfg->device = local_rank % gpus;
+    return engine_create_cuda(cfg, why, whylen);
+}
+
+/* The CPU engine computes in fp32 only: --precision bf16 there would silently train
+ * something else than asked (tf32, the default, is fp32 on the CPU: no refusal). */
+static void bf16_refuse_cpu(const EngineConfig *cfg, const char *why_cpu) {
+    if (cfg->precision != PRECISION_BF16) return;
+    die_usage("--precision bf16 runs on the GPU only, and this run would use the CPU (%s) ---> "
+              "HINT: use --precision fp32 on the CPU, or a GPU of compute capability 8.0 or newer",
+              why_cpu);
+}
+
+Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_rank,
+                             int local_world_size, int announce) {
+    if (want != DEVICE_CPU) {
+        char why[512];
+        Engine *e = try_cuda_engine(cfg, local_rank, local_world_size, why, sizeof why);
+        if (e) return e;
+        if (want == DEVICE_CUDA)
+            die_permanent("--device cuda: %s ---> HINT: use --device auto or cpu", why);
+        bf16_refuse_cpu(cfg, why);
+        if (announce)
+            log_info("no usable GPU (%s): running on the CPU, %d thread%s per process", why,
+                     cfg->threads, cfg->threads == 1 ? "" : "s");
+    }
+    bf16_refuse_cpu(cfg, "--device cpu");
+    return engine_create_cpu(cfg);
+}
+
+/* The engine's communicator unless --comm chose one: NCCL for CUDA engines; for CPU
+ * engines MPI when mpirun/srun started the ranks, else shared memory. A GPU engine
+ * all-reduces device memory (NCCL only), a CPU engine host memory (shm, mpi). */
+static CommKind comm_kind_for(const Engine *e, const DistEnv *env, int requested) {
+    if (env->world_size == 1) return COMM_SINGLE;
+    int gpu = strcmp(e->ops->name, "cpu") != 0;
+    CommKind fallback = gpu ? COMM_NCCL : env->mpi_launched ? COMM_MPI : COMM_SHM;
+    CommKind k = requested >= 0 ? (CommKind)requested : fallback;
+    if (gpu != (k == COMM_NCCL))
+        die_usage("--comm %s: %s trains with %s", comm_kind_name(k), gpu ? "the GPU" : "the CPU",
+                  gpu ? "--comm nccl (or --device cpu for shm/mpi)" : "--comm shm or mpi");
+    return k;
+}
+
+Comm *device_comm_create(Engine *e, const DistEnv *env, int requested) {
+    Comm *c = comm_create(comm_kind_for(e, env, requested), env);
+    e->cfg.comm = c;
+    return c;
+}
+
+/* In place in the dataset's map unless CIFAR_DATA_IN_MEMORY=1 (a private copy, as
+ * before in-place reading); every record's checksum is verified once here. */
+void host_split_load(Dataset *ds, const char *path, const char *name, int required, HostSplit *out) {
+    memset(out, 0, sizeof *out);
+    const DatasetSplit *sp = dataset_split(ds, name);
+    if ((!sp || sp->count == 0) && required)
+        die_permanent("%s: the dataset has no \"%s\" split (or it is empty)", path, name);
+    if (!sp) return;
+    const char *copy = getenv("CIFAR_DATA_IN_MEMORY");
+    DatasetAccess how = copy && strcmp(copy, "1") == 0 ? DATASET_COPY : DATASET_IN_PLACE;
+    const DatasetInfo *info = dataset_info(ds);
+    char err[512];
+    double t0 = now_seconds();
+    if (dataset_map_split(ds, name, how, out, err, sizeof err) != 0)
+        die_permanent("%s: %s", path, err);
+    log_info("%s: split \"%s\": %lld records %s (%.1f MB of pixels, %s) in %.3f s", path, name,
+             (long long)out->count, how == DATASET_COPY ? "copied to memory" : "read in place",
+             (double)out->count * info->height * info->width * info->channels / 1e6,
+             dataset_has_checksums(ds) ? "checksums verified" : "no checksums",
+             now_seconds() - t0);
+}

@@ -1,0 +1,24 @@
+/* engine.c: what every engine shares (engine.h). */
+#include <string.h>
+
+#include "model/engine.h"
+
+AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
+    const ModelConfig *mc = &e->cfg.model->cfg;
+    AugmentSpec s;
+    memset(&s, 0, sizeof s);
+    s.h = mc->img_height;
+    s.w = mc->img_width;
+    s.c = mc->img_channels;
+    s.pad = train ? e->cfg.pad : 0;
+    s.flip = train;
+    s.seed = e->cfg.seed;
+    s.epoch = epoch;
+    memcpy(s.mean, e->cfg.mean, sizeof s.mean);
+    memcpy(s.std, e->cfg.std, sizeof s.std);
+    return s;
+}
+
+void engine_prefetch(Engine *e, const int64_t *idx, int n, int train) {
+    if (e->ops->prefetch) e->ops->prefetch(e, idx, n, train);
+}

@@ -1,0 +1,112 @@
+/* net_ops.h: the op table a device hands to the network executor (net.h), written
+ * once over a scalar type. No include guard: a translation unit includes it once per
+ * instance, after defining
+ *   NET_REAL      float or double
+ *   NET_T(name)   the instance's name of type or function `name` (name, or name##D)
+ * net.h instantiates it for float (NetOps: the CPU and CUDA tables); the gradient
+ * tests instantiate it for double (NetOpsD: the CPU ops in double).
+ *
+ * Every op gets the table's ctx first (NULL for the CPU, the CudaCtx for CUDA); all
+ * pointers are in the device's memory. Contracts are ops.h's, with these additions:
+ *   - batch norm takes the real shape (n images of hw pixels, c channels): rows = n*hw;
+ *   - a conv is called through the plan its table made for the layer (cuDNN
+ *     descriptors and algorithms, or the CPU's spec and sizes); its weight is in the
+ *     layout the table keeps on the device (conv_weight_export converts to PyTorch's);
+ *   - bn_relu_backward may overwrite dy (the executor never reads it again);
+ *   - xent writes the mean loss and the hit count to device memory (loss, correct)
+ *     so a GPU step needs no synchronisation; correct may be NULL;
+ *   - sgd reads lr and first_step from device memory when it runs (graph replays). */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/ops.h"
+
+struct NET_T(NetOps) {
+    const char *name;
+    size_t align; /* bytes every planned buffer is aligned to */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*release)(void *ctx, void *ptr);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes); /* device to device */
+    /* Optional (NULL: body(arg) runs once, on the calling thread): runs body(arg) on
+     * every worker of the device's team, each walking the network and the ops sharing
+     * out each op's work among them (the CPU: one OpenMP parallel region per forward
+     * or backward, not one per op). Ops that write host memory once (xent's loss) do
+     * it on one worker. */
+    void (*team)(void *ctx, void (*body)(void *arg), void *arg);
+
+    /* A plan for conv cs on inputs of up to max_n x h x w; backward == 0 for
+     * inference-only executors (no backward algorithm is searched). */
+    void *(*conv_plan)(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward);
+    size_t (*conv_workspace_bytes)(void *ctx, void *plan);
+    void (*conv_plan_free)(void *ctx, void *plan);
+    /* Settle the plan for batch n (host work only, before a graph capture). */
+    void (*conv_prepare)(void *ctx, void *plan, int n, size_t ws_bytes);
+    void (*conv_forward)(void *ctx, void *plan, int n, const NET_REAL *x, const NET_REAL *weight,
+                         const NET_REAL *bias, NET_REAL *y, void *ws, size_t ws_bytes);
+    void (*conv_backward)(void *ctx, void *plan, int n, const NET_REAL *x, const NET_REAL *weight,
+                          const NET_REAL *dy, NET_REAL *dx, NET_REAL *dweight, NET_REAL *dbias,
+                          void *ws, size_t ws_bytes);
+    /* Device layout of one conv weight <-> PyTorch's [Cout][Cin][K][K], out of place. */
+    void (*conv_weight_export)(void *ctx, void *plan, const NET_REAL *dev, NET_REAL *kcrs);
+    void (*conv_weight_import)(void *ctx, void *plan, const NET_REAL *kcrs, NET_REAL *dev);
+
+    void (*bn_train)(void *ctx, int n, int hw, int c, const NET_REAL *x, const NET_REAL *gamma,
+                     const NET_REAL *beta, NET_REAL *y, NET_REAL *save_mean,
+                     NET_REAL *save_invstd, NET_REAL *running_mean, NET_REAL *running_var,
+                     float momentum, float eps);
+    /* bn_train then ReLU in one op. */
+    void (*bn_relu_train)(void *ctx, int n, int hw, int c, const NET_REAL *x,
+                          const NET_REAL *gamma, const NET_REAL *beta, NET_REAL *y,
+                          NET_REAL *save_mean, NET_REAL *save_invstd, NET_REAL *running_mean,
+                          NET_REAL *running_var, float momentum, float eps);
+    /* y = relu(bn_train(x) + z); tmp (n*hw*c) may hold the BN output. */
+    void (*bn_add_relu_train)(void *ctx, int n, int hw, int c, const NET_REAL *x,
+                              const NET_REAL *gamma, const NET_REAL *beta, const NET_REAL *z,
+                              NET_REAL *tmp, NET_REAL *y, NET_REAL *save_mean,
+                              NET_REAL *save_invstd, NET_REAL *running_mean,
+                              NET_REAL *running_var, float momentum, float eps);
+    void (*bn_eval)(void *ctx, int n, int hw, int c, const NET_REAL *x, const NET_REAL *gamma,
+                    const NET_REAL *beta, const NET_REAL *running_mean,
+                    const NET_REAL *running_var, float eps, NET_REAL *y);
+    void (*bn_backward)(void *ctx, int n, int hw, int c, const NET_REAL *x, const NET_REAL *gamma,
+                        const NET_REAL *save_mean, const NET_REAL *save_invstd,
+                        const NET_REAL *dy, NET_REAL *dx, NET_REAL *dgamma, NET_REAL *dbeta);
+    /* ReLU backward (y: the ReLU output) then BN backward (x: the BN input). */
+    void (*bn_relu_backward)(void *ctx, int n, int hw, int c, const NET_REAL *x,
+                             const NET_REAL *y, const NET_REAL *gamma, const NET_REAL *save_mean,
+                             const NET_REAL *save_invstd, NET_REAL *dy, NET_REAL *dx,
+                             NET_REAL *dgamma, NET_REAL *dbeta);
+    /* Optional, both or neither (NULL: net_impl.h's plain block backward, with a ReLU
+     * backward pass and a residual add per block; the CPU tables leave them NULL): the
+     * block's output ReLU and its residual add folded into backward.
+     *   bn_relu_backward_keep: bn_relu_backward (y: here the block output, the ReLU
+     *     after the residual add) that also writes the masked dy back into dy (dx !=
+     *     dy): the gradient an identity shortcut carries;
+     *   conv_backward_acc: conv_backward that ACCUMULATES into dx (dx += the gradient
+     *     of x; cuDNN's beta = 1); dx non-NULL. */
+    void (*bn_relu_backward_keep)(void *ctx, int n, int hw, int c, const NET_REAL *x,
+                                  const NET_REAL *y, const NET_REAL *gamma,
+                                  const NET_REAL *save_mean, const NET_REAL *save_invstd,
+                                  NET_REAL *dy, NET_REAL *dx, NET_REAL *dgamma, NET_REAL *dbeta);
+    void (*conv_backward_acc)(void *ctx, void *plan, int n, const NET_REAL *x,
+                              const NET_REAL *weight, const NET_REAL *dy, NET_REAL *dx,
+                              NET_REAL *dweight, NET_REAL *dbias, void *ws, size_t ws_bytes);
+
+    void (*relu_forward)(void *ctx, size_t count, const NET_REAL *x, NET_REAL *y);
+    void (*relu_backward)(void *ctx, size_t count, const NET_REAL *y, const NET_REAL *dy,
+                          NET_REAL *dx);
+    void (*add)(void *ctx, size_t count, const NET_REAL *a, const NET_REAL *b, NET_REAL *y);
+    void (*add_relu)(void *ctx, size_t count, const NET_REAL *a, const NET_REAL *b, NET_REAL *y);
+    void (*meanpool_forward)(void *ctx, int n, int hw, int c, const NET_REAL *x, NET_REAL *y);
+    void (*meanpool_backward)(void *ctx, int n, int hw, int c, const NET_REAL *dy, NET_REAL *dx);
+    void (*linear_forward)(void *ctx, int n, int in, int out, const NET_REAL *x,
+                           const NET_REAL *weight, const NET_REAL *bias, NET_REAL *y);
+    void (*linear_backward)(void *ctx, int n, int in, int out, const NET_REAL *x,
+                            const NET_REAL *weight, const NET_REAL *dy, NET_REAL *dx,
+                            NET_REAL *dweight, NET_REAL *dbias);
+    void (*xent)(void *ctx, int n, int k, const NET_REAL *logits, const int32_t *labels,
+                 NET_REAL smoothing, NET_REAL *dlogits, NET_REAL *loss, int *correct);
+    void (*sgd)(void *ctx, size_t count, NET_REAL *param, const NET_REAL *grad,
+                NET_REAL *momentum_buf, const uint8_t *decay_mask, const float *lr,
+                float momentum, float weight_decay, int nesterov, const int32_t *first_step);
+};
