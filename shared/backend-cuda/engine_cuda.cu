@@ -12,7 +12,7 @@
  * An engine with no training split (cifar-eval) plans inference only: no backward
  * conv algorithm is searched.
  *
- * Data (README "Memory"): after the model, its activations and the conv workspace
+ * Data (docs/DESIGN.md "Memory"): after the model, its activations and the conv workspace
  * are allocated, each split (the training split first) stays resident, copied to
  * the device once as uint8, when its pixels and labels take at most half of the
  * device memory then free (cudaMemGetInfo); otherwise it streams: every batch's

@@ -1,5 +1,5 @@
-/* dataset.h: the LMDB dataset format (README "Data formats"; it supersedes the
- * LMDB section of ARCHITECTURE.md).
+/* dataset.h: the LMDB dataset format (README "Data formats"; docs/ARCHITECTURE.md
+ * says where it sits).
  *
  * One LMDB environment in a single file (MDB_NOSUBDIR):
  *   db "meta",  key "dataset": JSON {"format":"cifar-lmdb","version":2,"height":H,

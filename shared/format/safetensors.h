@@ -1,4 +1,5 @@
-/* safetensors.h: training snapshots as safetensors files (ARCHITECTURE.md).
+/* safetensors.h: training snapshots as safetensors files (README "Data formats",
+ * docs/ARCHITECTURE.md).
  *
  *   8-byte LE header length N | N bytes of JSON header | raw tensor data
  *   header: {"__metadata__":{string:string,...},

@@ -283,7 +283,7 @@ else
     done
 
     # bf16: another rounding (8 significant bits per activation), so not the fp32
-    # curve to 1e-4, but within the tolerance README states ("--precision bf16").
+    # curve to 1e-4, but within the tolerance docs/DESIGN.md states ("bf16").
     stage "$T_TRAIN" "$BIN/cifar-train" "${common[@]}" --device cuda --precision bf16 \
         --run-dir "$work/bf16" "$lmdb" >"$out/train_bf16.log" 2>&1 ||
         fail "cifar-train --device cuda --precision bf16 (see train_bf16.log)"
