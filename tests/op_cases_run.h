@@ -53,7 +53,7 @@ static void OPC_T(opc_take)(const OPC_T(OpBackend) *b, OpcRun *r, const char *na
 
 static void OPC_T(opc_run_conv)(const OpCase *c, const OPC_T(OpBackend) *b, OpcRun *r) {
     const ConvSpec *s = &c->cs;
-    void *plan = b->ops->conv_plan(b->ctx, s, c->n, c->hw, c->k, 1);
+    void *plan = b->ops->conv_plan(b->ctx, s, c->n, c->hw, c->k, 1, 1);
     size_t wn = r->in_n[1], ws_bytes = b->ops->conv_workspace_bytes(b->ctx, plan);
     void *ws = b->ops->alloc(b->ctx, ws_bytes ? ws_bytes : 1);
     OPC_REAL *x = OPC_T(opc_dev_in)(b, r, 0), *wk = OPC_T(opc_dev_in)(b, r, 1);
@@ -82,7 +82,7 @@ static void OPC_T(opc_run_conv_bn)(const OpCase *c, const OPC_T(OpBackend) *b, O
     const struct OPC_T(NetOps) *o = b->ops;
     int oh = conv_out_size(c->hw, s->k, s->stride, s->pad), ow = conv_out_size(c->k, s->k, s->stride, s->pad);
     size_t wn = r->in_n[1], ny = r->in_n[3], nc = (size_t)s->cout;
-    void *plan = o->conv_plan(b->ctx, s, c->n, c->hw, c->k, c->op == OPC_CONV_BN);
+    void *plan = o->conv_plan(b->ctx, s, c->n, c->hw, c->k, c->op == OPC_CONV_BN, c->op == OPC_CONV_BN);
     size_t ws_bytes = o->conv_workspace_bytes(b->ctx, plan);
     void *ws = o->alloc(b->ctx, ws_bytes ? ws_bytes : 1);
     OPC_REAL *x = OPC_T(opc_dev_in)(b, r, 0), *wk = OPC_T(opc_dev_in)(b, r, 1);

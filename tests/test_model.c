@@ -534,8 +534,9 @@ static struct {
 } g_folded_plans[FOLDED_MAX_PLANS];
 static int g_folded_n, g_folded_keep_calls, g_folded_acc_calls;
 
-static void *folded_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
-    void *p = net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward);
+static void *folded_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                              int need_dx) {
+    void *p = net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
     if (g_folded_n >= FOLDED_MAX_PLANS) die("test_model: more than %d conv plans", FOLDED_MAX_PLANS);
     g_folded_plans[g_folded_n].plan = p;
     g_folded_plans[g_folded_n++].x_per_image = (size_t)h * w * cs->cin;
@@ -606,6 +607,74 @@ static void test_folded_block_backward(void) {
     model_free(&m);
 }
 
+/* ---- the plans' flags (net_ops.h's conv_plan: backward, need_dx): the stem's
+ * backward stops at its weights (its input is the image), so its plan must ask for
+ * no input gradient: a GPU table then searches and sizes no backward-data algorithm
+ * for it (cuDNN may have none for 3 input channels). Recorded through a table whose
+ * conv_plan notes its arguments; the CPU plan itself refuses a dx on such a plan, so
+ * the training step below also checks that the executor keeps to it. */
+
+enum { RECORDED_MAX_PLANS = 64 };
+static struct {
+    int cin, backward, need_dx;
+} g_recorded[RECORDED_MAX_PLANS];
+static int g_recorded_n;
+
+static void *recording_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                                 int need_dx) {
+    if (g_recorded_n >= RECORDED_MAX_PLANS) die("test_model: more than %d conv plans", RECORDED_MAX_PLANS);
+    g_recorded[g_recorded_n].cin = cs->cin;
+    g_recorded[g_recorded_n].backward = backward;
+    g_recorded[g_recorded_n++].need_dx = need_dx;
+    return net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
+}
+
+/* Planned convs of one executor: how many, and how many of them ask for a dx. */
+static void recorded_flags(int *convs, int *backward, int *need_dx, int *stem_need_dx) {
+    *convs = g_recorded_n;
+    *backward = *need_dx = 0;
+    for (int i = 0; i < g_recorded_n; i++) {
+        *backward += g_recorded[i].backward;
+        *need_dx += g_recorded[i].need_dx;
+    }
+    *stem_need_dx = g_recorded_n ? g_recorded[0].need_dx : -1;
+}
+
+static void test_plan_need_dx(void) {
+    Model m;
+    build_seed_cifar(&m);
+    NetOps rec = net_cpu_ops;
+    rec.team = NULL;
+    rec.conv_plan = recording_conv_plan;
+    int convs, backward, need_dx, stem;
+    g_recorded_n = 0;
+    Net *infer = net_create(&m, &rec, NULL, 2, 0);
+    recorded_flags(&convs, &backward, &need_dx, &stem);
+    EXPECT(convs > 1 && backward == 0 && need_dx == 0,
+           "inference-only executor: %d plans, %d with backward, %d with need_dx (want none)", convs,
+           backward, need_dx);
+    net_free(infer);
+    g_recorded_n = 0;
+    const int n = 2;
+    StepIn in = step_inputs(&m, n, 3, 4, 3);
+    StepOut out;
+    step_out_alloc(&m, &out);
+    train_steps(&m, &rec, 1, in.params, in.buffers, in.x, in.labels, n, 1, &out);
+    recorded_flags(&convs, &backward, &need_dx, &stem);
+    EXPECT(g_recorded[0].cin == m.cfg.img_channels, "the first plan has %d input channels, not the stem's %d",
+           g_recorded[0].cin, m.cfg.img_channels);
+    EXPECT(stem == 0, "training executor: the stem's plan asks for a dx (need_dx %d)", stem);
+    EXPECT(backward == convs && need_dx == convs - 1,
+           "training executor: %d plans, %d with backward, %d with need_dx (want all, all but the stem)", convs,
+           backward, need_dx);
+    EXPECT(isfinite(out.loss), "a training step on the recording table: loss %g", out.loss);
+    printf("%s plan flags: the stem's plan has need_dx 0, the %d others 1; inference plans neither\n",
+           g_failures ? "FAIL" : "ok  ", convs - 1);
+    step_out_free(&out);
+    step_inputs_free(&in);
+    model_free(&m);
+}
+
 int main(void) {
     log_set_program("test_model");
     test_config_seed_json();
@@ -619,5 +688,6 @@ int main(void) {
     test_net_inference_only();
     test_threads_bit_identical();
     test_folded_block_backward();
+    test_plan_need_dx();
     return unit_report("test_model");
 }

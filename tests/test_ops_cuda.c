@@ -244,7 +244,7 @@ static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int 
     act_round_host(ctx, r, nx);
     conv2d_backward(&cs, n, h, w, x, wt, dy, dx, dw, db, cws);
     for (size_t i = 0; i < nx; i++) dx[i] += r[i];
-    ConvCuda *cv = conv_cuda_create(ctx, &cs, n, h, w, (size_t)256 << 20, 1);
+    ConvCuda *cv = conv_cuda_create(ctx, &cs, n, h, w, (size_t)256 << 20, 1, 1);
     size_t ws_bytes = conv_cuda_workspace_bytes(cv);
     void *ws = cuda_alloc(ws_bytes ? ws_bytes : 1);
     float *gx = dev_act_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gdy = dev_act_from(ctx, dy, ny);

@@ -18,6 +18,7 @@ typedef NET_REAL real_t;
 typedef struct {
     ConvSpec cs;
     int max_n, h, w;
+    int need_dx; /* net_ops.h: 0 when the backward gets no dx */
 } NetCpuConv;
 
 static void *net_cpu_alloc(void *ctx, size_t bytes) {
@@ -40,11 +41,13 @@ static void net_cpu_team(void *ctx, void (*body)(void *arg), void *arg) {
     ops_team_run(body, arg);
 }
 
-static void *net_cpu_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
+static void *net_cpu_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                               int need_dx) {
     (void)ctx;
     (void)backward;
     NetCpuConv *p = xcalloc(1, sizeof *p);
     p->cs = *cs;
+    p->need_dx = need_dx;
     p->max_n = max_n;
     p->h = h;
     p->w = w;
@@ -83,6 +86,8 @@ static void net_cpu_conv_backward(void *ctx, void *plan, int n, const real_t *x,
     (void)ctx;
     (void)ws_bytes;
     const NetCpuConv *p = plan;
+    /* the contract the GPU's plans rely on (no backward-data algorithm planned) */
+    if (dx && !p->need_dx) die("model: conv backward with a dx on a plan made without need_dx (internal error)");
     NET_CPU_OP(conv2d_backward)(&p->cs, n, p->h, p->w, x, weight, dy, dx, dweight, dbias, ws);
 }
 

@@ -51,8 +51,9 @@ static void nc_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     if (dst != src) cuda_copy_d2d_async(CTX(ctx), dst, src, bytes);
 }
 
-static void *nc_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward) {
-    return conv_cuda_create(CTX(ctx), cs, max_n, h, w, NET_CUDA_CONV_WS_LIMIT, backward);
+static void *nc_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                          int need_dx) {
+    return conv_cuda_create(CTX(ctx), cs, max_n, h, w, NET_CUDA_CONV_WS_LIMIT, backward, need_dx);
 }
 
 static size_t nc_conv_workspace_bytes(void *ctx, void *plan) {

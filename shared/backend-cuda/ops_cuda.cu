@@ -24,9 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <cooperative_groups.h>
 
 #include "backend-cuda/bn_nhwc.h"
+#include "backend-cuda/conv_pick.h"
 #include "backend-cuda/cuda_check.h"
 #include "backend-cuda/ops_cuda.h"
 #include "model/xent_row.h"
@@ -1089,6 +1091,11 @@ extern "C" void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, con
     CHECK_CUDA_LAST();
 }
 
+/* The longest list a cudnnFind* / cudnnGet*_v7 call of ours returns. */
+static constexpr int CONV_ALGO_COUNT_MAX = std::max({(int)CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                 (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                 (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT});
+
 struct ConvCuda {
     ConvSpec cs;
     int max_n, h, w, oh, ow;
@@ -1103,6 +1110,7 @@ struct ConvCuda {
     cudnnMathType_t math_fwd, math_bwd_data, math_bwd_filter;
     int cur_n;
     int backward; /* 0: inference only (forward algorithm only) */
+    unsigned passes; /* conv_plan_passes: the stem's has no CONV_PASS_BWD_DATA */
     cudnnDataType_t dtype; /* of x, w and y: float, or bfloat16 (bf16 context) */
     char desc[192];
 };
@@ -1151,97 +1159,13 @@ static void conv_set_batch_desc(ConvCuda *cv, int n) {
                                            cv->oh, cv->ow));
 }
 
-/* The first acceptable result of a Find (sorted by time) or Get (ranked by
- * heuristics) list: succeeded, math allowed, fits, deterministic when asked. */
-#define CONV_PICK(perf, count, ctx, limit, out_algo, out_math, found)                              \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < (count) && !(found); i_++) {                                         \
-            if ((perf)[i_].status != CUDNN_STATUS_SUCCESS) continue;                               \
-            if ((perf)[i_].memory > (limit)) continue;                                             \
-            if (!conv_math_ok((ctx), (perf)[i_].mathType)) continue;                               \
-            if ((ctx)->deterministic && (perf)[i_].determinism != CUDNN_DETERMINISTIC) continue;   \
-            (out_algo) = (perf)[i_].algo;                                                          \
-            (out_math) = conv_chosen_math((ctx), (perf)[i_].mathType);                             \
-            (found) = 1;                                                                           \
-        }                                                                                          \
-    } while (0)
-
-/* No candidate fits: the table cuDNN gave (so the user sees why), its last error
- * message, then exit. */
-#define CONV_NONE_FITS(perf, count, ctx, cv, pass)                                                 \
-    do {                                                                                           \
-        char last_[256] = "";                                                                      \
-        cudnnGetLastErrorString(last_, sizeof last_);                                              \
-        log_error("cuDNN %s of conv %dx%d stride %d, %d -> %d channels on %dx%dx%d: no candidate " \
-                  "fits (%s, workspace limit %zu bytes, math %s):",                                \
-                  (pass), (cv)->cs.k, (cv)->cs.k, (cv)->cs.stride, (cv)->cs.cin, (cv)->cs.cout,    \
-                  (cv)->max_n, (cv)->h, (cv)->w,                                                   \
-                  (ctx)->deterministic ? "deterministic only" : "any determinism", (cv)->ws_limit, \
-                  conv_math_name(ctx));                                                            \
-        log_error("  algo  status                          deterministic  math  memory");        \
-        for (int i_ = 0; i_ < (count); i_++)                                                       \
-            log_error("  %4d  %-30s  %-13s  %4d  %zu", (int)(perf)[i_].algo,                      \
-                      cudnnGetErrorString((perf)[i_].status),                                      \
-                      (perf)[i_].determinism == CUDNN_DETERMINISTIC ? "yes" : "no",                \
-                      (int)(perf)[i_].mathType, (perf)[i_].memory);                                \
-        check_fail(__FILE__, __LINE__, "cuDNN convolution algorithm", last_[0] ? last_ : (pass),   \
-                   (ctx)->deterministic ? "run without --deterministic, or try --precision fp32 "  \
-                                          "or another cuDNN version"                               \
-                                        : "try --precision fp32 or another cuDNN version");       \
-    } while (0)
-
-/* The candidates of one pass (forward, backward data, backward filter): measured
- * by cudnnFind*, or ranked by heuristics (cudnnGet*_v7) when deterministic. A pass
- * with no acceptable candidate keeps its workspace-free default unless
- * determinism is asked, where it prints the table and exits (the default is not
- * known to be deterministic for this shape). */
-#define CONV_PASS(perf_t, count_max, get_call, find_call, ctx, cv, algo, math, pass)             \
-    do {                                                                                         \
-        perf_t perf_[count_max];                                                                 \
-        int got_ = 0, found_ = 0;                                                                \
-        if ((ctx)->deterministic)                                                                \
-            CHECK_CUDNN(get_call);                                                               \
-        else                                                                                     \
-            CHECK_CUDNN(find_call);                                                              \
-        CONV_PICK(perf_, got_, ctx, (cv)->ws_limit, algo, math, found_);                         \
-        if (!found_ && (ctx)->deterministic) CONV_NONE_FITS(perf_, got_, ctx, cv, pass);         \
-    } while (0)
-
-static void conv_pick_algorithms(CudaCtx *ctx, ConvCuda *cv) {
-    /* Workspace-free defaults, used when nothing else fits. */
-    cv->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    cv->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    cv->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    cv->math_fwd = cv->math_bwd_data = cv->math_bwd_filter = conv_base_math(ctx);
-    CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, conv_base_math(ctx)));
-    CONV_PASS(cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-              cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
-                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
-              cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
-              ctx, cv, cv->fwd, cv->math_fwd, "forward");
-    if (!cv->backward) return; /* inference only: no backward search (seconds per run) */
-    CONV_PASS(cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-              cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
-                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                                          &got_, perf_),
-              cudnnFindConvolutionBackwardDataAlgorithm(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
-                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got_,
-                                                        perf_),
-              ctx, cv, cv->bwd_data, cv->math_bwd_data, "backward data");
-    CONV_PASS(cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-              cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx->cudnn, cv->xd, cv->yd, cv->cd,
-                                                            cv->wd,
-                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                            &got_, perf_),
-              cudnnFindConvolutionBackwardFilterAlgorithm(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd,
-                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                          &got_, perf_),
-              ctx, cv, cv->bwd_filter, cv->math_bwd_filter, "backward filter");
-}
-
-/* Workspace of each chosen algorithm for the batch size now in the descriptors;
- * (size_t)-1 when cuDNN rejects the algorithm for this shape. */
+/* Workspace of algorithm a run with math m, for the batch size now in the
+ * descriptors; (size_t)-1 when cuDNN rejects the pair for this shape (the
+ * cudnnGetConvolution*WorkspaceSize functions return CUDNN_STATUS_NOT_SUPPORTED
+ * when "the combination of the tensor descriptors, filter descriptor and
+ * convolution descriptor is not supported for the specified algorithm", cuDNN API
+ * reference, cudnn_cnn library). The math is set first: the size, and whether the
+ * algorithm runs at all, depend on it. */
 static size_t conv_ws_fwd(CudaCtx *ctx, ConvCuda *cv, cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m) {
     size_t b = 0;
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, m));
@@ -1271,15 +1195,157 @@ static size_t conv_ws_bwd_filter(CudaCtx *ctx, ConvCuda *cv, cudnnConvolutionBwd
     return b;
 }
 
+/* conv_pick's workspace queries (conv_pick.h's ConvWsQuery), one per pass. */
+typedef struct {
+    CudaCtx *ctx;
+    ConvCuda *cv;
+} ConvQuery;
+
+static int conv_query_fwd(void *u, int algo, int math, size_t *bytes) {
+    ConvQuery *q = (ConvQuery *)u;
+    *bytes = conv_ws_fwd(q->ctx, q->cv, (cudnnConvolutionFwdAlgo_t)algo, (cudnnMathType_t)math);
+    return *bytes == (size_t)-1;
+}
+
+static int conv_query_bwd_data(void *u, int algo, int math, size_t *bytes) {
+    ConvQuery *q = (ConvQuery *)u;
+    *bytes = conv_ws_bwd_data(q->ctx, q->cv, (cudnnConvolutionBwdDataAlgo_t)algo, (cudnnMathType_t)math);
+    return *bytes == (size_t)-1;
+}
+
+static int conv_query_bwd_filter(void *u, int algo, int math, size_t *bytes) {
+    ConvQuery *q = (ConvQuery *)u;
+    *bytes = conv_ws_bwd_filter(q->ctx, q->cv, (cudnnConvolutionBwdFilterAlgo_t)algo, (cudnnMathType_t)math);
+    return *bytes == (size_t)-1;
+}
+
+/* cuDNN's list as candidates (cudnnConvolution*AlgoPerf_t: algo, status, memory,
+ * determinism, mathType), then, unless determinism is asked, the pass's
+ * workspace-free default with the base math (the default is not known to be
+ * deterministic for every shape). Returns the count (at most got + 1). */
+template <typename Perf>
+static int conv_candidates(const CudaCtx *ctx, const Perf *perf, int got, int dflt, ConvCandidate *out) {
+    int n = 0;
+    for (int i = 0; i < got; i++, n++) {
+        out[n].algo = (int)perf[i].algo;
+        out[n].math = (int)conv_chosen_math(ctx, perf[i].mathType);
+        out[n].status = (int)perf[i].status;
+        out[n].succeeded = perf[i].status == CUDNN_STATUS_SUCCESS;
+        out[n].math_allowed = conv_math_ok(ctx, perf[i].mathType);
+        out[n].deterministic = perf[i].determinism == CUDNN_DETERMINISTIC;
+    }
+    if (!ctx->deterministic) {
+        out[n].algo = dflt;
+        out[n].math = (int)conv_base_math(ctx);
+        out[n].status = (int)CUDNN_STATUS_SUCCESS;
+        out[n].succeeded = out[n].math_allowed = 1;
+        out[n].deterministic = 0;
+        n++;
+    }
+    return n;
+}
+
+/* No candidate fits: every candidate with what became of it (so the user sees why),
+ * cuDNN's last error message, then exit. */
+static void conv_none_fits(const CudaCtx *ctx, const ConvCuda *cv, const char *pass,
+                           const ConvCandidate *c, const ConvTried *tried, int n) {
+    char last[256] = "";
+    cudnnGetLastErrorString(last, sizeof last);
+    log_error("cuDNN %s of conv %dx%d stride %d, %d -> %d channels on %dx%dx%d: no candidate fits "
+              "(%s, workspace limit %zu bytes, math %s); tried:",
+              pass, cv->cs.k, cv->cs.k, cv->cs.stride, cv->cs.cin, cv->cs.cout, cv->max_n, cv->h, cv->w,
+              ctx->deterministic ? "deterministic only" : "any determinism", cv->ws_limit,
+              conv_math_name(ctx));
+    log_error("  algo  status                          deterministic  math  verdict                     workspace");
+    for (int i = 0; i < n; i++)
+        log_error("  %4d  %-30s  %-13s  %4d  %-26s  %zu", c[i].algo,
+                  cudnnGetErrorString((cudnnStatus_t)c[i].status), c[i].deterministic ? "yes" : "no",
+                  c[i].math, conv_try_name(tried[i].verdict), tried[i].ws);
+    check_fail(__FILE__, __LINE__, "cuDNN convolution algorithm", last[0] ? last : pass,
+               ctx->deterministic ? "run without --deterministic, or try --precision fp32 or another cuDNN version"
+                                  : "try --precision fp32 or another cuDNN version");
+}
+
+/* The candidate conv_pick takes (the picked index), or the table and exit. */
+static int conv_pick_or_die(CudaCtx *ctx, ConvCuda *cv, const char *pass, const ConvCandidate *c, int n,
+                            ConvWsQuery query, size_t *ws) {
+    ConvTried tried[CONV_ALGO_COUNT_MAX + 1];
+    ConvQuery q = {ctx, cv};
+    int at = conv_pick(c, n, ctx->deterministic, cv->ws_limit, query, &q, tried);
+    if (at < 0) conv_none_fits(ctx, cv, pass, c, tried, n);
+    *ws = tried[at].ws;
+    return at;
+}
+
+/* One pass (forward, backward data, backward filter): its candidates measured by
+ * cudnnFind* (sorted by time), or ranked by heuristics (cudnnGet*_v7) when
+ * deterministic; the first whose workspace, sized with the math it will run with,
+ * fits (conv_pick.h). Find and Get see the base math (the previous pass's workspace
+ * queries changed it). */
+#define CONV_PASS(perf_t, count_max, get_call, find_call, ctx, cv, dflt, query, out_algo, out_math, \
+                  out_ws, pass)                                                                     \
+    do {                                                                                            \
+        perf_t perf_[count_max];                                                                    \
+        ConvCandidate cand_[(count_max) + 1];                                                       \
+        int got_ = 0;                                                                               \
+        CHECK_CUDNN(cudnnSetConvolutionMathType((cv)->cd, conv_base_math(ctx)));                    \
+        if ((ctx)->deterministic)                                                                   \
+            CHECK_CUDNN(get_call);                                                                  \
+        else                                                                                        \
+            CHECK_CUDNN(find_call);                                                                 \
+        int n_ = conv_candidates(ctx, perf_, got_, (int)(dflt), cand_);                             \
+        int at_ = conv_pick_or_die(ctx, cv, pass, cand_, n_, query, &(out_ws));                     \
+        (out_algo) = (decltype(out_algo))cand_[at_].algo;                                           \
+        (out_math) = (cudnnMathType_t)cand_[at_].math;                                              \
+    } while (0)
+
+/* Each planned pass's algorithm, math and workspace at max_n (conv_plan_passes). */
+static void conv_pick_algorithms(CudaCtx *ctx, ConvCuda *cv, size_t ws[3]) {
+    ws[0] = ws[1] = ws[2] = 0;
+    cv->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    cv->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    cv->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    cv->math_fwd = cv->math_bwd_data = cv->math_bwd_filter = conv_base_math(ctx);
+    CONV_PASS(cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+              cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
+                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
+              cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
+              ctx, cv, cv->fwd, conv_query_fwd, cv->fwd, cv->math_fwd, ws[0], "forward");
+    /* inference only: no backward search (seconds per run); the stem: no backward data */
+    if (cv->passes & CONV_PASS_BWD_DATA)
+        CONV_PASS(cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                  cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
+                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                              &got_, perf_),
+                  cudnnFindConvolutionBackwardDataAlgorithm(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got_,
+                                                            perf_),
+                  ctx, cv, cv->bwd_data, conv_query_bwd_data, cv->bwd_data, cv->math_bwd_data, ws[1],
+                  "backward data");
+    if (cv->passes & CONV_PASS_BWD_FILTER)
+        CONV_PASS(cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                  cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx->cudnn, cv->xd, cv->yd, cv->cd,
+                                                                cv->wd,
+                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                                &got_, perf_),
+                  cudnnFindConvolutionBackwardFilterAlgorithm(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd,
+                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                              &got_, perf_),
+                  ctx, cv, cv->bwd_filter, conv_query_bwd_filter, cv->bwd_filter, cv->math_bwd_filter,
+                  ws[2], "backward filter");
+}
+
 static size_t size_max3(size_t a, size_t b, size_t c) {
     size_t m = a > b ? a : b;
     return m > c ? m : c;
 }
 
 extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
-                                      size_t ws_limit, int backward) {
+                                      size_t ws_limit, int backward, int need_dx) {
     ConvCuda *cv = (ConvCuda *)xcalloc(1, sizeof *cv);
     cv->cs = *cs;
+    cv->passes = conv_plan_passes(backward, need_dx);
     cv->backward = backward;
     cv->max_n = max_n;
     cv->h = h;
@@ -1304,20 +1370,9 @@ extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_
     if (on != max_n || oc != cs->cout || oh != cv->oh || ow != cv->ow)
         die("cuDNN computes a %dx%dx%dx%d convolution output where %dx%dx%dx%d was expected", on, oh, ow,
             oc, max_n, cv->oh, cv->ow, cs->cout);
-    conv_pick_algorithms(ctx, cv);
-    size_t a = conv_ws_fwd(ctx, cv, cv->fwd, cv->math_fwd);
-    size_t b = backward ? conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) : 0;
-    size_t c = backward ? conv_ws_bwd_filter(ctx, cv, cv->bwd_filter, cv->math_bwd_filter) : 0;
-    if (a == (size_t)-1 || b == (size_t)-1 || c == (size_t)-1) {
-        char last[256] = "";
-        cudnnGetLastErrorString(last, sizeof last);
-        char reason[512];
-        snprintf(reason, sizeof reason, "no algorithm supports conv %dx%d stride %d on %dx%dx%dx%d%s%s",
-                 cs->k, cs->k, cs->stride, max_n, h, w, cs->cin, last[0] ? ": " : "", last);
-        check_fail(__FILE__, __LINE__, "cuDNN convolution", reason,
-                   "try --precision fp32 or another cuDNN version");
-    }
-    cv->ws_bytes = size_max3(a, b, c);
+    size_t ws[3];
+    conv_pick_algorithms(ctx, cv, ws);
+    cv->ws_bytes = size_max3(ws[0], ws[1], ws[2]);
     cv->cur_n = max_n;
     cv->cur_fwd = cv->fwd;
     cv->cur_bwd_data = cv->bwd_data;
@@ -1372,7 +1427,7 @@ static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
         conv_check_fallback(cv, n, "forward", conv_ws_fwd(ctx, cv, cv->cur_fwd, cv->math_fwd), ws_bytes);
     }
     if (!cv->backward) return;
-    if (conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes) {
+    if ((cv->passes & CONV_PASS_BWD_DATA) && conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes) {
         cv->cur_bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
         conv_check_fallback(cv, n, "backward-data",
                             conv_ws_bwd_data(ctx, cv, cv->cur_bwd_data, cv->math_bwd_data), ws_bytes);
@@ -1411,6 +1466,8 @@ static void conv_cuda_backward_beta(CudaCtx *ctx, ConvCuda *cv, int n, const flo
                                     float dx_beta) {
     const float one = 1.0f, zero = 0.0f;
     if (!cv->backward) die("convolution backward on an inference-only plan (internal error)");
+    if (dx && !(cv->passes & CONV_PASS_BWD_DATA))
+        die("convolution backward with a dx on a plan made without need_dx (internal error)");
     conv_use_batch(ctx, cv, n, ws_bytes);
     if (dbias) colsum(ctx, (int64_t)n * cv->oh * cv->ow, cv->cs.cout, dy, dbias, ctx->bf16);
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, cv->math_bwd_filter));
@@ -1455,7 +1512,7 @@ static const float *conv_oneoff_weight(CudaCtx *ctx, size_t wn, const float *wk,
 extern "C" void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                                     const float *x, const float *weight, const float *bias, float *y) {
     size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
-    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 0);
+    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 0, 0);
     float *wk = (float *)cuda_alloc(wn * sizeof(float));
     void *ws = cuda_alloc(cv->ws_bytes);
     void *w16 = NULL;
@@ -1472,7 +1529,7 @@ extern "C" void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, in
                                      const float *x, const float *weight, const float *dy, float *dx,
                                      float *dweight, float *dbias) {
     size_t wn = (size_t)cs->cout * cs->cin * cs->k * cs->k;
-    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 1);
+    ConvCuda *cv = conv_cuda_create(ctx, cs, n, h, w, CONV_ONEOFF_WS_LIMIT, 1, dx != NULL);
     float *wk = (float *)cuda_alloc(wn * sizeof(float));
     float *dwk = (float *)cuda_alloc(wn * sizeof(float));
     void *ws = cuda_alloc(cv->ws_bytes);

@@ -105,13 +105,16 @@ void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, const float *k
 typedef struct ConvCuda ConvCuda;
 
 /* Descriptors for cs on inputs of max_n x h x w, and the forward (and, when
- * backward != 0, backward-data and backward-filter) algorithms for batch max_n:
- * measured by cudnnFind* (fastest whose workspace fits ws_limit bytes), or, when
- * ctx is deterministic, the first deterministic one cuDNN's heuristics rank (none:
- * the candidate table is printed and the process exits). Smaller batches reuse the
+ * backward != 0, backward-filter and, when need_dx != 0 too, backward-data)
+ * algorithms for batch max_n: measured by cudnnFind* (the fastest whose workspace,
+ * sized with the math it runs with, fits ws_limit bytes; else the workspace-free
+ * default), or, when ctx is deterministic, the first deterministic one cuDNN's
+ * heuristics rank (none: the candidates are printed, each with why it was passed
+ * over, and the process exits: conv_pick.h). Without need_dx the backward must be
+ * called with dx NULL. Smaller batches reuse the
  * algorithms (falling back to workspace-free ones if the workspace would not fit). */
 ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, int w,
-                           size_t ws_limit, int backward);
+                           size_t ws_limit, int backward, int need_dx);
 /* Point the descriptors at batch n and settle its algorithms now (host calls only):
  * done before a CUDA graph capture, so that nothing inside it resets a
  * descriptor or queries a workspace size. */

@@ -65,12 +65,14 @@ struct NET_T(Net) {
 
 /* ------------------------------------------------------------------ planning */
 
-static int NET_T(net_conv_add)(struct NET_T(Net) *net, const ConvLayer *l, int h, int w) {
+/* need_dx: the backward computes this conv's input gradient (all but the stem). */
+static int NET_T(net_conv_add)(struct NET_T(Net) *net, const ConvLayer *l, int h, int w, int need_dx) {
     NET_T(NetConv) *c = &net->convs[net->n_convs];
     c->layer = l;
     c->h = h;
     c->w = w;
-    c->plan = net->ops->conv_plan(net->ctx, &l->spec, net->max_batch, h, w, net->backward);
+    c->plan = net->ops->conv_plan(net->ctx, &l->spec, net->max_batch, h, w, net->backward,
+                                  net->backward && need_dx);
     size_t ws = net->ops->conv_workspace_bytes(net->ctx, c->plan);
     if (ws > net->ws_bytes) net->ws_bytes = ws;
     return net->n_convs++;
@@ -80,16 +82,17 @@ static int NET_T(net_conv_add)(struct NET_T(Net) *net, const ConvLayer *l, int h
 static void NET_T(net_plan_convs)(struct NET_T(Net) *net) {
     const Model *m = net->m;
     net->convs = xcalloc((size_t)1 + 4 * (size_t)m->n_blocks, sizeof *net->convs);
-    net->stem_conv = NET_T(net_conv_add)(net, &m->stem_conv, m->cfg.img_height, m->cfg.img_width);
+    /* The stem's backward stops at the weights: its input is the image (dx NULL). */
+    net->stem_conv = NET_T(net_conv_add)(net, &m->stem_conv, m->cfg.img_height, m->cfg.img_width, 0);
     for (int i = 0; i < m->n_blocks; i++) {
         const Block *b = &m->blocks[i];
         NET_T(NetBlock) *a = &net->blocks[i];
         for (int j = 0; j < model_block_n_convs(b); j++) {
             int h, w;
             model_block_conv_input(b, j, &h, &w);
-            a->conv[j] = NET_T(net_conv_add)(net, model_block_conv(b, j), h, w);
+            a->conv[j] = NET_T(net_conv_add)(net, model_block_conv(b, j), h, w, 1);
         }
-        a->proj = b->has_projection ? NET_T(net_conv_add)(net, &b->proj_conv, b->in_h, b->in_w) : -1;
+        a->proj = b->has_projection ? NET_T(net_conv_add)(net, &b->proj_conv, b->in_h, b->in_w, 1) : -1;
     }
 }
 

@@ -35,8 +35,12 @@ struct NET_T(NetOps) {
     void (*team)(void *ctx, void (*body)(void *arg), void *arg);
 
     /* A plan for conv cs on inputs of up to max_n x h x w; backward == 0 for
-     * inference-only executors (no backward algorithm is searched). */
-    void *(*conv_plan)(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward);
+     * inference-only executors (no backward algorithm is searched); need_dx == 0 for a
+     * conv whose backward never computes the input's gradient (the stem: its input is
+     * the image), so no backward-data algorithm is searched or sized for it (need_dx
+     * is 0 whenever backward is). conv_backward on such a plan gets dx == NULL. */
+    void *(*conv_plan)(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                       int need_dx);
     size_t (*conv_workspace_bytes)(void *ctx, void *plan);
     void (*conv_plan_free)(void *ctx, void *plan);
     /* Settle the plan for batch n (host work only, before a graph capture). */
