@@ -5,8 +5,9 @@
  * `filled` records done so far) or DONE (every record gathered, not yet staged).
  * Only the calling thread posts and frees slots; the loader thread only takes a
  * QUEUED slot (the one stage waits for first, else the oldest), gathers it chunk
- * by chunk and sets it DONE with its last chunk, in one critical section, so a
- * slot whose filled == n is never touched by the loader again. Stage copies the
+ * by chunk (pausing a prefetch, QUEUED again with its filled records kept, when
+ * stage starts waiting for the other slot) and sets it DONE with its last chunk,
+ * in one critical section, so a slot whose filled == n is never touched by the loader again. Stage copies the
  * gathered records [copied, filled) as they come, records the slot's event after
  * the copies and sets the slot FREE. Before a FREE slot is posted again, the
  * calling thread waits for that event (cudaEventSynchronize: the copy has read
@@ -89,14 +90,27 @@ static Slot *loader_next_job(BatchLoader *l) {
     return pick;
 }
 
-/* Gather slot b chunk by chunk. Called and returns with mu held; between chunks
- * the caller may copy what is filled. Ends early when the loader is told to quit,
- * or when the slot is dropped (a stale prefetch: no stage copies from it, and
- * slot_evict may be waiting for it to become FREE, so the rest of its gather
- * would only delay the batch that stage waits for). */
+/* mu held: stage waits for another slot than b, which the loader has not started
+ * or has paused (b itself not wanted). */
+static int loader_wanted_elsewhere(const BatchLoader *l, const Slot *b) {
+    if (b->wanted) return 0;
+    for (int i = 0; i < 2; i++) {
+        const Slot *o = &l->slot[i];
+        if (o != b && o->state == SLOT_QUEUED && o->wanted) return 1;
+    }
+    return 0;
+}
+
+/* Gather slot b chunk by chunk, from where it was left (filled). Called and returns
+ * with mu held; between chunks the caller may copy what is filled. Ends early when
+ * the loader is told to quit, or when the slot is dropped (a stale prefetch: no
+ * stage copies from it, and slot_evict may be waiting for it to become FREE, so the
+ * rest of its gather would only delay the batch that stage waits for), and pauses
+ * (QUEUED again, filled kept) when stage now waits for the other slot: a prefetch
+ * never delays a wanted batch by more than one chunk. */
 static void loader_gather(BatchLoader *l, Slot *b) {
     b->state = SLOT_GATHERING;
-    for (int first = 0; first < b->n && !l->quit && !b->dropped;) {
+    for (int first = b->filled; first < b->n && !l->quit && !b->dropped;) {
         const int m = b->n - first < l->chunk ? b->n - first : l->chunk;
         loader_unlock(l);
         host_split_gather(b->split, l->rec_bytes, b->idx + first, 0, m, b->px + (size_t)first * l->rec_bytes,
@@ -105,6 +119,10 @@ static void loader_gather(BatchLoader *l, Slot *b) {
         first += m;
         b->filled = first;
         loader_wake(l);
+        if (first < b->n && loader_wanted_elsewhere(l, b)) {
+            b->state = SLOT_QUEUED; /* resumed by loader_main once the wanted one is done */
+            return;
+        }
     }
     b->state = b->dropped ? SLOT_FREE : SLOT_DONE; /* with the last filled, in one critical section */
     loader_wake(l);

@@ -156,11 +156,7 @@ CommNccl *comm_nccl_create(const DistEnv *env, double timeout_s) {
 /* ncclCommFinalize (flushes the communicator's work, may talk to the peers: polled
  * with the timeout), then ncclCommDestroy. A peer gone at this point only costs a
  * warning and an abort: the work is done. */
-void comm_nccl_destroy(CommNccl *nc) {
-    if (nc == NULL) return;
-    CHECK_CUDA(cudaStreamSynchronize(nc->stream));
-    CHECK_CUDA(cudaStreamDestroy(nc->stream));
-    CHECK_CUDA(cudaFree(nc->scratch));
+static void nccl_comm_close(CommNccl *nc) {
     double deadline = nccl_now() + nc->timeout_s;
     ncclResult_t r = ncclCommFinalize(nc->comm);
     while (r == ncclInProgress && nccl_now() < deadline) {
@@ -176,6 +172,19 @@ void comm_nccl_destroy(CommNccl *nc) {
                  r == ncclInProgress ? "timed out" : ncclGetErrorString(r));
         ncclCommAbort(nc->comm);
     }
+}
+
+/* The communicator first, then the stream and the scratch buffer its collectives
+ * used: ncclCommFinalize flushes the operations still issued on the communicator
+ * (NCCL user guide, "Finalizing a communicator" and api/comms ncclCommFinalize),
+ * and those may name the scratch buffer and the stream, so neither is released
+ * before the communicator is finalized and destroyed (or aborted). */
+void comm_nccl_destroy(CommNccl *nc) {
+    if (nc == NULL) return;
+    CHECK_CUDA(cudaStreamSynchronize(nc->stream));
+    nccl_comm_close(nc);
+    CHECK_CUDA(cudaStreamDestroy(nc->stream));
+    CHECK_CUDA(cudaFree(nc->scratch));
     free(nc);
 }
 
