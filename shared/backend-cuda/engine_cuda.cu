@@ -91,7 +91,6 @@ typedef struct {
 typedef struct {
     CudaCtx *ctx;
     int tf32, bf16;
-    uint8_t *conv_mask; /* bf16: 1 where a param is a conv weight (device) */
     Net *net;
     /* model state */
     float *params, *grads, *momentum, *buffers;
@@ -495,7 +494,6 @@ static void cuda_destroy(Engine *e) {
     cuda_free(g->buffers);
     cuda_free(g->stage);
     cuda_free(g->decay_mask);
-    cuda_free(g->conv_mask);
     cuda_free(g->train_px);
     cuda_free(g->test_px);
     cuda_free(g->train_lab);
@@ -627,8 +625,6 @@ static void data_sources(GpuEngine *g) {
 
 /* Which params a mask selects. */
 static int param_decays(const TensorInfo *ti) { return ti->decay; }
-static int param_is_conv_weight(const TensorInfo *ti) { return ti->ndim == 4; }
-
 /* A device byte per param: 1 where pick(its tensor). */
 static uint8_t *param_mask_upload(GpuEngine *g, const Model *m, int (*pick)(const TensorInfo *)) {
     uint8_t *mask = (uint8_t *)xcalloc(m->num_params, 1);
@@ -640,6 +636,15 @@ static uint8_t *param_mask_upload(GpuEngine *g, const Model *m, int (*pick)(cons
     cuda_upload(g->ctx, dev, mask, m->num_params);
     free(mask);
     return dev;
+}
+
+/* bf16: the conv weights' shadows, laid out by bf16_layout.h. */
+static void bf16_shadows_init(GpuEngine *g, const Model *m) {
+    int n = bf16_layout_segments(m, NULL);
+    Bf16Segment *seg = (Bf16Segment *)xcalloc(n ? (size_t)n : 1, sizeof *seg);
+    bf16_layout_segments(m, seg);
+    cuda_bf16_shadow_init(g->ctx, g->params, g->grads, m->num_params, seg, n);
+    free(seg);
 }
 
 static void *host_pinned(size_t bytes) {
@@ -737,10 +742,7 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     cuda_memset_async(g->ctx, g->grads, 0, np * sizeof(float));
     cuda_memset_async(g->ctx, g->momentum, 0, np * sizeof(float));
     g->decay_mask = param_mask_upload(g, m, param_decays);
-    if (g->bf16) {
-        g->conv_mask = param_mask_upload(g, m, param_is_conv_weight);
-        cuda_bf16_shadow_init(g->ctx, g->params, g->grads, np, g->conv_mask);
-    }
+    if (g->bf16) bf16_shadows_init(g, m);
 
     /* cifar-eval (no training split) plans inference only. */
     g->net = net_create(m, net_cuda_ops(), g->ctx, cfg->max_batch, cfg->train.count > 0);

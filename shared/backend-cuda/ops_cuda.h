@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend-cuda/bf16_layout.h"
 #include "data/augment.h"
 #include "model/ops.h"
 #include "model/ops_list.h"
@@ -63,12 +64,15 @@ void cuda_ctx_sync(CudaCtx *ctx);
  * output. Floats in every case: the conv bias and its gradient, gamma, beta, the
  * saved and running statistics (sums in double as in fp32), the pooled features,
  * the linear layer, the logits, the loss and the SGD. The convolutions of the
- * executor read their weights from a bf16 shadow of the fp32 master params and
- * write their weight gradients to a bf16 shadow of the flat gradients:
+ * executor read their weights from a bf16 shadow of the fp32 master conv weights
+ * and write their weight gradients to a bf16 shadow of the flat gradients' conv
+ * weights, every tensor on a 128-byte boundary of the shadow (bf16_layout.h):
  *   cuda_bf16_shadow_init: register the engine's flat params and grads (count
- *     floats) and conv_mask (device, count bytes: 1 where a param is a conv weight);
- *   cuda_bf16_weights_refresh: shadow = bf16(params), one kernel (before a forward);
- *   cuda_bf16_grads_collect: grads = float(shadow) where conv_mask, one kernel
+ *     floats) and the conv weights in them (seg[0 .. n_seg), host, src and count
+ *     set, sorted by src: bf16_layout_segments; the shadow offsets are placed here);
+ *   cuda_bf16_weights_refresh: shadow = bf16(conv weights), one kernel (before a
+ *     forward);
+ *   cuda_bf16_grads_collect: conv weight grads = float(shadow), one kernel
  *     (after a backward: the all-reduce, SGD and snapshots see fp32 only);
  *   cuda_bf16_weight / cuda_bf16_grad: the shadow of a pointer into params / grads
  *     (the pointer itself in an fp32 context; NULL stays NULL).
@@ -79,7 +83,7 @@ int cuda_ctx_bf16(const CudaCtx *ctx);
 void cuda_f32_to_bf16(CudaCtx *ctx, size_t n, const float *src, float *dst_bf16);
 void cuda_bf16_to_f32(CudaCtx *ctx, size_t n, const float *src_bf16, float *dst);
 void cuda_bf16_shadow_init(CudaCtx *ctx, const float *params, float *grads, size_t count,
-                           const uint8_t *conv_mask);
+                           const Bf16Segment *seg, int n_seg);
 void cuda_bf16_weights_refresh(CudaCtx *ctx);
 void cuda_bf16_grads_collect(CudaCtx *ctx);
 const float *cuda_bf16_weight(CudaCtx *ctx, const float *param);
