@@ -64,14 +64,30 @@ CUDNN_FOUND := $(call cuda_find,cudnn,cudnn.h,$(CUDNN_HOME) $(CUDA_HOME) $(NV_SI
 CUBLAS_FOUND := $(call cuda_find,cublas,cublas_v2.h,$(CUBLAS_HOME) $(CUDA_HOME) $(NV_SITES:%=%/nvidia/cu13) $(NV_SITES:%=%/nvidia/cublas) /usr)
 NCCL_FOUND := $(call cuda_find,nccl,nccl.h,$(NCCL_HOME) $(CUDA_HOME) $(NV_SITES:%=%/nvidia/nccl) /usr)
 CUDART_FOUND := $(call cuda_find,cudart,cuda_runtime.h,$(CUDA_HOME))
+# nvrtc (optional): cuDNN 9's runtime-compiled engines dlopen libnvrtc.so.<major> (and
+# nvrtc its libnvrtc-builtins) by soname, found only through the RUNPATH of cuDNN's own
+# library ($$ORIGIN/../../cu13/lib in pip's tree), LD_LIBRARY_PATH or the loader's
+# cache, never through $(CUDA_HOME)/lib64; without it those engines drop out silently
+# and the algorithm lists shrink. So it is looked up like the others (NVRTC_HOME,
+# CUDA_HOME, pip's nvidia/cu13 of nvidia-cuda-nvrtc 13 and nvidia/cuda_nvrtc of 12.x,
+# /usr) and linked with --no-as-needed (with an rpath): loaded with libcifar-cuda.so,
+# cuDNN's dlopen then finds it by soname among the loaded libraries.
+NVRTC_FOUND := $(call cuda_find,nvrtc,nvrtc.h,$(NVRTC_HOME) $(CUDA_HOME) $(NV_SITES:%=%/nvidia/cu13) $(NV_SITES:%=%/nvidia/cuda_nvrtc) /usr)
+NVRTC_BUILTINS := $(if $(NVRTC_FOUND),$(call cuda_soname,$(call cuda_part,$(NVRTC_FOUND),1),nvrtc-builtins))
+NVRTC_SAY = $(if $(NVRTC_FOUND),$(NVRTC_SAY_FOUND),$(NVRTC_SAY_MISSING))
+NVRTC_SAY_FOUND = $(call cuda_part,$(NVRTC_FOUND),3) $(NVRTC_BUILTINS) in $(call cuda_part,$(NVRTC_FOUND),1) [linked: cuDNN's runtime-compiled engines find it]
+NVRTC_SAY_MISSING = not found [cuDNN's runtime-compiled engines unavailable: set NVRTC_HOME or pip install nvidia-cuda-nvrtc]
+NVRTC_LIBS = $(if $(NVRTC_FOUND),-Wl$(comma)--push-state$(comma)--no-as-needed -l:$(call cuda_part,$(NVRTC_FOUND),3) \
+             $(if $(NVRTC_BUILTINS),-l:$(NVRTC_BUILTINS)) -Wl$(comma)--pop-state)
 CUDA_MISSING := $(if $(wildcard $(NVCC)),,nvcc) $(if $(CUDART_FOUND),,cudart) $(if $(CUDNN_FOUND),,cuDNN) \
                 $(if $(CUBLAS_FOUND),,cuBLAS) $(if $(NCCL_FOUND),,NCCL)
 CUDA_HEADERS := $(sort $(wildcard $(call cuda_part,$(CUDNN_FOUND),2)/cudnn*.h \
                 $(call cuda_part,$(CUBLAS_FOUND),2)/cublas*.h $(call cuda_part,$(NCCL_FOUND),2)/nccl*))
-CUDA_LIB_DIRS := $(call cuda_uniq,$(foreach f,$(CUDART_FOUND) $(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),1)))
+CUDA_LIB_DIRS := $(call cuda_uniq,$(foreach f,$(CUDART_FOUND) $(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND) $(NVRTC_FOUND),$(call cuda_part,$(f),1)))
 CUDA_LIBS = $(CUDA_LIB_DIRS:%=-L%) \
             $(addprefix -Wl$(comma)-rpath$(comma),$(filter-out /usr/lib /usr/lib64 /usr/lib/$(MULTIARCH),$(CUDA_LIB_DIRS))) \
-            $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND) $(CUDART_FOUND),-l:$(call cuda_part,$(f),3)) -lstdc++
+            $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND) $(CUDART_FOUND),-l:$(call cuda_part,$(f),3)) \
+            $(NVRTC_LIBS) -lstdc++
 # The headers' links, redone only when the list changes (parallel makes may read them).
 ifeq ($(strip $(CUDA_MISSING)),)
 CUDA_INC_DONE := $(shell list='$(CUDA_HEADERS)'; [ "$$(cat $(CUDA_INC)/.sources 2>/dev/null)" = "$$list" ] || \
@@ -183,6 +199,7 @@ build-info:
 	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY)), MPI=$(MPI)) -> $(BIN)/"
 ifeq ($(CUDA),1)
 	@echo "build: $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),3) in $(call cuda_part,$(f),1);)"
+	@echo "build: nvrtc $(NVRTC_SAY)"
 endif
 
 $(OBJ)/%.o: %.c

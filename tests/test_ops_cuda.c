@@ -813,6 +813,15 @@ static void test_engine(int bottleneck, Precision prec, float tol) {
         snprintf(name, sizeof name, "engine %s %s step %d: correct %d == %d", kind, pn, s, gc, cc);
         expect_true(name, prec != PRECISION_FP32 || gc == cc);
     }
+    /* The second full batch is captured and replayed, the third replayed: a failed
+     * capture (eager steps, with the same results) must not pass unnoticed. */
+    const char *graphs = getenv("CIFAR_CUDA_GRAPH");
+    if (!(graphs && strcmp(graphs, "0") == 0)) {
+        long replays = engine_cuda_graph_replays(gpu);
+        snprintf(name, sizeof name, "engine %s %s: %ld steps replayed through the CUDA graph (want 2)", kind,
+                 pn, replays);
+        expect_true(name, replays == 2);
+    }
     float *pc = xmalloc(m.num_params * sizeof(float)), *pg = xmalloc(m.num_params * sizeof(float));
     float *bc = xmalloc(m.num_buffers * sizeof(float)), *bg = xmalloc(m.num_buffers * sizeof(float));
     float *mc = xmalloc(m.num_params * sizeof(float)), *mg = xmalloc(m.num_params * sizeof(float));

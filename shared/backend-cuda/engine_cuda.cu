@@ -120,6 +120,7 @@ typedef struct {
     float *h_scratch; /* num_params floats, for non-NCCL communicators */
     /* CUDA graph of the full-batch step */
     int graph_enabled, graph_fused_sgd, full_steps;
+    long graph_replays; /* steps run by cudaGraphLaunch (engine_cuda_graph_replays) */
     cudaGraphExec_t graph;
     /* CIFAR_CUDA_PHASES=1: per-phase GPU time of the eager steps (no CUDA graph) */
     int phases;
@@ -255,6 +256,10 @@ static void graph_report(cudaGraph_t graph) {
              nodes);
 }
 
+extern "C" long engine_cuda_graph_replays(const Engine *e) {
+    return ((const GpuEngine *)e->impl)->graph_replays;
+}
+
 /* Capture the full-batch step into g->graph. On any failure (a CUDA, cuDNN or
  * cuBLAS call refused inside the capture, end or instantiation failing) the
  * capture is ended, one line says why, and the engine runs eagerly from then on.
@@ -372,6 +377,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
     const int replay = g->graph && full;
     if (replay) {
         CHECK_CUDA(cudaGraphLaunch(g->graph, s));
+        g->graph_replays++;
         fuse_sgd = g->graph_fused_sgd;
     } else {
         phase_mark(g, PHASE_AUGMENT);

@@ -89,6 +89,13 @@ void cuda_bf16_grads_collect(CudaCtx *ctx);
 const float *cuda_bf16_weight(CudaCtx *ctx, const float *param);
 float *cuda_bf16_grad(CudaCtx *ctx, float *grad);
 
+/* ---- the CUDA engine (engine.h's engine_create_cuda), for tests ----
+ * Training steps a CUDA engine ran by replaying its CUDA graph: 0 when graphs are
+ * off (CIFAR_CUDA_GRAPH=0) or the capture failed (the engine then runs eagerly and
+ * says so in one line, which a test would not notice otherwise). */
+typedef struct Engine Engine;
+long engine_cuda_graph_replays(const Engine *e);
+
 /* Device memory (checked: dies on failure). cuda_free(NULL) is a no-op. */
 void *cuda_alloc(size_t bytes);
 void cuda_free(void *ptr);

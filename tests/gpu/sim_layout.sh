@@ -2,11 +2,12 @@
 # tests/gpu/sim_layout.sh: run a command on a simulated copy of the lent GPU machine's
 # library layout, built from $CUDA_HOME's own files (no download), changing nothing on
 # this machine:
-#   - $CUDA_HOME keeps nvcc and the CUDA runtime but has no cuDNN, cuBLAS or NCCL
-#     (headers and libraries hidden);
+#   - $CUDA_HOME keeps nvcc and the CUDA runtime but has no cuDNN, cuBLAS, NCCL or
+#     nvrtc (headers and libraries hidden);
 #   - those live in a Python package tree DIR/site-packages/nvidia/ laid out as pip's
-#     nvidia-cudnn-cu13 (nvidia/cudnn), nvidia-cublas 13 (nvidia/cu13) and
-#     nvidia-nccl-cu13 (nvidia/nccl) install them: {lib,include}, versioned sonames only
+#     nvidia-cudnn-cu13 (nvidia/cudnn), nvidia-cublas 13 and nvidia-cuda-nvrtc 13
+#     (both nvidia/cu13) and nvidia-nccl-cu13 (nvidia/nccl) install them: {lib,include},
+#     versioned sonames only
 #     (libcudnn.so.9, no libcudnn.so), found through PYTHONPATH. nvidia/cu13/include also
 #     holds a cuda_runtime.h that fails to compile, as a stand-in for runtime headers of
 #     another CUDA version: adding the whole folder to the include path breaks the build.
@@ -21,15 +22,15 @@
 # pip tree's files (tests/gpu/run.sh's caller does). The first line on stderr says which.
 set -euo pipefail
 
-hidden_name() { # the files of cuDNN, cuBLAS and NCCL
+hidden_name() { # the files of cuDNN, cuBLAS, NCCL and nvrtc
     case $1 in
-        cudnn* | cublas* | nccl* | libcudnn* | libcublas* | libnccl*) return 0 ;;
+        cudnn* | cublas* | nccl* | nvrtc* | libcudnn* | libcublas* | libnccl* | libnvrtc*) return 0 ;;
         *) return 1 ;;
     esac
 }
 
 # filtered_copy SRC DST TARGET: DST gets a symlink TARGET/<name> for every entry of SRC
-# that is not cuDNN's, cuBLAS's or NCCL's.
+# that is not cuDNN's, cuBLAS's, NCCL's or nvrtc's.
 filtered_copy() {
     local src=$1 dst=$2 target=$3 f name
     rm -rf "$dst"
@@ -44,7 +45,7 @@ filtered_copy() {
 pip_tree() {
     local site=$1 orig=$2 pkg pattern f
     rm -rf "$site"
-    for pkg in cudnn:cudnn cu13:cublas nccl:nccl; do
+    for pkg in cudnn:cudnn cu13:cublas cu13:nvrtc nccl:nccl; do
         pattern=${pkg#*:}
         pkg=${pkg%%:*}
         mkdir -p "$site/nvidia/$pkg/lib" "$site/nvidia/$pkg/include"
