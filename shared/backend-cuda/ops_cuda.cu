@@ -1252,8 +1252,9 @@ static int conv_candidates(const CudaCtx *ctx, const Perf *perf, int got, int df
 
 /* No candidate fits: every candidate with what became of it (so the user sees why),
  * cuDNN's last error message, then exit. */
-static void conv_none_fits(const CudaCtx *ctx, const ConvCuda *cv, const char *pass,
-                           const ConvCandidate *c, const ConvTried *tried, int n) {
+__attribute__((noreturn)) static void conv_none_fits(const CudaCtx *ctx, const ConvCuda *cv,
+                                                     const char *pass, const ConvCandidate *c,
+                                                     const ConvTried *tried, int n) {
     char last[256] = "";
     cudnnGetLastErrorString(last, sizeof last);
     log_error("cuDNN %s of conv %dx%d stride %d, %d -> %d channels on %dx%dx%d: no candidate fits "
@@ -1432,7 +1433,8 @@ static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
         conv_check_fallback(cv, n, "forward", conv_ws_fwd(ctx, cv, cv->cur_fwd, cv->math_fwd), ws_bytes);
     }
     if (!cv->backward) return;
-    if ((cv->passes & CONV_PASS_BWD_DATA) && conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes) {
+    if ((cv->passes & CONV_PASS_BWD_DATA) &&
+        conv_ws_bwd_data(ctx, cv, cv->bwd_data, cv->math_bwd_data) > ws_bytes) {
         cv->cur_bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
         conv_check_fallback(cv, n, "backward-data",
                             conv_ws_bwd_data(ctx, cv, cv->cur_bwd_data, cv->math_bwd_data), ws_bytes);
