@@ -103,3 +103,19 @@ setup() {
     assert_output --partial "FAIL --lr 0: GPU bf16 against GPU fp32: train_loss"
     assert_output --partial "FAIL GPU twokernel: train_loss"
 }
+
+@test "run.sh --preflight: its first lines say what was found and what is missing" {
+    run "$RUN_SH" --preflight
+    # a GPU machine finds one, this one may not: either way the line is there
+    assert_line --index 0 --partial "== 0. pre-flight"
+    assert_line --regexp '^(found:   GPU: GPU 0|missing: GPU \(nvidia-smi lists none)'
+    assert_line --regexp '^found:   gcc: [0-9]'
+    assert_line --regexp '^found:   glibc: [0-9]'
+    assert_line --regexp '^lookup:  '
+    assert_line --regexp '^pre-flight: (nothing missing|missing: )'
+    # a Python that is not there is named, and the status says so
+    PYTHON_GPU=/nonexistent/python3 run "$RUN_SH" --preflight
+    assert_failure
+    assert_line --partial "missing: python (/nonexistent/python3)"
+    assert_line --regexp '^pre-flight: missing: .*python \(/nonexistent/python3\)'
+}

@@ -52,6 +52,8 @@
 #      and set ANCHOR=that/bench/torch_anchor.py).
 # Stage timeouts (seconds): T_BUILD 900, T_TEST 180, T_TRAIN 180 per run, T_EVAL 60,
 # T_BENCH 420 (each cut to what T_TOTAL leaves).
+#   tests/gpu/run.sh --preflight   runs stage 0 and the unpacking of the Debian
+#      libraries alone (exit 0 when nothing is missing, else 1);
 #   tests/gpu/run.sh --check-curves DIR   runs stage 3's comparisons alone on metrics
 #      files in DIR (lr0_cpu lr0_gpu lr0_bf16 cpu gpu eager twokernel stream bf16,
 #      .jsonl each): how tests/gpu_tolerances.bats checks them on recorded curves.
@@ -245,6 +247,10 @@ if [ ${#missing[@]} = 0 ]; then
     say "pre-flight: nothing missing"
 else
     say "pre-flight: missing: $(IFS=';'; echo "${missing[*]}")"
+fi
+if [ "${1:-}" = --preflight ]; then
+    [ ${#missing[@]} = 0 ] && [ $failed = 0 ]
+    exit
 fi
 # One target, the GPU's own, unless asked otherwise: the build takes a third as long.
 if [ -z "${CUDA_ARCHS:-}" ] && [ -n "$gpu_cc" ]; then
