@@ -62,7 +62,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-cd "$repo"
+cd "$repo" || exit 1
 . "$here/tolerances.sh"
 out=${OUT:-/tmp/cifar-gpu-check}
 mkdir -p "$out"

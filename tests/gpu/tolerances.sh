@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # tests/gpu/tolerances.sh: the tolerances of tests/gpu/run.sh and the checks that use
 # them, sourced by run.sh and by tests/gpu_tolerances.bats (which runs them on
 # recorded curves in `make test`, no GPU needed). Plain bash + awk.
