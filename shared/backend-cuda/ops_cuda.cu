@@ -1165,12 +1165,14 @@ static void conv_set_batch_desc(ConvCuda *cv, int n) {
 }
 
 /* Workspace of algorithm a run with math m, for the batch size now in the
- * descriptors; (size_t)-1 when cuDNN rejects the pair for this shape (the
- * cudnnGetConvolution*WorkspaceSize functions return CUDNN_STATUS_NOT_SUPPORTED
- * when "the combination of the tensor descriptors, filter descriptor and
- * convolution descriptor is not supported for the specified algorithm", cuDNN API
- * reference, cudnn_cnn library). The math is set first: the size, and whether the
- * algorithm runs at all, depend on it. */
+ * descriptors; (size_t)-1 when cuDNN rejects the pair for this shape: the
+ * cudnnGetConvolution*WorkspaceSize functions return CUDNN_STATUS_NOT_SUPPORTED for
+ * a descriptor combination the algorithm does not support (cuDNN 9 API reference,
+ * cudnn_cnn library), and an algorithm cudnnFind* listed can still be refused there
+ * (NVIDIA developer forum, "Algorithm recommended by
+ * cudnnFindConvolutionForwardAlgorithm fails to run when output channels are not a
+ * multiple of 8": NOT_SUPPORTED from the workspace query). The math is set first:
+ * the size, and whether the algorithm runs at all, depend on it. */
 static size_t conv_ws_fwd(CudaCtx *ctx, ConvCuda *cv, cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m) {
     size_t b = 0;
     CHECK_CUDNN(cudnnSetConvolutionMathType(cv->cd, m));
