@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <vector>
 #include <cooperative_groups.h>
 
 #include "backend-cuda/bf16_layout.h"
@@ -1096,11 +1097,6 @@ extern "C" void conv_weight_from_krsc_cuda(CudaCtx *ctx, const ConvSpec *cs, con
     CHECK_CUDA_LAST();
 }
 
-/* The longest list a cudnnFind* / cudnnGet*_v7 call of ours returns. */
-static constexpr int CONV_ALGO_COUNT_MAX = std::max({(int)CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                 (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                                 (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT});
-
 struct ConvCuda {
     ConvSpec cs;
     int max_n, h, w, oh, ow;
@@ -1277,10 +1273,10 @@ __attribute__((noreturn)) static void conv_none_fits(const CudaCtx *ctx, const C
 /* The candidate conv_pick takes (the picked index), or the table and exit. */
 static int conv_pick_or_die(CudaCtx *ctx, ConvCuda *cv, const char *pass, const ConvCandidate *c, int n,
                             ConvWsQuery query, size_t *ws) {
-    ConvTried tried[CONV_ALGO_COUNT_MAX + 1];
+    std::vector<ConvTried> tried((size_t)n + 1);
     ConvQuery q = {ctx, cv};
-    int at = conv_pick(c, n, ctx->deterministic, cv->ws_limit, query, &q, tried);
-    if (at < 0) conv_none_fits(ctx, cv, pass, c, tried, n);
+    int at = conv_pick(c, n, ctx->deterministic, cv->ws_limit, query, &q, tried.data());
+    if (at < 0) conv_none_fits(ctx, cv, pass, c, tried.data(), n);
     *ws = tried[at].ws;
     return at;
 }
@@ -1289,22 +1285,34 @@ static int conv_pick_or_die(CudaCtx *ctx, ConvCuda *cv, const char *pass, const 
  * cudnnFind* (sorted by time), or ranked by heuristics (cudnnGet*_v7) when
  * deterministic; the first whose workspace, sized with the math it will run with,
  * fits (conv_pick.h). Find and Get see the base math (the previous pass's workspace
- * queries changed it). */
-#define CONV_PASS(perf_t, count_max, get_call, find_call, ctx, cv, dflt, query, out_algo, out_math, \
-                  out_ws, pass)                                                                     \
-    do {                                                                                            \
-        perf_t perf_[count_max];                                                                    \
-        ConvCandidate cand_[(count_max) + 1];                                                       \
-        int got_ = 0;                                                                               \
-        CHECK_CUDNN(cudnnSetConvolutionMathType((cv)->cd, conv_base_math(ctx)));                    \
-        if ((ctx)->deterministic)                                                                   \
-            CHECK_CUDNN(get_call);                                                                  \
-        else                                                                                        \
-            CHECK_CUDNN(find_call);                                                                 \
-        int n_ = conv_candidates(ctx, perf_, got_, (int)(dflt), cand_);                             \
-        int at_ = conv_pick_or_die(ctx, cv, pass, cand_, n_, query, &(out_ws));                     \
-        (out_algo) = (decltype(out_algo))cand_[at_].algo;                                           \
-        (out_math) = (cudnnMathType_t)cand_[at_].math;                                              \
+ * queries changed it). The list asked for is as long as
+ * cudnnGetConvolution*AlgorithmMaxCount says these calls can return (the cuDNN API
+ * reference on cudnnGetConvolutionForwardAlgorithmMaxCount: "the sum of all
+ * algorithms plus the sum of all algorithms with Tensor Core operations supported for
+ * the current device"), not the enum's *_ALGO_COUNT: with an entry per algorithm and
+ * math type both calls can list more than that, and a list cut at *_ALGO_COUNT can
+ * lose the only deterministic or fitting candidate (under --deterministic, Get_v7's
+ * ranking, cut, is the whole choice). Paddle's and MegEngine's cuDNN pickers size
+ * their lists the same way. */
+#define CONV_PASS(perf_t, max_count_fn, enum_count, get_call, find_call, ctx, cv, dflt, query, out_algo, \
+                  out_math, out_ws, pass)                                                                 \
+    do {                                                                                                  \
+        int max_ = 0;                                                                                     \
+        CHECK_CUDNN(max_count_fn((ctx)->cudnn, &max_));                                                   \
+        const int want_ = std::max(max_, (int)(enum_count));                                              \
+        std::vector<perf_t> perf_((size_t)want_);                                                         \
+        std::vector<ConvCandidate> cand_((size_t)want_ + 1);                                              \
+        int got_ = 0;                                                                                     \
+        CHECK_CUDNN(cudnnSetConvolutionMathType((cv)->cd, conv_base_math(ctx)));                          \
+        if ((ctx)->deterministic)                                                                         \
+            CHECK_CUDNN(get_call);                                                                        \
+        else                                                                                              \
+            CHECK_CUDNN(find_call);                                                                       \
+        got_ = std::min(std::max(got_, 0), want_);                                                        \
+        int n_ = conv_candidates(ctx, perf_.data(), got_, (int)(dflt), cand_.data());                     \
+        int at_ = conv_pick_or_die(ctx, cv, pass, cand_.data(), n_, query, &(out_ws));                    \
+        (out_algo) = (decltype(out_algo))cand_[at_].algo;                                                 \
+        (out_math) = (cudnnMathType_t)cand_[at_].math;                                                    \
     } while (0)
 
 /* Each planned pass's algorithm, math and workspace at max_n (conv_plan_passes). */
@@ -1314,32 +1322,30 @@ static void conv_pick_algorithms(CudaCtx *ctx, ConvCuda *cv, size_t ws[3]) {
     cv->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     cv->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     cv->math_fwd = cv->math_bwd_data = cv->math_bwd_filter = conv_base_math(ctx);
-    CONV_PASS(cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-              cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
-                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
-              cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got_, perf_),
+    CONV_PASS(cudnnConvolutionFwdAlgoPerf_t, cudnnGetConvolutionForwardAlgorithmMaxCount,
+              CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+              cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd, want_, &got_,
+                                                     perf_.data()),
+              cudnnFindConvolutionForwardAlgorithm(ctx->cudnn, cv->xd, cv->wd, cv->cd, cv->yd, want_, &got_,
+                                                   perf_.data()),
               ctx, cv, cv->fwd, conv_query_fwd, cv->fwd, cv->math_fwd, ws[0], "forward");
     /* inference only: no backward search (seconds per run); the stem: no backward data */
     if (cv->passes & CONV_PASS_BWD_DATA)
-        CONV_PASS(cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                  cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
-                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                                              &got_, perf_),
-                  cudnnFindConvolutionBackwardDataAlgorithm(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd,
-                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got_,
-                                                            perf_),
+        CONV_PASS(cudnnConvolutionBwdDataAlgoPerf_t, cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+                  CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                  cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, want_,
+                                                              &got_, perf_.data()),
+                  cudnnFindConvolutionBackwardDataAlgorithm(ctx->cudnn, cv->wd, cv->yd, cv->cd, cv->xd, want_,
+                                                            &got_, perf_.data()),
                   ctx, cv, cv->bwd_data, conv_query_bwd_data, cv->bwd_data, cv->math_bwd_data, ws[1],
                   "backward data");
     if (cv->passes & CONV_PASS_BWD_FILTER)
-        CONV_PASS(cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                  cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx->cudnn, cv->xd, cv->yd, cv->cd,
-                                                                cv->wd,
-                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                                &got_, perf_),
-                  cudnnFindConvolutionBackwardFilterAlgorithm(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd,
-                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                              &got_, perf_),
+        CONV_PASS(cudnnConvolutionBwdFilterAlgoPerf_t, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                  cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, want_,
+                                                                &got_, perf_.data()),
+                  cudnnFindConvolutionBackwardFilterAlgorithm(ctx->cudnn, cv->xd, cv->yd, cv->cd, cv->wd, want_,
+                                                              &got_, perf_.data()),
                   ctx, cv, cv->bwd_filter, conv_query_bwd_filter, cv->bwd_filter, cv->math_bwd_filter,
                   ws[2], "backward filter");
 }
