@@ -119,7 +119,10 @@ static void loader_gather(BatchLoader *l, Slot *b) {
         first += m;
         b->filled = first;
         loader_wake(l);
-        if (first < b->n && loader_wanted_elsewhere(l, b)) {
+        /* A slot dropped during this chunk is not paused: the loop ends and sets it
+         * FREE now (QUEUED, it would stay taken until the wanted batch is gathered:
+         * "a GATHERING one [is freed] when the chunk being gathered ends"). */
+        if (first < b->n && !b->dropped && loader_wanted_elsewhere(l, b)) {
             b->state = SLOT_QUEUED; /* resumed by loader_main once the wanted one is done */
             return;
         }
