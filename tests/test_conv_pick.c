@@ -6,7 +6,10 @@
  *     run with, is supported and within the limit; a refused query (cuDNN's
  *     NOT_SUPPORTED after forcing FMA math for fp32) or an over-limit size moves on
  *     to the next; failed, math-forbidden and (when asked) non-deterministic ones are
- *     never queried; none fitting gives -1 with a verdict for every candidate. */
+ *     never queried; none fitting gives -1 with a verdict for every candidate;
+ *   - conv_list_capacity / conv_list_got: the list is as long as cuDNN's MaxCount
+ *     (an entry per algorithm and math type), so a deterministic candidate ranked
+ *     past the enum's *_ALGO_COUNT is still reached. */
 #include <string.h>
 
 #include "backend-cuda/conv_pick.h"
@@ -100,8 +103,34 @@ static void test_pick(void) {
     EXPECT(conv_pick(e, 0, 0, limit, fake_query, &f, t) == -1, "an empty list picks nothing");
 }
 
+/* The list's length: cuDNN's MaxCount (an entry per algorithm and math type) when it
+ * exceeds the enum's count; a deterministic candidate ranked past the enum's count
+ * (7 backward-filter algorithms, each listed twice) is reached only with it. */
+static void test_list_capacity(void) {
+    enum { ENUM_COUNT = 7, MAX_COUNT = 14, FMA = 1 };
+    EXPECT(conv_list_capacity(MAX_COUNT, ENUM_COUNT) == MAX_COUNT, "capacity %d, want %d",
+           conv_list_capacity(MAX_COUNT, ENUM_COUNT), MAX_COUNT);
+    EXPECT(conv_list_capacity(0, ENUM_COUNT) == ENUM_COUNT, "capacity with MaxCount 0: %d",
+           conv_list_capacity(0, ENUM_COUNT));
+    EXPECT(conv_list_got(-1, 14) == 0 && conv_list_got(20, 14) == 14 && conv_list_got(9, 14) == 9,
+           "returned counts clamped: %d %d %d", conv_list_got(-1, 14), conv_list_got(20, 14), conv_list_got(9, 14));
+    FakeCudnn f;
+    memset(&f, 0, sizeof f);
+    ConvCandidate c[MAX_COUNT];
+    for (int i = 0; i < MAX_COUNT; i++) c[i] = cand(i % 7, FMA, 1, 1, 0); /* non-deterministic */
+    c[9] = cand(1, FMA, 1, 1, 1);                                         /* the deterministic one */
+    f.ws[1][FMA] = 64;
+    ConvTried t[MAX_COUNT];
+    EXPECT(conv_pick(c, ENUM_COUNT, 1, 1000, fake_query, &f, t) == -1,
+           "a list cut at the enum's count still found a deterministic candidate (the test shows nothing)");
+    int got = conv_list_got(MAX_COUNT, conv_list_capacity(MAX_COUNT, ENUM_COUNT));
+    int at = conv_pick(c, got, 1, 1000, fake_query, &f, t);
+    EXPECT(at == 9, "the full list (%d entries): picked %d, want the deterministic entry 9", got, at);
+}
+
 int main(void) {
     test_passes();
     test_pick();
+    test_list_capacity();
     return unit_report("test_conv_pick");
 }

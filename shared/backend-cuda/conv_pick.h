@@ -25,6 +25,18 @@ static inline unsigned conv_plan_passes(int backward, int need_dx) {
     return passes;
 }
 
+/* How many results to ask cudnnFind* / cudnnGet*_v7 for: what
+ * cudnnGetConvolution*AlgorithmMaxCount says they can return (an entry per
+ * algorithm and math type), at least the enum's *_ALGO_COUNT. */
+static inline int conv_list_capacity(int max_count, int enum_count) {
+    return max_count > enum_count ? max_count : enum_count;
+}
+
+/* The returned count, kept within [0, capacity]. */
+static inline int conv_list_got(int returned, int capacity) {
+    return returned < 0 ? 0 : returned > capacity ? capacity : returned;
+}
+
 /* One entry of cuDNN's list, as the precision sees it. */
 typedef struct {
     int algo;          /* cudnnConvolution*Algo_t */

@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <algorithm>
 #include <vector>
 #include <cooperative_groups.h>
 
@@ -1299,7 +1298,7 @@ static int conv_pick_or_die(CudaCtx *ctx, ConvCuda *cv, const char *pass, const 
     do {                                                                                                  \
         int max_ = 0;                                                                                     \
         CHECK_CUDNN(max_count_fn((ctx)->cudnn, &max_));                                                   \
-        const int want_ = std::max(max_, (int)(enum_count));                                              \
+        const int want_ = conv_list_capacity(max_, (int)(enum_count));                                    \
         std::vector<perf_t> perf_((size_t)want_);                                                         \
         std::vector<ConvCandidate> cand_((size_t)want_ + 1);                                              \
         int got_ = 0;                                                                                     \
@@ -1308,7 +1307,7 @@ static int conv_pick_or_die(CudaCtx *ctx, ConvCuda *cv, const char *pass, const 
             CHECK_CUDNN(get_call);                                                                        \
         else                                                                                              \
             CHECK_CUDNN(find_call);                                                                       \
-        got_ = std::min(std::max(got_, 0), want_);                                                        \
+        got_ = conv_list_got(got_, want_);                                                                \
         int n_ = conv_candidates(ctx, perf_.data(), got_, (int)(dflt), cand_.data());                     \
         int at_ = conv_pick_or_die(ctx, cv, pass, cand_.data(), n_, query, &(out_ws));                    \
         (out_algo) = (decltype(out_algo))cand_[at_].algo;                                                 \
