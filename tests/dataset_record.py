@@ -25,13 +25,20 @@ def make(out, label, nbytes):
         f.write(lab + struct.pack('<I', crc32c(lab + px)) + px)
 
 
-def records():
-    lines = [l.strip() for l in sys.stdin if l.startswith(' ')]
+def parse_dump(lines):
+    """(label, pixel bytes) of each record of `mdb_dump -n -s SPLIT` output; exits 1
+    naming the first record whose CRC-32C does not match."""
+    lines = [l.strip() for l in lines if l.startswith(' ')]
     for k, v in zip(lines[0::2], lines[1::2]):
         b = bytes.fromhex(v)
         if int.from_bytes(b[4:8], 'little') != crc32c(b[:4] + b[8:]):
             sys.exit('record %s: checksum mismatch' % bytes.fromhex(k).decode())
-        print(int.from_bytes(b[:4], 'little', signed=True), b[8:].hex())
+        yield int.from_bytes(b[:4], 'little', signed=True), b[8:]
+
+
+def records():
+    for label, pixels in parse_dump(sys.stdin):
+        print(label, pixels.hex())
 
 
 if __name__ == '__main__':

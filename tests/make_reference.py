@@ -3,12 +3,18 @@
 
 Run from the repository root with Debian's python3 (torch 1.13, CPU):
 
-    /usr/bin/python3 tests/make_reference.py [OUT]      (default tests/data/reference.bin)
+    /usr/bin/python3 tests/make_reference.py [OUT]          (default tests/data/reference.bin)
+    /usr/bin/python3 tests/make_reference.py --check [FILE]  compare, don't write (torch.bats)
 
-It imports the seed's resnet.py (from ../shared/seed relative to the repository,
-or $SEED_DIR), builds nn.Sequential(ResNetBase(...), nn.Linear(...)) with the
-seed Config ([16,32,64] channels, [8,16,16] bottlenecks, [6,6,6] blocks, first
-kernel 3, 10 classes), and records one small batch (4 x 3x32x32).
+It builds the project's PyTorch model (python/cifar_resnet.py: the seed's
+nn.Sequential(ResNetBase(...), nn.Linear(...)), created in the seed's order, so the
+same torch.manual_seed gives the same initial weights as the seed's resnet.py) with
+the seed Config ([16,32,64] channels, [8,16,16] bottlenecks, [6,6,6] blocks, first
+kernel 3, 10 classes), and records one small batch (4 x 3x32x32). On one machine
+the file it writes is byte for byte the one the seed's resnet.py writes (checked when
+the module replaced it); the committed file, made on another machine, differs from
+both only in gradients that are zero analytically (float64 rounding noise, below
+3e-15). --check recomputes and compares within CHECK_REL/CHECK_ABS (below).
 
 Precision: the initial state and the input are drawn in float32 (so the file
 holds them exactly), then everything is computed in float64 and stored rounded
@@ -58,9 +64,8 @@ import torch
 from torch import nn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SEED_DIR = os.environ.get("SEED_DIR", os.path.join(REPO, "..", "shared", "seed"))
-sys.path.insert(0, SEED_DIR)
-from resnet import ResNetBase  # noqa: E402  (the seed's model, unchanged)
+sys.path.insert(0, os.path.join(REPO, "python"))
+import cifar_resnet  # noqa: E402  (the project's PyTorch model: python/cifar_resnet.py)
 
 MAGIC = b"CIFREF01"
 VERSION = 1
@@ -85,9 +90,7 @@ CONFIG = {
 
 
 def build_model(cfg):
-    base = ResNetBase(cfg["n_blocks"], cfg["n_channels"], cfg["bottlenecks"],
-                      cfg["img_channels"], cfg["first_kernel_size"])
-    return nn.Sequential(base, nn.Linear(cfg["n_channels"][-1], cfg["num_classes"]))
+    return cifar_resnet.build({key: cfg[key] for key in cifar_resnet.DEFAULT_SHAPE if key in cfg})
 
 
 def perturb_batchnorm(model, gen):
@@ -130,9 +133,72 @@ class Writer:
         os.replace(tmp, path)
 
 
-def main():
-    out_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "tests", "data", "reference.bin")
-    cfg = CONFIG
+def read_reference(path):
+    """{name: (shape, float32 values)} of a reference file written by Writer.write."""
+    import numpy as np
+
+    blob = open(path, "rb").read()
+    if blob[:8] != MAGIC:
+        sys.exit(f"{path}: not a {MAGIC.decode()} file")
+    version, clen = struct.unpack_from("<QQ", blob, 8)
+    if version != VERSION:
+        sys.exit(f"{path}: version {version}, expected {VERSION}")
+    pos = 24 + clen
+    (count,) = struct.unpack_from("<Q", blob, pos)
+    pos += 8
+    out = {}
+    for _ in range(count):
+        (nlen,) = struct.unpack_from("<Q", blob, pos)
+        name = blob[pos + 8:pos + 8 + nlen].decode()
+        pos += 8 + nlen
+        (ndim,) = struct.unpack_from("<Q", blob, pos)
+        shape = list(struct.unpack_from("<%dQ" % ndim, blob, pos + 8))
+        pos += 8 + 8 * ndim
+        numel = int(np.prod(shape)) if ndim else 1
+        if pos + 4 * numel > len(blob):
+            sys.exit(f"{path}: tensor {name} runs past the end of the file")
+        out[name] = (shape, np.frombuffer(blob, np.float32, numel, pos).astype(np.float64))
+        pos += 4 * numel
+    if pos != len(blob):
+        sys.exit(f"{path}: {len(blob) - pos} bytes after the last tensor")
+    return out
+
+
+# --check's tolerance per tensor: |new - file| <= REL * max|file| + ABS. Everything is
+# computed in float64 and stored rounded to float32: another machine's float64 result
+# (other kernels' summation order: ~1e-16 relative, ~1e-10 after the 3 chaotic SGD
+# steps) can round to the neighbouring float32, one ulp (<= 1.2e-7 of the largest
+# value) away; REL allows 8 of them. ABS: the gradients that are zero analytically (the
+# biases of convs followed by BN, the stem BN's beta) hold float64 rounding noise only
+# (<= 3e-15 here), which differs between any two machines.
+CHECK_REL = 1e-6
+CHECK_ABS = 1e-12
+
+
+def check_against(w, path):
+    import numpy as np
+
+    want = read_reference(path)
+    if [e[0] for e in w.entries] != list(want):
+        sys.exit(f"{path}: the tensor names or their order differ from the ones computed now")
+    worst, exact = (0.0, ""), 0
+    for name, shape, data in w.entries:
+        ref_shape, ref = want[name]
+        if shape != ref_shape:
+            sys.exit(f"{path}: tensor {name}: shape {ref_shape}, computed {shape}")
+        got = np.frombuffer(data, np.float32).astype(np.float64)
+        err = float(np.abs(got - ref).max())
+        bound = CHECK_REL * float(np.abs(ref).max()) + CHECK_ABS
+        if err > bound:
+            sys.exit(f"{path}: tensor {name}: max |computed - file| {err:.3g} > {bound:.3g}")
+        exact += err == 0
+        worst = max(worst, (err / bound, name))
+    print(f"{path}: matches: {len(w.entries)} tensors, {exact} bit for bit; the largest "
+          f"difference is {worst[0]:.2g} of its tolerance ({worst[1]})")
+
+
+def compute(cfg):
+    """The reference's tensors (a Writer) and the first loss."""
     torch.manual_seed(1234)
     torch.set_num_threads(1)
     model = build_model(cfg)
@@ -170,10 +236,23 @@ def main():
     model.eval()
     with torch.no_grad():
         w.add("eval_logits", model(x))
-    w.write(out_path, cfg)
-    nparams = sum(p.numel() for p in model.parameters())
-    print("%s: %d tensors, %d parameters, first loss %.6f" % (out_path, len(w.entries), nparams,
-                                                              loss0))
+    return w, loss0
+
+
+def main():
+    args = sys.argv[1:]
+    check = args[:1] == ["--check"]
+    if check:
+        args = args[1:]
+    if len(args) > 1:
+        sys.exit("usage: make_reference.py [--check] [FILE]  (default tests/data/reference.bin)")
+    path = args[0] if args else os.path.join(REPO, "tests", "data", "reference.bin")
+    w, loss0 = compute(CONFIG)
+    if check:
+        check_against(w, path)
+        return
+    w.write(path, CONFIG)
+    print("%s: %d tensors, first loss %.6f" % (path, len(w.entries), loss0))
 
 
 if __name__ == "__main__":
