@@ -30,7 +30,11 @@ static const char *usage_text =
     "  --batch-size N     images per forward pass (default 500)\n"
     "  --threads N        CPU threads (default: all cores)\n"
     "  --quiet            no progress output\n"
-    "  -h, --help         this help\n";
+    "  -h, --help         this help\n"
+    "\n"
+    "Environment:\n"
+    "  CIFAR_CPU_ISA=V    the CPU ops' instruction-set variant: generic | avx2 | avx512\n"
+    "                     (default: the best this CPU runs; one it lacks exits 2)\n";
 
 typedef struct {
     const char *snapshot;

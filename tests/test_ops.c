@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "model/ops.h"
@@ -42,6 +44,50 @@ static void test_isa_cases(void) {
                        opc_host_copy, isa_select, &levels[isa]};
         opc_check_all(&base, &v, 0);
     }
+    ops_set_isa(-1);
+}
+
+/* The exit status of a child that sets CIFAR_CPU_ISA=value and asks for the default
+ * variant (its stderr to /dev/null: the refusal's one line is the command's). */
+static int isa_env_child_status(const char *value) {
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK_STDIO(pid >= 0, "fork");
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stderr)) _exit(99);
+        setenv("CIFAR_CPU_ISA", value, 1);
+        ops_set_isa(-1);
+        _exit(0);
+    }
+    int status;
+    CHECK_STDIO(waitpid(pid, &status, 0) == pid, "waitpid");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* CIFAR_CPU_ISA forces each variant the CPU has; an unknown name, or a variant the
+ * CPU lacks, exits 2 (never a silent fallback to another variant). */
+static void test_isa_env(void) {
+    static const char *const names[3] = {"generic", "avx2", "avx512"};
+    char *saved = getenv("CIFAR_CPU_ISA") ? xstrdup(getenv("CIFAR_CPU_ISA")) : NULL;
+    unsetenv("CIFAR_CPU_ISA");
+    int best = ops_set_isa(-1);
+    for (int isa = 0; isa <= 2; isa++) {
+        if (isa > best) {
+            int status = isa_env_child_status(names[isa]);
+            EXPECT(status == 2, "CIFAR_CPU_ISA=%s on a CPU without it: exit %d, 2 expected",
+                   names[isa], status);
+            continue;
+        }
+        setenv("CIFAR_CPU_ISA", names[isa], 1);
+        EXPECT(ops_set_isa(-1) == isa && strcmp(ops_isa_name(), names[isa]) == 0,
+               "CIFAR_CPU_ISA=%s: variant %d (%s) in use", names[isa], ops_set_isa(-1),
+               ops_isa_name());
+    }
+    int status = isa_env_child_status("avx9000");
+    EXPECT(status == 2, "CIFAR_CPU_ISA=avx9000: exit %d, 2 expected", status);
+    if (saved) setenv("CIFAR_CPU_ISA", saved, 1);
+    else unsetenv("CIFAR_CPU_ISA");
+    free(saved);
     ops_set_isa(-1);
 }
 
@@ -668,6 +714,7 @@ int main(void) {
     log_set_program("test_ops");
     printf("test_ops: CPU op variant %d (0 baseline, 1 AVX2, 2 AVX-512), %d threads\n",
            ops_set_isa(-1), ops_threads());
+    test_isa_env();
     test_conv();
     test_batchnorm_float(37, 3);
     test_batchnorm_float(1500, 5); /* several reduction blocks */

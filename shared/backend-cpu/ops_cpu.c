@@ -45,21 +45,45 @@ static int ops_isa_cpu(void) {
     return 0;
 }
 
+static const char *const ops_isa_names[] = {"generic", "avx2", "avx512"};
+
+/* The level CIFAR_CPU_ISA=generic|avx2|avx512 forces (tests and CI run every
+ * variant on one machine this way); unset or empty: the best the CPU has. An
+ * unknown name, or a variant this CPU (or a build without variants) cannot run,
+ * stops the process with exit status 2: a forced variant never falls back. */
+static int ops_isa_from_env(void) {
+    int cpu = ops_isa_cpu();
+    const char *want = getenv("CIFAR_CPU_ISA");
+    if (!want || !want[0]) return cpu;
+    for (int level = 0; level < 3; level++) {
+        if (strcmp(want, ops_isa_names[level]) != 0) continue;
+        if (level > cpu)
+            die_usage("CIFAR_CPU_ISA=%s: this CPU (or build) runs at most the %s variant of the "
+                      "CPU ops: unset it or pick one up to %s", want, ops_isa_names[cpu],
+                      ops_isa_names[cpu]);
+        return level;
+    }
+    die_usage("CIFAR_CPU_ISA=%s: unknown variant (generic, avx2, avx512)", want);
+}
+
 /* -1 until first used; then the level in use (set once, read by every op). */
 static int ops_isa_current = -1;
 
 static int ops_isa(void) {
     int level = __atomic_load_n(&ops_isa_current, __ATOMIC_RELAXED);
     if (level < 0) {
-        level = ops_isa_cpu();
+        level = ops_isa_from_env();
         __atomic_store_n(&ops_isa_current, level, __ATOMIC_RELAXED);
     }
     return level;
 }
 
+const char *ops_isa_name(void) { return ops_isa_names[ops_isa()]; }
+
 int ops_set_isa(int level) {
     int cpu = ops_isa_cpu();
-    if (level < 0 || level > cpu) level = cpu;
+    if (level < 0) level = ops_isa_from_env();
+    if (level > cpu) level = cpu;
     __atomic_store_n(&ops_isa_current, level, __ATOMIC_RELAXED);
     return level;
 }
@@ -101,6 +125,7 @@ static int ops_thread_count; /* 0 until ops_set_threads: OpenMP's default applie
 void ops_set_threads(int threads) {
     if (threads < 1) threads = 1;
     ops_thread_count = threads;
+    (void)ops_isa(); /* CIFAR_CPU_ISA is read here, on one thread, not inside an op's team */
     omp_set_num_threads(threads);
     openblas_set_num_threads(1);
 }

@@ -86,9 +86,12 @@ OPS_LIST_ALL(OPS_DECLARE_VOID, OPS_DECLARE_RET, float)
 void ops_set_threads(int threads);
 int ops_threads(void);
 /* Instruction-set variant of the CPU ops: 0 baseline x86-64 (or non-x86), 1 AVX2+FMA,
- * 2 AVX-512. The default is the best the CPU supports; a level the CPU lacks (or -1)
- * selects that best. Returns the level now in use. For tests and benchmarks. */
+ * 2 AVX-512. The default is CIFAR_CPU_ISA's (generic | avx2 | avx512; a variant the CPU
+ * lacks or an unknown name exits 2), else the best the CPU supports; -1 selects that
+ * default, a level the CPU lacks the best it has. Returns the level now in use. For
+ * tests and benchmarks. ops_isa_name: the variant in use ("generic", "avx2", "avx512"). */
 int ops_set_isa(int level);
+const char *ops_isa_name(void);
 
 /* Teams: ops_team_run(body, arg) runs body(arg) once on every thread of one OpenMP
  * parallel region (ops_threads() threads); every thread makes the same sequence of
