@@ -10,6 +10,7 @@
 #   make bench        speed figures side by side with PyTorch (CPU)
 #   make fuzz         libFuzzer targets, each for FUZZ_SECONDS
 #   make test-asan    the unit tests and bats suites built with ASan+UBSan (build/asan/)
+#   make test-variants  the learning and tolerance tests under each CPU variant and other BLAS kernels
 #   make test-valgrind  memcheck on a short prep, train and eval (slow; not in CI)
 
 CUDA_HOME ?= /usr/local/cuda
@@ -192,7 +193,7 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 GPU_TEST_BINS =
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
+.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-variants test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -318,6 +319,11 @@ BATS_FILES ?= tests/*.bats
 test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm
 	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) \
 	  TEST_COMM=$(abspath $(OBJ)/tests/test_comm) bats $(BATS_FILES)
+
+# The learning, accuracy and tolerance tests again under every CPU variant of the ops
+# (CIFAR_CPU_ISA) and other OpenBLAS kernels (OPENBLAS_CORETYPE): tests/variants.sh.
+test-variants: all $(TEST_BINS)
+	BIN=$(abspath $(BIN)) UNIT_DIR=$(abspath $(OBJ)/tests) PYTHON_TORCH=$(PYTHON_TORCH) tests/variants.sh
 
 # The LD_PRELOAD shim of tests/hardening.bats (failing or SIGKILLing writes); never sanitized.
 $(FAULTINJECT): tests/faultinject.c

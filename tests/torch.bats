@@ -65,11 +65,11 @@ correct_of() { # snapshot: cifar-eval's count of correct test images
 # so "within 2 images of 256" (0 here). Each wrong rebuild changes the function itself.
 @test "the module's accuracy equals cifar-eval's; three wrong rebuilds that load strictly do not" {
     want=$(correct_of "$SNAP")
-    echo "cifar-eval: $want/256"
+    echo "# cifar-eval: $want/256 correct" >&3
     [ "$want" -ge 64 ] # a trained network (chance: 26), or the comparison means little
     run "$PY" "$BATS_TEST_DIRNAME/eval_torch.py" "$SNAP" "$LMDB"
     assert_success
-    echo "cifar_resnet: $output"
+    echo "# cifar_resnet: ${output% *}/256" >&3
     got=${output% *}
     [ "${output#* }" = 256 ]
     diff=$((got - want))
@@ -77,7 +77,7 @@ correct_of() { # snapshot: cifar-eval's count of correct test images
     for guess in relu-stem stride-1x1 stride-every-stage; do
         run "$PY" "$BATS_TEST_DIRNAME/eval_torch.py" "$SNAP" "$LMDB" "$guess"
         assert_success
-        echo "$guess: $output"
+        echo "# $guess: ${output% *}/256" >&3
         diff=$((${output% *} - want))
         [ "${diff#-}" -gt 2 ]
     done

@@ -72,7 +72,7 @@ train_bg() { # output file, run-dir, extra args...
     [ "$(wc -l < "$BATS_TEST_TMPDIR/run/metrics.jsonl")" -eq 6 ]
     [ "$(ls "$BATS_TEST_TMPDIR/run"/snapshot-*.safetensors | wc -l)" -eq 2 ]
     acc=$(tail -1 "$BATS_TEST_TMPDIR/run/metrics.jsonl" | sed 's/.*"test_acc":\([0-9.]*\).*/\1/')
-    echo "test accuracy after 6 epochs: $acc (at least 0.5 expected)"
+    echo "# test accuracy after 6 epochs: $acc (at least 0.5 expected)" >&3
     awk -v a="$acc" 'BEGIN { exit !(a >= 0.5) }'
     # cifar-eval agrees with the training loop's own evaluation.
     run "$BIN/cifar-eval" --quiet --json "$final"
