@@ -4,7 +4,7 @@
 #   make CUDA=0       CPU-only build
 #   make MPI=0        without the MPI communicator (default: built when mpicc links a probe)
 #   make deps         install the Debian packages the project needs (apt-get as root)
-#   make test         every test: C unit tests, then the bats suites
+#   make test         every test: C unit tests, then the bats suites, then what was skipped and why
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
 #   make plot RUN=dir training curves of a run: dir/metrics.jsonl -> dir/curves.png
 #   make bench        speed figures side by side with PyTorch (CPU)
@@ -33,7 +33,7 @@ DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson
             libopenmpi-dev openmpi-bin
 DEB_PIPELINE = gnuplot-nox
 DEB_INSTALL = help2man man-db
-DEB_TEST = bats bats-assert bats-support python3-numpy python3-torch clang libclang-rt-14-dev lmdb-utils
+DEB_TEST = bats bats-assert bats-support python3-numpy python3-pil python3-torch clang libclang-rt-14-dev lmdb-utils
 DEB_BENCH = python3-matplotlib
 DEB_ALL = $(DEB_BUILD) $(DEB_PIPELINE) $(DEB_INSTALL) $(DEB_TEST) $(DEB_BENCH)
 
@@ -293,9 +293,10 @@ deps-install:
 	@$(call apt_ensure,$(DEB_BUILD) $(DEB_INSTALL))
 
 # ---- tests ----
+# Both end with the list of skipped tests and why (tests/skip_summary.sh).
 test: deps-check
 	@$(MAKE) --no-print-directory all test-bins
-	@$(MAKE) --no-print-directory test-unit test-bats
+	@tests/skip_summary.sh $(BUILD)/test.log $(MAKE) --no-print-directory test-unit test-bats
 
 test-bins: $(TEST_BINS) $(GPU_TEST_BINS)
 
@@ -343,7 +344,7 @@ ASAN_MAKE = $(MAKE) --no-print-directory CUDA=0 BUILD=build/asan BIN=build/asan/
 ASAN_BATS = tests/*.bats
 test-asan: deps-check
 	@$(ASAN_MAKE) all test-bins
-	@$(ASAN_ENV) $(ASAN_MAKE) test-unit test-bats BATS_FILES="$(ASAN_BATS)"
+	@$(ASAN_ENV) tests/skip_summary.sh build/asan/test.log $(ASAN_MAKE) test-unit test-bats BATS_FILES="$(ASAN_BATS)"
 
 test-valgrind: all
 	BIN=$(abspath $(BIN)) tests/valgrind.sh

@@ -106,7 +106,7 @@ files_under() { (cd "$1" && find . \( -type f -o -type l \) | sed 's|^\./||' | s
 }
 
 @test "the installed commands load the GPU library from PREFIX/lib/cifar (CUDA builds)" {
-    [ -n "$CUDA_SO" ] || skip "CPU-only build: no libcifar-cuda.so to install"
+    [ -n "$CUDA_SO" ] || skip "no GPU build (no CUDA toolkit found by make): no libcifar-cuda.so to install"
     [ -f "$ROOT/lib/cifar/libcifar-cuda.so" ]
     data=$BATS_TEST_TMPDIR/data
     "$ROOT/bin/cifar-synth" "$data" --train 64 --test 32 --size 8 >/dev/null
@@ -138,9 +138,9 @@ files_under() { (cd "$1" && find . \( -type f -o -type l \) | sed 's|^\./||' | s
 }
 
 @test "make install PREFIX=/usr/local: man cifar-train works (private mount namespace)" {
-    [ "$(id -u)" = 0 ] || skip "needs root to mount over /usr/local in a private namespace"
-    command -v unshare >/dev/null || skip "no unshare(1)"
-    unshare -m true 2>/dev/null || skip "unshare -m is not permitted here"
+    [ "$(id -u)" = 0 ] || skip "not root: mounting over /usr/local in a private namespace needs root"
+    command -v unshare # util-linux, essential in Debian
+    unshare -m true 2>/dev/null || skip "root without CAP_SYS_ADMIN (a container): unshare -m is not permitted"
     run unshare -m bash -c '
         set -e
         for d in bin lib share; do mkdir -p /usr/local/$d; mount -t tmpfs none /usr/local/$d; done
