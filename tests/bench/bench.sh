@@ -3,7 +3,7 @@
 #   1. cifar-prep images/s against its floor (prep_floor) and the seed's loading path (bench_prep.sh)
 #   2. training images/s of the seed model, batch 256, on 1 thread and on $THREADS
 #      (default: every core) with the scaling between them, against PyTorch
-#      (../shared/bench/torch_anchor.py with Debian's python3-torch), per-op breakdown
+#      (tests/bench/torch_anchor.py with Debian's python3-torch), per-op breakdown
 #   3. cifar-train from an LMDB, 1 epoch: the default (1 worker, every core),
 #      --threads 1, and 2 workers x 1 thread; the all-reduce cost per step
 #   4. 2 CPU ranks over MPI (TCP) beside 2 over shared memory (bench_mpi.sh)
@@ -18,7 +18,7 @@ repo=$(cd "$here/../.." && pwd)
 BIN=${BIN:-$repo/bin}
 BENCH_TRAIN=${BENCH_TRAIN:-$repo/build/cpu/bench/bench_train}
 PYTHON_TORCH=${PYTHON_TORCH:-/usr/bin/python3}
-ANCHOR=${ANCHOR:-$repo/../shared/bench/torch_anchor.py}
+ANCHOR=${ANCHOR:-$repo/tests/bench/torch_anchor.py}
 STEPS=${BENCH_STEPS:-20}
 THREADS=${BENCH_THREADS:-$(nproc)}
 RUNS=${BENCH_RUNS:-3}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench-gpu: training images/s of the seed model on one GPU, cifar-train
-# against PyTorch (../shared/bench/torch_anchor.py, eager and --compile), at batch
+# against PyTorch (tests/bench/torch_anchor.py, eager and --compile), at batch
 # 256 and 1024, tf32 on both sides (PyTorch's default lets cuDNN use TF32), then
 # bf16 on both sides (cifar-train --precision bf16 against torch_anchor.py --amp bf16,
 # autocast: bf16 convs, fp32 weights; PyTorch's BN runs in fp32 under autocast).
@@ -19,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 BIN=${BIN:-$repo/bin}
 PY=${PYTHON_GPU:-python3}
-ANCHOR=${ANCHOR:-$repo/../shared/bench/torch_anchor.py}
+ANCHOR=${ANCHOR:-$repo/tests/bench/torch_anchor.py}
 STEPS=${BENCH_STEPS:-50}
 BATCHES=${BENCH_BATCHES:-256 1024}
 PRECISIONS=${BENCH_PRECISIONS:-tf32 bf16}

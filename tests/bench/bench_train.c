@@ -3,7 +3,7 @@
  *   bench_train [--batch 256] [--threads 2] [--steps 20]
  *
  * Times whole steps (augmented batch -> forward -> backward -> SGD) on random
- * uint8 data already in memory, as ../shared/bench/torch_anchor.py does for
+ * uint8 data already in memory, as tests/bench/torch_anchor.py does for
  * PyTorch, then times every op of the network alone at its real shape so the
  * output says where a step's time goes. Prints one JSON line for the step rate
  * ("impl":"cifar-train-cpu") and a table of ops on stderr. On a machine shared with

@@ -46,10 +46,9 @@
 #      one on the GPU (each continuing the curve), cifar-eval of the snapshot on
 #      both devices (loose: both above chance, within 5 points), and the bf16 run's
 #      fp32 snapshot evaluated on the CPU (above chance);
-#   5. `make bench-gpu` (skip with SKIP_BENCH=1). The PyTorch side needs
-#      ../shared/bench/torch_anchor.py and ../shared/seed (they do not travel to a
-#      lent device machine: copy both folders into an ignored folder of the repo
-#      and set ANCHOR=that/bench/torch_anchor.py).
+#   5. `make bench-gpu` (skip with SKIP_BENCH=1). The PyTorch side is
+#      tests/bench/torch_anchor.py (with python/cifar_resnet.py: both travel with the
+#      tree).
 # Stage timeouts (seconds): T_BUILD 900, T_TEST 180, T_TRAIN 180 per run, T_EVAL 60,
 # T_BENCH 420 (each cut to what T_TOTAL leaves).
 #   tests/gpu/run.sh --preflight   runs stage 0 and the unpacking of the Debian
