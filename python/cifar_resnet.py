@@ -217,17 +217,22 @@ def to_tensor(path, name, dtype, shape, raw):
     return torch.frombuffer(bytearray(raw), dtype=TORCH_DTYPES[dtype]).reshape(shape).clone()
 
 
-def read_state(path):
-    """(metadata, model state_dict): the "optimizer.*" tensors (momentum) left out."""
-    meta, tensors = read_safetensors(path)
-    state = {name: to_tensor(path, name, *entry) for name, entry in tensors.items()
-             if not name.startswith("optimizer.")}
-    return meta, state
+def model_state(path, tensors):
+    """The model's state_dict of read_safetensors' tensors: the "optimizer.*" ones
+    (momentum: training state) left out."""
+    return {name: to_tensor(path, name, *entry) for name, entry in tensors.items()
+            if not name.startswith("optimizer.")}
 
 
 def load(path):
     """(model in eval mode, metadata): the snapshot loaded with strict=True."""
-    meta, state = read_state(path)
+    meta, tensors = read_safetensors(path)
+    return load_state(path, meta, model_state(path, tensors)), meta
+
+
+def load_state(path, meta, state):
+    """The model for meta's shape with `state` loaded strictly, in eval mode; refuses a
+    dtype the model does not have (load_state_dict would convert it)."""
     model = build(model_shape(meta))
     expected = model.state_dict()
     # load_state_dict converts dtypes silently: an F32 step counter must fail here
@@ -240,7 +245,7 @@ def load(path):
     except RuntimeError as e:
         raise SnapshotError(f"{path}: load_state_dict(strict=True) failed: "
                             + " ".join(str(e).split())) from None
-    return model.eval(), meta
+    return model.eval()
 
 
 # ---------------------------------------------------------------------- inputs

@@ -70,15 +70,11 @@ import cifar_resnet  # noqa: E402  (the project's PyTorch model: python/cifar_re
 MAGIC = b"CIFREF01"
 VERSION = 1
 
+# The seed's shape (the strides are its defaults and were never in the file's config),
+# then the run: the JSON text the file holds, in this order.
 CONFIG = {
-    "n_channels": [16, 32, 64],
-    "bottlenecks": [8, 16, 16],
-    "n_blocks": [6, 6, 6],
-    "first_kernel_size": 3,
-    "img_channels": 3,
-    "img_height": 32,
-    "img_width": 32,
-    "num_classes": 10,
+    **{key: value for key, value in cifar_resnet.DEFAULT_SHAPE.items()
+       if key not in ("stem_stride", "first_block_stride")},
     "batch": 4,
     "lr": 0.1,
     "momentum": 0.9,
