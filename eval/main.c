@@ -116,22 +116,39 @@ static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *
     free(pred);
 }
 
-static void print_text(const EvalOptions *o, const char *data, const EvalResult *r) {
+static void print_text(const EvalOptions *o, const char *data, const EvalResult *r,
+                       const ClassNames *names) {
     printf("snapshot: %s\ndata: %s (split %s, %" PRId64 " images)\n", o->snapshot, data, o->split, r->total);
     printf("accuracy: %.2f%% (%" PRId64 "/%" PRId64 "), mean loss %.4f\n",
            100.0 * (double)r->correct / (double)r->total, r->correct, r->total,
            r->loss_sum / (double)r->total);
+    int width = 0;
+    for (int t = 0; t < names->count; t++)
+        if ((int)strlen(names->names[t]) > width) width = (int)strlen(names->names[t]);
     printf("per class:\n");
     for (int t = 0; t < r->k; t++) {
         int64_t row = 0;
         for (int p = 0; p < r->k; p++) row += r->confusion[(int64_t)t * r->k + p];
         int64_t hit = r->confusion[(int64_t)t * r->k + t];
-        printf("  class %2d: %6.2f%% (%" PRId64 "/%" PRId64 ")\n", t,
-               row ? 100.0 * (double)hit / (double)row : 0.0, hit, row);
+        if (names->count)
+            printf("  %2d %-*s %6.2f%% (%" PRId64 "/%" PRId64 ")\n", t, width, names->names[t],
+                   row ? 100.0 * (double)hit / (double)row : 0.0, hit, row);
+        else
+            printf("  class %2d: %6.2f%% (%" PRId64 "/%" PRId64 ")\n", t,
+                   row ? 100.0 * (double)hit / (double)row : 0.0, hit, row);
     }
     printf("confusion matrix (rows: true class, columns: predicted):\n");
+    if (names->count) {
+        /* a header of the column classes, each cut to the column's 6 characters */
+        printf("  %*s ", width, "");
+        for (int p = 0; p < r->k; p++) printf(" %6.6s", names->names[p]);
+        printf("\n");
+    }
     for (int t = 0; t < r->k; t++) {
-        printf("  %2d:", t);
+        if (names->count)
+            printf("  %*s:", width, names->names[t]);
+        else
+            printf("  %2d:", t);
         for (int p = 0; p < r->k; p++) printf(" %6" PRId64, r->confusion[(int64_t)t * r->k + p]);
         printf("\n");
     }
@@ -143,7 +160,8 @@ static cJSON *int64_array(const int64_t *v, int n) {
     return a;
 }
 
-static void print_json(const EvalOptions *o, const char *data, const EvalResult *r) {
+static void print_json(const EvalOptions *o, const char *data, const EvalResult *r,
+                       const ClassNames *names) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "snapshot", o->snapshot);
     cJSON_AddStringToObject(j, "data", data);
@@ -152,6 +170,9 @@ static void print_json(const EvalOptions *o, const char *data, const EvalResult 
     cJSON_AddNumberToObject(j, "correct", (double)r->correct);
     cJSON_AddNumberToObject(j, "accuracy", (double)r->correct / (double)r->total);
     cJSON_AddNumberToObject(j, "loss", r->loss_sum / (double)r->total);
+    if (names->count)
+        cJSON_AddItemToObject(j, "classes", cJSON_CreateStringArray((const char *const *)names->names,
+                                                                    names->count));
     cJSON *per_class = cJSON_AddArrayToObject(j, "per_class");
     cJSON *confusion = cJSON_AddArrayToObject(j, "confusion");
     for (int t = 0; t < r->k; t++) {
@@ -238,10 +259,12 @@ int main(int argc, char **argv) {
     r.k = cfg.num_classes;
     r.confusion = xcalloc((size_t)r.k * r.k, sizeof(int64_t));
     run_eval(&o, e, split.count, split.labels, &r);
+    /* the snapshot's names; a snapshot of before names took the dataset's */
+    const ClassNames *names = info.classes.count ? &info.classes : &dataset_info(ds)->classes;
     if (o.json)
-        print_json(&o, data, &r);
+        print_json(&o, data, &r, names);
     else
-        print_text(&o, data, &r);
+        print_text(&o, data, &r, names);
 
     e->ops->destroy(e);
     comm_destroy(comm);

@@ -11,9 +11,9 @@
  * Writes OUT_DIR/train_cifar10/img_NNNNN.png and OUT_DIR/test_cifar10/...
  * (RGB PNG, record order kept, so record i of the LMDB is image i of the
  * batches), then OUT_DIR/annotations/cifar10_{train,test}.json last, each
- * through a temporary name and a rename: an interrupted run leaves no
- * annotation file and cifar-prep refuses the folder instead of reading half a
- * split. Prints OUT_DIR as the last stdout line, so `cifar-unpack B D |
+ * through a temporary name and a rename (each with CIFAR-10's class names as
+ * "classes"): an interrupted run leaves no annotation file and cifar-prep
+ * refuses the folder instead of reading half a split. Prints OUT_DIR as the last stdout line, so `cifar-unpack B D |
  * cifar-prep` chains. Every file is checked before a byte is trusted: its size
  * must be a whole number of records and every label a CIFAR-10 class. */
 #include <cjson/cJSON.h>
@@ -31,13 +31,18 @@
 
 enum { SIDE = 32, PLANE = SIDE * SIDE, RECORD = 1 + 3 * PLANE, CLASSES = 10 };
 
+/* CIFAR-10's class names, label 0 first (batches.meta.txt of the distribution). */
+static const char *const class_names[CLASSES] = {"airplane", "automobile", "bird", "cat", "deer",
+                                                 "dog", "frog", "horse", "ship", "truck"};
+
 static const char USAGE[] =
     "usage: cifar-unpack BATCH_DIR OUT_DIR\n"
     "\n"
     "Convert the CIFAR-10 binary distribution (BATCH_DIR = the cifar-10-batches-bin/\n"
     "folder of cifar-10-binary.tar.gz: data_batch_1..5.bin, test_batch.bin) into the\n"
-    "seed's layout: OUT_DIR/annotations/cifar10_{train,test}.json and PNG images in\n"
-    "OUT_DIR/train_cifar10/ and OUT_DIR/test_cifar10/. Prints OUT_DIR as the last\n"
+    "seed's layout: OUT_DIR/annotations/cifar10_{train,test}.json (with CIFAR-10's\n"
+    "ten class names as \"classes\") and PNG images in OUT_DIR/train_cifar10/ and\n"
+    "OUT_DIR/test_cifar10/. Prints OUT_DIR as the last\n"
     "stdout line, so `cifar-unpack BATCH_DIR OUT_DIR | cifar-prep` chains.\n"
     "Exit status: 0 done, 1 failure (one line naming the file), 2 bad usage.\n";
 
@@ -152,6 +157,9 @@ static void split_unpack(const char *batch_dir, const char *out, const char *nam
     cJSON *root = cJSON_CreateObject(), *images = cJSON_AddArrayToObject(root, "images"),
           *cats = cJSON_AddArrayToObject(root, "categories");
     CHECK_ALLOC(cats, 64);
+    cJSON *names = cJSON_CreateStringArray(class_names, CLASSES);
+    CHECK_ALLOC(names, 256);
+    cJSON_AddItemToObject(root, "classes", names);
     int64_t next = 0;
     for (int b = 0; b < nbatches; b++) {
         snprintf(path, sizeof path, "%s/%s", batch_dir, batches[b]);

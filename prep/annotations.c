@@ -71,6 +71,24 @@ static int annotations_fill(const cJSON *images, const cJSON *cats, Annotations 
     return 0;
 }
 
+/* The optional "classes" list, which every label must index. */
+static int annotations_classes(const cJSON *root, Annotations *a, char *err, size_t errlen) {
+    const cJSON *classes = cJSON_GetObjectItemCaseSensitive(root, "classes");
+    if (!classes) return 0;
+    char why[200];
+    if (class_names_from_cjson(classes, &a->classes, why, sizeof why)) {
+        snprintf(err, errlen, "\"classes\": %s", why);
+        return -1;
+    }
+    for (int64_t i = 0; i < a->count; i++)
+        if (a->labels[i] >= a->classes.count) {
+            snprintf(err, errlen, "categories[%lld] = %d, but \"classes\" names %d classes",
+                     (long long)i, a->labels[i], a->classes.count);
+            return -1;
+        }
+    return 0;
+}
+
 int annotations_parse(const char *json, size_t len, Annotations *a, char *err, size_t errlen) {
     memset(a, 0, sizeof *a);
     cJSON *root = cJSON_ParseWithLength(json, len);
@@ -96,6 +114,7 @@ int annotations_parse(const char *json, size_t len, Annotations *a, char *err, s
     } else {
         rc = annotations_fill(images, cats, a, err, errlen);
     }
+    if (rc == 0) rc = annotations_classes(root, a, err, errlen);
     cJSON_Delete(root);
     return rc;
 }
@@ -122,5 +141,6 @@ void annotations_free(Annotations *a) {
     free(a->files);
     free(a->labels);
     free(a->pool);
+    class_names_free(&a->classes);
     memset(a, 0, sizeof *a);
 }

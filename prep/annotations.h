@@ -1,13 +1,17 @@
 /* annotations.h: the seed's annotation files.
  *
- * {"images": ["name relative to the image folder", ...], "categories": [label, ...]}
+ * {"images": ["name relative to the image folder", ...], "categories": [label, ...],
+ *  "classes": ["name of label 0", ...]}
  * Both arrays have the same, non-zero length; every name is a non-empty string;
- * every label a non-negative integer that fits an int32. */
+ * every label a non-negative integer that fits an int32. "classes" is optional
+ * (data/classes.h); when given, every label must be below its length. */
 #ifndef PREP_ANNOTATIONS_H
 #define PREP_ANNOTATIONS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "data/classes.h"
 
 typedef struct {
     int64_t count;
@@ -15,6 +19,7 @@ typedef struct {
     int32_t *labels; /* count labels */
     char *pool;      /* all names, NUL-terminated, back to back */
     int32_t max_label;
+    ClassNames classes; /* count 0 when the file names none */
 } Annotations;
 
 /* Parse an annotation document held in memory (need not be NUL-terminated).

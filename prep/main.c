@@ -39,7 +39,11 @@ static const char USAGE[] =
     "      --split NAME=ANNOTATIONS.json:IMAGE_DIR\n"
     "                          a split from another layout (repeatable; replaces\n"
     "                          the default train/test splits)\n"
-    "      --num-classes K     number of classes (default: largest label + 1)\n"
+    "      --num-classes K     number of classes (default: the names' count, else\n"
+    "                          largest label + 1)\n"
+    "      --classes FILE      class names, label 0 first: a JSON array of strings or\n"
+    "                          one name per line (default: the annotation files'\n"
+    "                          \"classes\" list, when they have one); stored in OUT\n"
     "      --threads N         decoding threads (default: online cores)\n"
     "  -f, --force             replace an existing OUT\n"
     "  -q, --quiet             no progress or summary on stderr\n"
@@ -58,7 +62,8 @@ typedef struct {
     char data_dir[PATH_CAP];
     char out[PATH_CAP];
     int threads;
-    int num_classes; /* 0: largest label + 1 */
+    int num_classes; /* 0: the names' count, else largest label + 1 */
+    const char *classes_file;
     int force;
     int quiet;
     int n_splits;
@@ -166,6 +171,7 @@ static void options_parse(int argc, char **argv, Options *o) {
     static const struct option longs[] = {
         {"output", required_argument, NULL, 'o'},     {"split", required_argument, NULL, 's'},
         {"num-classes", required_argument, NULL, 'k'}, {"threads", required_argument, NULL, 't'},
+        {"classes", required_argument, NULL, 'c'},
         {"force", no_argument, NULL, 'f'},            {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
@@ -180,6 +186,7 @@ static void options_parse(int argc, char **argv, Options *o) {
         case 's': parse_split(o, optarg); break;
         case 'k': o->num_classes = parse_int(optarg, "--num-classes", 1, CLASSES_MAX); break;
         case 't': o->threads = parse_int(optarg, "--threads", 1, 1024); break;
+        case 'c': o->classes_file = optarg; break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
         case 'h': fputs(USAGE, stdout); exit(0);
@@ -215,17 +222,42 @@ static void output_check(const Options *o) {
     if (!fs_is_dir(dir)) die("%s: the output folder %s does not exist", o->out, dir);
 }
 
-static int labels_check(const Options *o, Annotations *anns) {
+/* The class names: --classes, else the annotation files' (which must agree), else
+ * none. Their count must be --num-classes when both are given. */
+static void classes_choose(const Options *o, const Annotations *anns, ClassNames *out) {
+    char err[512];
+    const ClassNames *from = NULL;
+    const char *from_file = NULL;
+    if (o->classes_file) {
+        if (class_names_load(o->classes_file, out, err, sizeof err)) die("%s: %s", o->classes_file, err);
+        from_file = o->classes_file;
+    }
+    for (int i = 0; i < o->n_splits && !o->classes_file; i++) {
+        if (anns[i].classes.count == 0) continue;
+        if (from && !class_names_equal(from, &anns[i].classes))
+            die("%s: its \"classes\" differ from those of %s ---> HINT: give the same list in every "
+                "annotation file, or one with --classes", o->splits[i].ann, from_file);
+        if (!from) from = &anns[i].classes, from_file = o->splits[i].ann;
+    }
+    if (from) class_names_copy(out, from);
+    if (out->count && o->num_classes && out->count != o->num_classes)
+        die("%s: names %d classes, but --num-classes is %d", from_file, out->count, o->num_classes);
+}
+
+static int labels_check(const Options *o, Annotations *anns, const ClassNames *names) {
     int32_t max = 0;
     for (int i = 0; i < o->n_splits; i++)
         if (anns[i].max_label > max) max = anns[i].max_label;
-    int k = o->num_classes ? o->num_classes : max < CLASSES_MAX ? max + 1 : CLASSES_MAX;
+    int k = o->num_classes ? o->num_classes : names->count ? names->count
+                                            : max < CLASSES_MAX ? max + 1 : CLASSES_MAX;
     if (max >= k) {
         for (int i = 0; i < o->n_splits; i++)
             for (int64_t j = 0; j < anns[i].count; j++)
                 if (anns[i].labels[j] >= k)
-                    die("%s: categories[%lld] = %d is out of range for %d classes (--num-classes)",
-                        o->splits[i].ann, (long long)j, anns[i].labels[j], k);
+                    die("%s: categories[%lld] = %d is out of range for %d classes (%s)",
+                        o->splits[i].ann, (long long)j, anns[i].labels[j], k,
+                        o->num_classes ? "--num-classes" : o->classes_file ? o->classes_file
+                                                                           : "\"classes\"");
     }
     return k;
 }
@@ -258,7 +290,10 @@ int main(int argc, char **argv) {
             die("%s: %s", o.splits[i].ann, err);
         if (!fs_is_dir(o.splits[i].dir)) die("%s: image folder not found", o.splits[i].dir);
     }
-    int k = labels_check(&o, anns);
+    DatasetInfo info;
+    memset(&info, 0, sizeof info);
+    classes_choose(&o, anns, &info.classes);
+    int k = labels_check(&o, anns, &info.classes);
 
     char first[PATH_CAP];
     convert_image_path(o.splits[0].dir, anns[0].files[0], first, sizeof first);
@@ -275,8 +310,6 @@ int main(int argc, char **argv) {
     /* only to start its writeback early (convert.h); -1: the final sync does it all */
     int writeback_fd = open(dataset_writer_temp_path(w), O_RDONLY | O_CLOEXEC);
 
-    DatasetInfo info;
-    memset(&info, 0, sizeof info);
     info.height = shape.height;
     info.width = shape.width;
     info.channels = shape.channels;
@@ -299,6 +332,7 @@ int main(int argc, char **argv) {
     log_info("wrote %lld images (%dx%dx%d, %d classes) in %.2fs, %.0f img/s", (long long)total,
              shape.height, shape.width, shape.channels, k, dt, dt > 0 ? (double)total / dt : 0.0);
     for (int i = 0; i < o.n_splits; i++) annotations_free(&anns[i]);
+    dataset_info_free(&info);
     printf("%s\n", o.out);
     if (fflush(stdout) != 0) die("stdout: %s", strerror(errno));
     return 0;

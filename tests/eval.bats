@@ -60,6 +60,26 @@ setup_file() {
     awk -v a="$acc" -v c="$correct" 'BEGIN { d = a - c / 96; exit !(d < 1e-6 && d > -1e-6) }'
 }
 
+@test "class names: the snapshot carries the dataset's, the report and --json use them" {
+    make_named_dataset "$BATS_TEST_TMPDIR/named" '["cat","dog","bird"]' --train 48 --test 12 --size 8 --classes 3
+    "$BIN/cifar-train" --quiet --epochs 1 --batch-size 16 --threads 1 --model "$BATS_FILE_TMPDIR/small.json" \
+        --run-dir "$BATS_TEST_TMPDIR/run" "$BATS_TEST_TMPDIR/named/cifar10.lmdb" > "$BATS_TEST_TMPDIR/final"
+    snap=$(tail -1 "$BATS_TEST_TMPDIR/final")
+    head -c 65536 "$snap" | grep -aq '"classes":"\[\\"cat\\",\\"dog\\",\\"bird\\"\]"'
+    run --separate-stderr "$BIN/cifar-eval" --quiet "$snap"
+    assert_success
+    assert_line --regexp '^   0 cat  +[0-9.]+% \([0-9]+/[0-9]+\)$'
+    assert_line --regexp '^   2 bird +[0-9.]+% \([0-9]+/[0-9]+\)$'
+    assert_line --regexp '^        +cat +dog +bird$'
+    assert_line --regexp '^  bird:( +[0-9]+){3}$'
+    run --separate-stderr "$BIN/cifar-eval" --quiet --json "$snap"
+    assert_success
+    echo "$output" | "$PY" -c 'import json, sys; r = json.load(sys.stdin); assert r["classes"] == ["cat", "dog", "bird"], r'
+    # a snapshot of a dataset without names: numbers, no "classes" key
+    run --separate-stderr "$BIN/cifar-eval" --quiet --json "$SNAP"
+    echo "$output" | "$PY" -c 'import json, sys; r = json.load(sys.stdin); assert "classes" not in r, r'
+}
+
 @test "--json: one document whose counts add up and agree with the text report" {
     run --separate-stderr "$BIN/cifar-eval" --quiet --json "$SNAP"
     assert_success

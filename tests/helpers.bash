@@ -23,6 +23,20 @@ make_dataset() { # dir, cifar-synth args...
     "$BIN/cifar-prep" --quiet "$dir" >/dev/null
 }
 
+# A synthetic dataset whose annotation files name its classes ("classes": the JSON
+# array given), and its LMDB (DIR/cifar10.lmdb); args after it go to cifar-synth.
+make_named_dataset() { # dir classes-json cifar-synth-args...
+    local dir=$1 names=$2
+    shift 2
+    "$BIN/cifar-synth" "$dir" "$@" >/dev/null
+    for f in "$dir"/annotations/*.json; do
+        "$PY" -c 'import json, sys
+a = json.load(open(sys.argv[1])); a["classes"] = json.loads(sys.argv[2])
+json.dump(a, open(sys.argv[1], "w"))' "$f" "$names"
+    done
+    "$BIN/cifar-prep" --quiet "$dir" >/dev/null
+}
+
 # A network small enough for tests that train many times.
 small_model() { # file
     echo '{"n_channels":[8,16],"bottlenecks":[4,8],"n_blocks":[1,1],"first_kernel_size":3}' > "$1"

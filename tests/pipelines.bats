@@ -105,6 +105,9 @@ is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a 
     grep -q '"categories":\[0,1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,7,8,9\]' "$seed/annotations/cifar10_train.json"
     grep -q '"images":\["img_00000.png","img_00001.png"' "$seed/annotations/cifar10_train.json"
     grep -q '"categories":\[3,4,5,6,7,8\]' "$seed/annotations/cifar10_test.json"
+    names='"classes":\["airplane","automobile","bird","cat","deer","dog","frog","horse","ship","truck"\]'
+    grep -q "$names" "$seed/annotations/cifar10_train.json"
+    grep -q "$names" "$seed/annotations/cifar10_test.json"
     "$PY" - "$seed" <<'PYEOF'
 import sys
 from PIL import Image

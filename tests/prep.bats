@@ -59,6 +59,9 @@ print(bytes.fromhex(lines[1]).decode())'
     assert_success
     assert_output --partial "usage: cifar-prep DATA_DIR"
     assert_output --partial "--split NAME=ANNOTATIONS.json:IMAGE_DIR"
+    for opt in --output --num-classes --classes --threads --force --quiet --help; do
+        assert_output --partial -- "$opt"
+    done
 }
 
 @test "bad usage exits 2" {
@@ -210,6 +213,59 @@ PY
     assert_output --partial '"few":{"count":8'
     run "$BIN/cifar-prep" --split "all=$D/annotations/cifar10_train.json:$D/other/pics"
     assert_failure 2
+}
+
+# Add a "classes" list (JSON text) to an annotation file.
+with_classes() { # annotation-file classes-json
+    "$PY" - "$1" "$2" <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1]))
+a["classes"] = json.loads(sys.argv[2])
+json.dump(a, open(sys.argv[1], "w"))
+PYEOF
+}
+
+TEN='["c0","c1","c2","c3","c4","c5","c6","c7","c8","c9"]'
+
+@test "class names: the annotation files' \"classes\", or --classes FILE (JSON or lines), land in the metadata" {
+    need_mdb_dump
+    for s in train test; do with_classes "$D/annotations/cifar10_$s.json" "$TEN"; done
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_success
+    run meta_json "$D/cifar10.lmdb"
+    assert_output --partial ',"classes":["c0","c1","c2","c3","c4","c5","c6","c7","c8","c9"]}'
+    # --classes replaces the files' list: one name per line (CRLF too) ...
+    printf 'plane\r\ncar\nbird\ncat\ndeer\ndog\nfrog\nhorse\nship\ntruck with space\n' > "$D/names.txt"
+    run "$BIN/cifar-prep" --quiet --force --classes "$D/names.txt" "$D"
+    assert_success
+    run meta_json "$D/cifar10.lmdb"
+    assert_output --partial '"classes":["plane","car","bird","cat","deer","dog","frog","horse","ship","truck with space"]'
+    # ... or a JSON array; its length sets K when --num-classes is not given
+    printf '["a","b","c","d","e","f","g","h","i","j","k","l"]\n' > "$D/names.json"
+    run "$BIN/cifar-prep" --quiet --force --classes "$D/names.json" "$D"
+    assert_success
+    run meta_json "$D/cifar10.lmdb"
+    assert_output --partial '"num_classes":12,'
+    assert_output --partial '"classes":["a","b","c","d","e","f","g","h","i","j","k","l"]'
+}
+
+@test "class names that disagree, repeat, are too few, or break a line are refused" {
+    with_classes "$D/annotations/cifar10_train.json" "$TEN"
+    with_classes "$D/annotations/cifar10_test.json" '["x","c1","c2","c3","c4","c5","c6","c7","c8","c9"]'
+    prep_fails "$D/annotations/cifar10_test.json: its \"classes\" differ from those of $D/annotations/cifar10_train.json" "$D"
+    with_classes "$D/annotations/cifar10_test.json" '["a","b"]'
+    prep_fails "$D/annotations/cifar10_test.json: categories\[[0-9]+\] = [0-9]+, but \"classes\" names 2 classes$" "$D"
+    with_classes "$D/annotations/cifar10_test.json" '["a","a"]'
+    prep_fails "$D/annotations/cifar10_test.json: \"classes\": class name \"a\" is given twice \(0 and 1\)$" "$D"
+    with_classes "$D/annotations/cifar10_test.json" '["a\tb"]'
+    prep_fails "$D/annotations/cifar10_test.json: \"classes\": class name 0 is not 1 to 63 characters" "$D"
+    with_classes "$D/annotations/cifar10_test.json" "$TEN"
+    printf 'a\nb\n' > "$D/two.txt"
+    prep_fails "$D/annotations/cifar10_train.json: categories\[[0-9]+\] = [0-9]+ is out of range for 2 classes \($D/two.txt\)$" --classes "$D/two.txt" "$D"
+    prep_fails "$D/annotations/cifar10_train.json: names 10 classes, but --num-classes is 11$" --num-classes 11 "$D"
+    prep_fails "$D/missing.txt: cannot read the class names \(No such file or directory\)$" --classes "$D/missing.txt" "$D"
+    printf 'a\n\nb\n' > "$D/blank.txt"
+    prep_fails "$D/blank.txt: class name 1 is not 1 to 63 characters" --classes "$D/blank.txt" "$D"
 }
 
 @test "an existing OUT is kept without --force and replaced with it" {

@@ -196,7 +196,9 @@ static void test_writer_refusals(void) {
 static int parse_ok(const char *json) {
     DatasetInfo info;
     char err[256];
-    return dataset_info_parse(json, strlen(json), &info, err, sizeof err) == 0;
+    int ok = dataset_info_parse(json, strlen(json), &info, err, sizeof err) == 0;
+    dataset_info_free(&info);
+    return ok;
 }
 
 static void test_info_parse(void) {
@@ -248,6 +250,44 @@ static void test_info_parse(void) {
                       "\"num_classes\":2,\"splits\":{\"a\":{\"count\":1,\"mean\":[0],\"std\":[0]},"
                       "\"a\":{\"count\":1,\"mean\":[0],\"std\":[0]}}}";
     EXPECT(!parse_ok(two), "a split named twice is refused");
+    dataset_info_free(&info);
+    dataset_info_free(&info2);
+}
+
+/* The optional "classes" list: read back, written again, refused when malformed. */
+static void test_info_classes(void) {
+    const char *named = "{\"format\":\"cifar-lmdb\",\"version\":2,\"height\":1,\"width\":1,"
+                        "\"channels\":1,\"num_classes\":2,\"splits\":{\"a\":{\"count\":1,"
+                        "\"mean\":[0],\"std\":[0]}},\"classes\":[\"cat\",\"dog\"]}";
+    DatasetInfo info, again;
+    char err[256];
+    EXPECT(dataset_info_parse(named, strlen(named), &info, err, sizeof err) == 0 &&
+               info.classes.count == 2 && strcmp(info.classes.names[1], "dog") == 0,
+           "class names read back (%s)", err);
+    char *json = dataset_info_to_json(&info);
+    EXPECT(dataset_info_parse(json, strlen(json), &again, err, sizeof err) == 0 &&
+               class_names_equal(&info.classes, &again.classes),
+           "class names survive to_json -> parse (%s)", json);
+    free(json);
+    dataset_info_free(&info);
+    dataset_info_free(&again);
+    struct {
+        const char *to, *why;
+    } bad[] = {
+        {"[\"cat\"]", "fewer names than classes"},
+        {"[\"cat\",\"dog\",\"eel\"]", "more names than classes"},
+        {"[\"cat\",\"cat\"]", "a name given twice"},
+        {"[\"cat\",\"d\\tg\"]", "a tab in a name"},
+        {"[\"cat\",\"\"]", "an empty name"},
+        {"[\"cat\",2]", "a name that is not a string"},
+        {"\"cat,dog\"", "not an array"},
+    };
+    const char *at = strstr(named, "[\"cat\",\"dog\"]");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%.*s%s}", (int)(at - named), named, bad[i].to);
+        EXPECT(!parse_ok(buf), "refuses %s", bad[i].why);
+    }
 }
 
 /* ------------------------------------------------------------ hand-made files */
@@ -495,6 +535,7 @@ int main(void) {
     test_round_trip();
     test_writer_refusals();
     test_info_parse();
+    test_info_classes();
     test_handmade();
     test_crc32c();
     test_checksums_handmade();

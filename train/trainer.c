@@ -209,6 +209,7 @@ static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
     memcpy(info.mean, w->mean, sizeof info.mean);
     memcpy(info.std, w->std, sizeof info.std);
     info.options_json = w->options_json;
+    info.classes = w->data.info.classes; /* the dataset's: not freed here */
     info.progress = w->progress;
     info.progress.world_size = w->env->world_size;
     snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);

@@ -191,6 +191,18 @@ static int info_parse_root(const cJSON *root, DatasetInfo *info, char *err, size
         }
         info->n_splits++;
     }
+    const cJSON *classes = cJSON_GetObjectItemCaseSensitive(root, "classes");
+    if (!classes) return 0;
+    char why[200];
+    if (class_names_from_cjson(classes, &info->classes, why, sizeof why)) {
+        snprintf(err, errlen, "metadata \"classes\": %s", why);
+        return -1;
+    }
+    if (info->classes.count != info->num_classes) {
+        snprintf(err, errlen, "metadata \"classes\" names %d classes, \"num_classes\" is %d",
+                 info->classes.count, info->num_classes);
+        return -1;
+    }
     return 0;
 }
 
@@ -203,8 +215,13 @@ int dataset_info_parse(const char *json, size_t len, DatasetInfo *info, char *er
     }
     int rc = info_parse_root(root, info, err, errlen);
     cJSON_Delete(root);
-    if (rc) memset(info, 0, sizeof *info);
+    if (rc) dataset_info_free(info);
     return rc;
+}
+
+void dataset_info_free(DatasetInfo *info) {
+    class_names_free(&info->classes);
+    memset(info, 0, sizeof *info);
 }
 
 static cJSON *floats_to_json(const float *v, int n) {
@@ -233,6 +250,11 @@ char *dataset_info_to_json(const DatasetInfo *info) {
         cJSON_AddNumberToObject(js, "count", (double)s->count);
         cJSON_AddItemToObject(js, "mean", floats_to_json(s->mean, c));
         cJSON_AddItemToObject(js, "std", floats_to_json(s->std, c));
+    }
+    if (info->classes.count > 0) {
+        cJSON *names = cJSON_AddArrayToObject(root, "classes");
+        for (int i = 0; i < info->classes.count; i++)
+            cJSON_AddItemToArray(names, cJSON_CreateString(info->classes.names[i]));
     }
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -377,6 +399,7 @@ void dataset_close(Dataset *ds) {
     }
     if (ds->txn) mdb_txn_abort(ds->txn);
     if (ds->env) mdb_env_close(ds->env);
+    class_names_free(&ds->info.classes);
     free(ds);
 }
 
@@ -865,6 +888,7 @@ static int writer_check_info(const DatasetWriter *w, const DatasetInfo *info, ch
     DatasetInfo check;
     int rc = dataset_info_parse(json, strlen(json), &check, err, errlen);
     free(json);
+    dataset_info_free(&check);
     return rc;
 }
 

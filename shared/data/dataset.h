@@ -4,7 +4,8 @@
  * One LMDB environment in a single file (MDB_NOSUBDIR):
  *   db "meta",  key "dataset": JSON {"format":"cifar-lmdb","version":2,"height":H,
  *               "width":W,"channels":C,"num_classes":K,"splits":{NAME:{"count":N,
- *               "mean":[C floats],"std":[C floats]},...}}
+ *               "mean":[C floats],"std":[C floats]},...},"classes":[K names]}
+ *               ("classes" is optional: classes.h; readers without it ignore it)
  *   db NAME (one per split, e.g. "train", "test"): key = record index as 8 ASCII
  *               digits, value (version 2) = int32 LE label, uint32 LE CRC-32C of the
  *               label's 4 bytes followed by the pixels, then H*W*C uint8 pixels (HWC).
@@ -24,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "data/classes.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +50,8 @@ typedef struct {
     int height, width, channels, num_classes;
     int n_splits;
     DatasetSplit splits[DATASET_MAX_SPLITS];
+    ClassNames classes;        /* count 0 when the dataset names none; owned by the
+                                  Dataset (reader) or the caller (writer) */
 } DatasetInfo;
 
 /* One split as the engines see it: count records of H*W*C uint8 (HWC) and their
@@ -118,8 +123,10 @@ void dataset_prepare_for_job(Dataset *ds, const char *path);
 /* The CRC-32C stored with a version-2 record (label bytes, then pixels). */
 uint32_t dataset_record_crc(const uint8_t label_le[4], const uint8_t *pixels, size_t nbytes);
 
-/* Parse/produce the metadata JSON (exposed for tests and the fuzzer). */
+/* Parse/produce the metadata JSON (exposed for tests and the fuzzer). A parsed
+ * info owns its class names: dataset_info_free (also after a failure). */
 int dataset_info_parse(const char *json, size_t len, DatasetInfo *info, char *err, size_t errlen);
+void dataset_info_free(DatasetInfo *info);
 char *dataset_info_to_json(const DatasetInfo *info);
 
 /* ---- writing (cifar-prep) ---- */

@@ -34,6 +34,7 @@ void checkpoint_info_free(CheckpointInfo *info) {
     free(info->dataset_path);
     free(info->dataset_shape);
     free(info->options_json);
+    class_names_free(&info->classes);
     memset(info, 0, sizeof *info);
 }
 
@@ -105,6 +106,7 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
              info->progress.partial_correct, info->progress.partial_seen,
              info->progress.partial_seconds);
     snprintf(world, sizeof world, "%d", info->progress.world_size);
+    char *classes = class_names_to_json(&info->classes);
     SnapMeta meta[] = {
         {"model", model_json},
         {"dataset", info->dataset_path ? info->dataset_path : ""},
@@ -117,9 +119,12 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
         {"partial_epoch", partial},
         {"world_size", world},
         {"options", info->options_json ? info->options_json : "{}"},
+        {"classes", classes},
     };
-    int rc = snapshot_write(path, tensors, n_tensors, meta, (int)(sizeof meta / sizeof meta[0]),
-                            err, errlen);
+    /* "classes" only when the dataset names them (the last entry). */
+    int n_meta = (int)(sizeof meta / sizeof meta[0]) - (info->classes.count ? 0 : 1);
+    int rc = snapshot_write(path, tensors, n_tensors, meta, n_meta, err, errlen);
+    free(classes);
     free(model_json);
     free(tensors);
     return rc;
@@ -177,6 +182,24 @@ static int parse_image_fields(const char *model_json, ModelConfig *cfg) {
     return ok ? 0 : -1;
 }
 
+/* The optional "classes" metadata: as many names as the model has classes. */
+static int parse_classes(const Snapshot *s, int num_classes, ClassNames *out, char *err,
+                         size_t errlen) {
+    const char *text = snapshot_meta(s, "classes");
+    if (!text) return 0;
+    char why[200];
+    if (class_names_parse(text, strlen(text), out, why, sizeof why) != 0) {
+        snprintf(err, errlen, "snapshot metadata \"classes\": %s", why);
+        return -1;
+    }
+    if (out->count != num_classes) {
+        snprintf(err, errlen, "snapshot metadata \"classes\" names %d classes, the model has %d",
+                 out->count, num_classes);
+        return -1;
+    }
+    return 0;
+}
+
 Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *info, char *err,
                           size_t errlen) {
     memset(info, 0, sizeof *info);
@@ -212,6 +235,7 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
     info->dataset_shape = xstrdup(shape ? shape : "");
     const char *opts = snapshot_meta(s, "options");
     info->options_json = xstrdup(opts ? opts : "{}");
+    if (parse_classes(s, cfg->num_classes, &info->classes, err, errlen) != 0) goto fail;
     return s;
 fail:
     snapshot_free(s);

@@ -5,7 +5,9 @@
  * F32 vector). __metadata__ holds the model config ("model"), the dataset it was
  * trained on ("dataset", "dataset_shape"), the normalisation ("normalize_mean",
  * "normalize_std"), the progress ("epochs", "step", "step_in_epoch", partial-epoch
- * sums) and the training options ("options"). cifar-train and cifar-eval both use it. */
+ * sums), the training options ("options") and, when the dataset names its
+ * classes, their names ("classes", a JSON array: data/classes.h). cifar-train,
+ * cifar-eval and cifar-predict use it. */
 #ifndef CIFAR_CHECKPOINT_H
 #define CIFAR_CHECKPOINT_H
 
@@ -13,6 +15,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "data/classes.h"
 #include "model/model.h"
 #include "format/safetensors.h"
 
@@ -45,6 +48,7 @@ typedef struct {
     int channels;
     char *options_json;
     TrainProgress progress;
+    ClassNames classes;   /* count 0: the dataset named none */
 } CheckpointInfo;
 
 void checkpoint_info_free(CheckpointInfo *info);

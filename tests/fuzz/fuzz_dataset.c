@@ -75,7 +75,10 @@ static void fuzz_meta(const uint8_t *data, size_t size) {
         if (strcmp(again.splits[i].name, info.splits[i].name) != 0 ||
             again.splits[i].count != info.splits[i].count)
             FUZZ_FAIL("round trip changed split %d", i);
+    if (!class_names_equal(&info.classes, &again.classes)) FUZZ_FAIL("round trip changed the class names");
     free(json);
+    dataset_info_free(&info);
+    dataset_info_free(&again);
 }
 
 /* Write the LMDB of mode 1 to g_path. 0, or -1 when LMDB refused the input (a key
