@@ -16,7 +16,6 @@
 #include "core/check.h"
 #include "core/progress.h"
 
-#define CONVERT_MAX_FILE (256ll << 20)   /* a PNG of 4096x4096x3 is well under this */
 #define CONVERT_WINDOW_BYTES (64ull << 20)
 #define CONVERT_MAX_WINDOW 4096
 
@@ -56,44 +55,6 @@ typedef struct {
 void convert_image_path(const char *dir, const char *name, char *buf, size_t buflen) {
     int n = snprintf(buf, buflen, "%s/%s", dir, name);
     if (n < 0 || (size_t)n >= buflen) die("%s/%s: path too long", dir, name);
-}
-
-int convert_read_file(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
-                      char *err, size_t errlen) {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "cannot read the image (%s)", strerror(errno));
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size > CONVERT_MAX_FILE) {
-        snprintf(err, errlen, S_ISREG(st.st_mode) ? "file too large for an image (%lld bytes)"
-                                                   : "not a regular file",
-                 (long long)st.st_size);
-        close(fd);
-        return -1;
-    }
-    size_t want = (size_t)st.st_size;
-    if (*cap < want + 1) {
-        *cap = want + 1;
-        *buf = xrealloc(*buf, *cap);
-    }
-    size_t got = 0;
-    while (got < want) {
-        ssize_t r = read(fd, *buf + got, want - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            snprintf(err, errlen, "cannot read the image (%s)", r < 0 ? strerror(errno)
-                                                                    : "file shrank while read");
-            close(fd);
-            return -1;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    *len = got;
-    return 0;
 }
 
 /* Add one image to the exact per-channel sums (integers: no rounding, any order).
@@ -148,7 +109,7 @@ static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t
     ImageShape got;
     const char *name = job->ann->files[i];
     while (*name == '/') name++; /* "<dir>/<name>" names a file under dir even then */
-    if (convert_read_file(cv->dirfd, name, &ws->file, &ws->file_cap, &len, why, sizeof why))
+    if (image_file_read(cv->dirfd, name, &ws->file, &ws->file_cap, &len, why, sizeof why))
         return convert_fail(cv, i, s, why);
     int rc = image_decode(ws->dec, ws->file, len, &job->shape, out, cv->rec, &got, why, sizeof why);
     if (rc == IMAGE_MISMATCH)

@@ -11,7 +11,7 @@
 
 #include "annotations.h"
 #include "data/dataset.h"
-#include "decode.h"
+#include "data/image.h"
 
 typedef struct {
     const char *split;       /* split name ("train") */
@@ -33,11 +33,5 @@ void convert_split(const ConvertJob *job, DatasetSplit *result);
 
 /* "<dir>/<name>" into buf; dies if it does not fit. */
 void convert_image_path(const char *dir, const char *name, char *buf, size_t buflen);
-
-/* Read the whole file `name` (relative to the folder open as dirfd, or
- * AT_FDCWD) into *buf (grown as needed, reused across calls): open, fstat,
- * read, close. 0, or -1 with a reason in err. */
-int convert_read_file(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
-                      char *err, size_t errlen);
 
 #endif

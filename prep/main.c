@@ -20,7 +20,7 @@
 #include "core/check.h"
 #include "convert.h"
 #include "data/dataset.h"
-#include "decode.h"
+#include "data/image.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
 
@@ -268,7 +268,7 @@ static ImageShape shape_probe(const char *path) {
     size_t cap = 0, len;
     char why[768];
     ImageShape shape;
-    if (convert_read_file(AT_FDCWD, path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
+    if (image_file_read(AT_FDCWD, path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
     ImageDecoder *dec = image_decoder_create();
     if (image_probe(dec, buf, len, &shape, why, sizeof why) != IMAGE_OK) die("%s: %s", path, why);
     image_decoder_free(dec);

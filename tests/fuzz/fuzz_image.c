@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "data/dataset.h"
-#include "decode.h"
+#include "data/image.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,4 +1,5 @@
-/* decode.h: PNG and JPEG decoding from memory into 8-bit HWC pixels.
+/* image.h: PNG and JPEG files and their decoding into 8-bit HWC pixels (cifar-prep
+ * and cifar-predict decode with the same code, so an image reads the same in both).
  *
  * PNG through libpng: palette, 16-bit, low bit depths, gray+alpha, RGBA and
  * tRNS are all normalised to 8-bit gray (1 channel) or RGB (3); alpha is
@@ -6,8 +7,8 @@
  * any libjpeg warning (a truncated file, corrupt data) is an error. The header
  * is checked before a pixel is decoded: sides over DATASET_MAX_SIDE are refused
  * (decompression bombs). One decoder per thread; it keeps its buffers. */
-#ifndef PREP_DECODE_H
-#define PREP_DECODE_H
+#ifndef CIFAR_IMAGE_H
+#define CIFAR_IMAGE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -35,5 +36,14 @@ int image_probe(ImageDecoder *d, const uint8_t *buf, size_t len, ImageShape *sha
  * the image's shape whenever the header could be read. */
 int image_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
                  uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen);
+
+/* Images larger than this are refused before a byte is read (a PNG of
+ * 4096x4096x3 is well under it). */
+#define IMAGE_MAX_FILE (256ll << 20)
+/* Read the whole file `name` (relative to the folder open as dirfd, or
+ * AT_FDCWD) into *buf (grown as needed, reused across calls): open, fstat,
+ * read, close. 0, or -1 with a reason in err. */
+int image_file_read(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
+                    char *err, size_t errlen);
 
 #endif

@@ -1,11 +1,15 @@
-/* decode.c: see decode.h. */
-#include "decode.h"
+/* image.c: see image.h. */
+#include "data/image.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "data/dataset.h"
@@ -266,4 +270,42 @@ int image_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageSha
         return IMAGE_ERROR;
     }
     return image_run(d, buf, len, expect, out, outcap, shape, err, errlen);
+}
+
+int image_file_read(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
+                    char *err, size_t errlen) {
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "cannot read the image (%s)", strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size > IMAGE_MAX_FILE) {
+        snprintf(err, errlen, S_ISREG(st.st_mode) ? "file too large for an image (%lld bytes)"
+                                                   : "not a regular file",
+                 (long long)st.st_size);
+        close(fd);
+        return -1;
+    }
+    size_t want = (size_t)st.st_size;
+    if (*cap < want + 1) {
+        *cap = want + 1;
+        *buf = xrealloc(*buf, *cap);
+    }
+    size_t got = 0;
+    while (got < want) {
+        ssize_t r = read(fd, *buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            snprintf(err, errlen, "cannot read the image (%s)", r < 0 ? strerror(errno)
+                                                                    : "file shrank while read");
+            close(fd);
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    *len = got;
+    return 0;
 }
