@@ -1,4 +1,4 @@
-# cifar toolchain: cifar-prep | cifar-train | cifar-eval
+# cifar toolchain: cifar-prep | cifar-train | cifar-eval (cifar-predict for single images)
 #
 #   make              build bin/ (with CUDA when nvcc, cuDNN, cuBLAS and NCCL are found: see CUDA detection)
 #   make CUDA=0       CPU-only build
@@ -179,10 +179,11 @@ endif
 LIB = $(OBJ)/libcifar.a
 LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o)
 
-COMMANDS = cifar-prep cifar-train cifar-eval cifar-synth cifar-unpack
+COMMANDS = cifar-prep cifar-train cifar-eval cifar-predict cifar-synth cifar-unpack
 prep_SRC = $(wildcard prep/*.c)
 train_SRC = $(wildcard train/*.c)
 eval_SRC = $(wildcard eval/*.c)
+predict_SRC = $(wildcard predict/*.c)
 synth_SRC = pipelines/cifar-synth.c
 unpack_SRC = pipelines/cifar-unpack.c
 
@@ -263,6 +264,7 @@ endef
 $(eval $(call command_rule,cifar-prep,$(prep_SRC)))
 $(eval $(call command_rule,cifar-train,$(train_SRC)))
 $(eval $(call command_rule,cifar-eval,$(eval_SRC)))
+$(eval $(call command_rule,cifar-predict,$(predict_SRC)))
 $(eval $(call command_rule,cifar-synth,$(synth_SRC)))
 $(eval $(call command_rule,cifar-unpack,$(unpack_SRC)))
 
@@ -392,6 +394,7 @@ MAN_PAGES = $(COMMANDS:%=$(BUILD)/man/%.1)
 cifar-prep_WHAT = convert a PNG/JPEG dataset into one LMDB file
 cifar-train_WHAT = train the seed's ResNet on a cifar-prep LMDB, on CPUs or GPUs
 cifar-eval_WHAT = evaluate a cifar-train snapshot on a test split
+cifar-predict_WHAT = classify PNG/JPEG images with a cifar-train snapshot
 cifar-synth_WHAT = make a synthetic dataset in the seed's layout
 cifar-unpack_WHAT = convert the CIFAR-10 binary distribution into the seed's layout
 

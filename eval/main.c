@@ -105,7 +105,7 @@ static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *
         int b = eval_batch_fill(idx, first, o->batch, n);
         /* the engine may gather the next batch while this one runs */
         if (first + b < n) engine_prefetch(e, idx_next, eval_batch_fill(idx_next, first + b, o->batch, n), 0);
-        e->ops->eval_batch(e, idx, b, &r->loss_sum, &r->correct, pred);
+        e->ops->eval_batch(e, idx, b, &r->loss_sum, &r->correct, pred, NULL);
         for (int i = 0; i < b; i++) r->confusion[(int64_t)labels[first + i] * r->k + pred[i]]++;
         progress_update(&bar, first + b, NULL);
     }
@@ -189,19 +189,6 @@ static void print_json(const EvalOptions *o, const char *data, const EvalResult 
     cJSON_Delete(j);
 }
 
-/* The snapshot's model and weights. */
-static void load_snapshot(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
-                          TrainState *st) {
-    char err[512];
-    model_config_seed(cfg);
-    Snapshot *snap = checkpoint_open(path, cfg, info, err, sizeof err);
-    if (!snap) die_permanent("%s: %s", path, err);
-    if (model_build(model, cfg, err, sizeof err) != 0) die_permanent("%s: model: %s", path, err);
-    train_state_alloc(st, model);
-    if (checkpoint_load_state(snap, model, st, err, sizeof err) != 0) die_permanent("%s: %s", path, err);
-    snapshot_free(snap);
-}
-
 /* The dataset to evaluate on (--data, else the snapshot's), checked against the model. */
 static Dataset *open_data(const EvalOptions *o, const ModelConfig *cfg, const CheckpointInfo *info,
                           const char **data_out) {
@@ -234,25 +221,15 @@ int main(int argc, char **argv) {
     CheckpointInfo info;
     Model model;
     TrainState st;
-    load_snapshot(o.snapshot, &cfg, &info, &model, &st);
+    checkpoint_load_model(o.snapshot, &cfg, &info, &model, &st);
     const char *data;
     Dataset *ds = open_data(&o, &cfg, &info, &data);
     HostSplit split;
     host_split_load(ds, data, o.split, 1, &split); /* in place in the map */
 
-    EngineConfig ec;
-    memset(&ec, 0, sizeof ec);
-    ec.model = &model;
-    ec.test = split;
-    memcpy(ec.mean, info.mean, sizeof ec.mean);
-    memcpy(ec.std, info.std, sizeof ec.std);
-    ec.max_batch = o.batch;
-    ec.threads = o.threads ? o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    ec.precision = PRECISION_FP32;
-    Engine *e = device_engine_create(o.device, &ec, 0, 1, 1);
-    DistEnv alone = {.world_size = 1, .local_world_size = 1};
-    Comm *comm = device_comm_create(e, &alone, -1);
-    e->ops->state_from_host(e, st.params, st.buffers, NULL);
+    Comm *comm;
+    Engine *e = device_inference_engine(o.device, &model, split, info.mean, info.std, o.batch,
+                                        o.threads, st.params, st.buffers, &comm);
 
     EvalResult r;
     memset(&r, 0, sizeof r);

@@ -846,11 +846,17 @@ static void test_engine(int bottleneck, Precision prec, float tol) {
     double lsc = 0, lsg = 0;
     int64_t hc = 0, hg = 0;
     int32_t predc[8], predg[8];
-    cpu->ops->eval_batch(cpu, eidx, batch, &lsc, &hc, predc);
-    gpu->ops->eval_batch(gpu, eidx, batch, &lsg, &hg, predg);
+    float *logc = xmalloc((size_t)batch * m.fc_out * sizeof(float));
+    float *logg = xmalloc((size_t)batch * m.fc_out * sizeof(float));
+    cpu->ops->eval_batch(cpu, eidx, batch, &lsc, &hc, predc, logc);
+    gpu->ops->eval_batch(gpu, eidx, batch, &lsg, &hg, predg, logg);
     float flc = (float)lsc, flg = (float)lsg;
     snprintf(name, sizeof name, "engine %s %s eval: loss sum", kind, pn);
     expect_close(name, &flg, &flc, 1, tol * batch, tol);
+    snprintf(name, sizeof name, "engine %s %s eval: logits", kind, pn);
+    expect_close(name, logg, logc, (size_t)batch * m.fc_out, tol, tol);
+    free(logc);
+    free(logg);
     if (prec == PRECISION_FP32) {
         snprintf(name, sizeof name, "engine %s eval: hits %lld == %lld and predictions", kind,
                  (long long)hg, (long long)hc);
@@ -935,7 +941,7 @@ static EvalOut engine_stream_eval(Engine *e, int i) {
         e->ops->prefetch(e, eidx, ENGINE_BATCH, 0);
     }
     EvalOut r = {0, 0, {0}};
-    e->ops->eval_batch(e, eidx, ENGINE_BATCH, &r.loss, &r.hits, r.pred);
+    e->ops->eval_batch(e, eidx, ENGINE_BATCH, &r.loss, &r.hits, r.pred, NULL);
     return r;
 }
 

@@ -270,7 +270,7 @@ static void evaluate(Worker *w, double *loss, double *acc) {
     for (int cur = 0; k > 0; cur ^= 1) {
         int k_next = eval_batch_fill(idx[cur ^ 1], b, &next, n, world);
         if (k_next > 0) engine_prefetch(w->engine, idx[cur ^ 1], k_next, 0);
-        w->engine->ops->eval_batch(w->engine, idx[cur], k, &sums[0], &hits, NULL);
+        w->engine->ops->eval_batch(w->engine, idx[cur], k, &sums[0], &hits, NULL, NULL);
         k = k_next;
     }
     sums[1] = (double)hits;

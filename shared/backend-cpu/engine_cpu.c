@@ -35,13 +35,14 @@ static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch,
 }
 
 static void cpu_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_sum, int64_t *correct,
-                           int32_t *predictions) {
+                           int32_t *predictions, float *logits) {
     CpuEngine *c = e->impl;
     const Model *m = e->cfg.model;
     const int k = m->fc_out;
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_split(&spec, &e->cfg.test, idx, n, c->batch_x, c->batch_y);
     model_forward_eval(m, c->run, c->params, c->buffers, c->batch_x, n, c->logits);
+    if (logits) memcpy(logits, c->logits, (size_t)n * k * sizeof(float));
     int hits = 0;
     float loss = softmax_xent_forward_backward(n, k, c->logits, c->batch_y, 0.0f, NULL, &hits);
     *loss_sum += (double)loss * n;

@@ -397,7 +397,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
 }
 
 static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_sum, int64_t *correct,
-                            int32_t *predictions) {
+                            int32_t *predictions, float *logits) {
     GpuEngine *g = (GpuEngine *)e->impl;
     const Model *m = e->cfg.model;
     cudaStream_t s = (cudaStream_t)cuda_ctx_stream(g->ctx);
@@ -420,6 +420,9 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
     CHECK_CUDA(cudaMemcpyAsync(g->h_correct, g->correct, sizeof(int), cudaMemcpyDeviceToHost, s));
     if (predictions)
         CHECK_CUDA(cudaMemcpyAsync(predictions, g->pred, (size_t)n * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, s));
+    if (logits)
+        CHECK_CUDA(cudaMemcpyAsync(logits, net_logits(g->net), (size_t)n * m->fc_out * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
     *loss_sum += (double)*g->h_loss * n;

@@ -293,6 +293,18 @@ int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, 
     return 0;
 }
 
+void checkpoint_load_model(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
+                           TrainState *st) {
+    char err[512];
+    model_config_seed(cfg);
+    Snapshot *snap = checkpoint_open(path, cfg, info, err, sizeof err);
+    if (!snap) die_permanent("%s: %s", path, err);
+    if (model_build(model, cfg, err, sizeof err) != 0) die_permanent("%s: model: %s", path, err);
+    train_state_alloc(st, model);
+    if (checkpoint_load_state(snap, model, st, err, sizeof err) != 0) die_permanent("%s: %s", path, err);
+    snapshot_free(snap);
+}
+
 /* ------------------------------------------------------------ resume choice */
 
 /* The snapshot is of another model or dataset: both shapes, and stop. */

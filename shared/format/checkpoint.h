@@ -71,6 +71,12 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
 int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
                           size_t errlen);
 
+/* For the commands that run a snapshot (cifar-eval, cifar-predict): open it,
+ * build its model and load its weights into a fresh *st. Any failure ends the
+ * process (a permanent one) naming path. Free st, model and info after. */
+void checkpoint_load_model(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
+                           TrainState *st);
+
 /* The resume choice of a run folder, the same on every rank: rank 0 takes the
  * newest snapshot that loads (a corrupt one is reported and the previous one
  * used; temporaries of a killed writer are removed first) and broadcasts its

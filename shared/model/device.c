@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "core/progress.h"
@@ -79,6 +80,25 @@ Comm *device_comm_create(Engine *e, const DistEnv *env, int requested) {
 
 /* In place in the dataset's map unless CIFAR_DATA_IN_MEMORY=1 (a private copy, as
  * before in-place reading); every record's checksum is verified once here. */
+Engine *device_inference_engine(DeviceChoice want, const Model *m, HostSplit test, const float *mean,
+                                const float *std, int max_batch, int threads, const float *params,
+                                const float *buffers, Comm **comm) {
+    EngineConfig ec;
+    memset(&ec, 0, sizeof ec);
+    ec.model = m;
+    ec.test = test;
+    memcpy(ec.mean, mean, sizeof ec.mean);
+    memcpy(ec.std, std, sizeof ec.std);
+    ec.max_batch = max_batch;
+    ec.threads = threads ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    ec.precision = PRECISION_FP32;
+    Engine *e = device_engine_create(want, &ec, 0, 1, 1);
+    DistEnv alone = {.world_size = 1, .local_world_size = 1};
+    *comm = device_comm_create(e, &alone, -1);
+    e->ops->state_from_host(e, params, buffers, NULL);
+    return e;
+}
+
 void host_split_load(Dataset *ds, const char *path, const char *name, int required, HostSplit *out) {
     memset(out, 0, sizeof *out);
     const DatasetSplit *sp = dataset_split(ds, name);

@@ -34,6 +34,14 @@ Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_ran
  * for one process. `requested` (a CommKind, or -1) is --comm. Sets e->cfg.comm. */
 Comm *device_comm_create(Engine *e, const DistEnv *env, int requested);
 
+/* An engine that only runs inference, in one process (cifar-eval, cifar-predict):
+ * fp32, the `test` split, max_batch images a pass, the normalisation given, the
+ * weights (params, BN buffers: host flat buffers) loaded; threads 0 = all cores.
+ * *comm gets its communicator (destroy it after the engine). */
+Engine *device_inference_engine(DeviceChoice want, const Model *m, HostSplit test, const float *mean,
+                                const float *std, int max_batch, int threads, const float *params,
+                                const float *buffers, Comm **comm);
+
 /* Split `name` of an open dataset, read in place from its map (arrays owned by
  * the dataset, valid until dataset_close), every record's checksum verified. An
  * absent split gives count 0, or with `required` a permanent failure naming `path`

@@ -52,9 +52,10 @@ typedef struct {
     float (*train_step)(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                         float lr, int *correct);
     /* Inference (BN running stats) on test samples idx[0..n): adds the summed loss
-     * and hits, writes arg-max predictions when non-NULL. */
+     * and hits, writes arg-max predictions and the n x K logits (row i: sample
+     * idx[i]) each when non-NULL. */
     void (*eval_batch)(Engine *e, const int64_t *idx, int n, double *loss_sum, int64_t *correct,
-                       int32_t *predictions);
+                       int32_t *predictions, float *logits);
     /* Optional (NULL: nothing to do): a hint that a coming train_step (train = 1)
      * or eval_batch (train = 0), the next one or the one after, takes samples
      * idx[0..n) (n <= max_batch; idx is copied, the caller may reuse it at once).
