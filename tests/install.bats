@@ -14,7 +14,7 @@ bats_require_minimum_version 1.5.0
 load helpers
 
 REPO=$(cd "$BATS_TEST_DIRNAME/.." && pwd)
-COMMANDS="cifar-prep cifar-train cifar-eval cifar-synth cifar-unpack"
+COMMANDS="cifar-prep cifar-train cifar-eval cifar-predict cifar-synth cifar-unpack"
 SCRIPTS="demo.sh cifar10.sh multi-gpu.sh resume.sh mpi.sh plot.sh slurm.sbatch cifar-bin.sh curves.gp"
 
 setup_file() {
