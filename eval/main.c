@@ -20,8 +20,10 @@
 #include "core/progress.h"
 
 static const char *usage_text =
-    "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors]\n"
+    "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors|RUN_DIR]\n"
     "Evaluate a cifar-train snapshot (path from stdin when omitted: the last line).\n"
+    "A RUN_DIR stands for its best snapshot (best.safetensors, kept by cifar-train\n"
+    "--val-fraction) when it has one, else its newest.\n"
     "\n"
     "  --data DATA.lmdb   the dataset (default: the one recorded in the snapshot)\n"
     "  --split NAME       the split to evaluate (default test)\n"
@@ -77,8 +79,10 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
         default: fputs("see `cifar-eval --help`\n", stderr); exit(2);
         }
     }
-    if (argc - optind > 1) die_usage("expected one SNAPSHOT, got %d arguments", argc - optind);
-    o->snapshot = optind < argc ? argv[optind] : last_line_of_stdin();
+    if (argc - optind > 1) die_usage("expected one SNAPSHOT or RUN_DIR, got %d arguments", argc - optind);
+    static char chosen[4096];
+    checkpoint_for_inference(optind < argc ? argv[optind] : last_line_of_stdin(), chosen, sizeof chosen);
+    o->snapshot = chosen;
 }
 
 typedef struct {

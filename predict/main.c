@@ -111,7 +111,9 @@ static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
         }
     }
     if (optind >= argc) die_usage("give a SNAPSHOT (or RUN_DIR) and images; see --help");
-    o->snapshot = argv[optind++];
+    static char chosen[PATH_CAP];
+    checkpoint_for_inference(argv[optind++], chosen, sizeof chosen);
+    o->snapshot = chosen;
     int64_t cap = 0;
     for (int i = optind; i < argc; i++) paths_add(o, &cap, argv[i]);
     if (o->count == 0) paths_from_stdin(o, &cap);

@@ -2,7 +2,10 @@
  * world sizes: each rank gets ceil(n/W) indices, the shards together are the
  * padded permutation (every index at least once, only the first
  * ceil(n/W)*W - n repeated), the shards are disjoint when W divides n, the order
- * changes from epoch to epoch and with the seed, and is the same whoever computes it. */
+ * changes from epoch to epoch and with the seed, and is the same whoever computes it.
+ * The validation hold-out: round(f * n_c) records of every class c (a class keeps one),
+ * the same set for the same seed, another for another seed, spread over the classes'
+ * records rather than their first ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +62,53 @@ static void check_epochs_differ(void) {
     free(b);
 }
 
+/* Labels 0..k-1 with class c holding 10 * (c + 1) + c records, interleaved. */
+static int64_t holdout_labels(int32_t *labels, int k) {
+    int64_t n = 0;
+    int left[8];
+    for (int c = 0; c < k; c++) left[c] = 10 * (c + 1) + c;
+    for (int more = 1; more;) {
+        more = 0;
+        for (int c = 0; c < k; c++)
+            if (left[c] > 0) labels[n++] = c, left[c]--, more = 1;
+    }
+    return n;
+}
+
+static void check_holdout(void) {
+    enum { K = 5 };
+    int32_t labels[400];
+    const int64_t n = holdout_labels(labels, K);
+    uint8_t a[400], b[400];
+    const double fractions[] = {0.1, 0.25, 0.5, 0.999};
+    for (size_t f = 0; f < sizeof fractions / sizeof *fractions; f++) {
+        int64_t held = sampler_holdout(3, labels, n, K, fractions[f], a), total = 0;
+        for (int c = 0; c < K; c++) {
+            int64_t n_c = 0, v_c = 0;
+            for (int64_t i = 0; i < n; i++)
+                if (labels[i] == c) n_c++, v_c += a[i];
+            int64_t want = (int64_t)(fractions[f] * (double)n_c + 0.5);
+            if (want >= n_c) want = n_c - 1;
+            EXPECT(v_c == want, "f=%g class %d: %lld of %lld held out, want %lld", fractions[f], c,
+                   (long long)v_c, (long long)n_c, (long long)want);
+            total += v_c;
+        }
+        EXPECT(held == total, "f=%g: returns %lld, %lld are marked", fractions[f], (long long)held,
+               (long long)total);
+        for (int64_t i = 0; i < n; i++) EXPECT(a[i] <= 1, "is_val[%lld] = %d", (long long)i, a[i]);
+    }
+    sampler_holdout(3, labels, n, K, 0.25, a);
+    sampler_holdout(3, labels, n, K, 0.25, b);
+    EXPECT(memcmp(a, b, (size_t)n) == 0, "the same seed holds out another set");
+    sampler_holdout(4, labels, n, K, 0.25, b);
+    EXPECT(memcmp(a, b, (size_t)n) != 0, "seeds 3 and 4 hold out the same set");
+    /* not the class's first records: some held-out record lies in the second half */
+    int64_t late = 0;
+    for (int64_t i = n / 2; i < n; i++) late += a[i];
+    EXPECT(late > 0, "every held-out record is in the first half");
+    EXPECT(sampler_holdout(3, labels, n, K, 0.001, a) == 0, "a fraction below half a record holds out none");
+}
+
 int main(void) {
     const int64_t sizes[] = {1, 2, 7, 64, 1000, 1001};
     const int worlds[] = {1, 2, 3, 8};
@@ -66,5 +116,6 @@ int main(void) {
         for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
             for (int64_t e = 0; e < 3; e++) check_cover(sizes[i], worlds[w], e);
     check_epochs_differ();
+    check_holdout();
     return unit_report("test_sampler");
 }

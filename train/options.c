@@ -31,6 +31,14 @@ static const char *usage_text =
     "  --normalize M          dataset (its mean/std, default) | imagenet (the seed's constants)\n"
     "  --model FILE.json      network shape with the seed's Config fields (default: the seed's)\n"
     "\n"
+    "Validation:\n"
+    "  --val-fraction F       hold out F (0 < F < 1) of the train split, stratified by class\n"
+    "                         and fixed by --seed; val_loss/val_acc each epoch; the best\n"
+    "                         epoch by val_acc is kept as RUN_DIR/best.safetensors (default 0:\n"
+    "                         none)\n"
+    "  --early-stop N         stop after N epochs without a better val_acc (needs\n"
+    "                         --val-fraction; default 0: never)\n"
+    "\n"
     "Snapshots:\n"
     "  --run-dir DIR          snapshots and metrics.jsonl (default ./run); one job at a time\n"
     "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
@@ -69,6 +77,7 @@ enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
     OPT_SCHEDULE, OPT_WARMUP, OPT_SMOOTH, OPT_SEED, OPT_THREADS, OPT_RUN_DIR, OPT_DEVICE,
     OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET, OPT_COMM,
+    OPT_VAL_FRACTION, OPT_EARLY_STOP,
 };
 
 static const struct option long_options[] = {
@@ -93,6 +102,8 @@ static const struct option long_options[] = {
     {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"comm", required_argument, 0, OPT_COMM},
+    {"val-fraction", required_argument, 0, OPT_VAL_FRACTION},
+    {"early-stop", required_argument, 0, OPT_EARLY_STOP},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -168,10 +179,17 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
             o->comm = (int)k;
             break;
         }
+        case OPT_VAL_FRACTION:
+            o->val_fraction = option_real(name, optarg, 0, 1);
+            if (o->val_fraction >= 1) die_usage("--val-fraction: expected a fraction below 1, got '%s'", optarg);
+            break;
+        case OPT_EARLY_STOP: o->early_stop = (int)option_int(name, optarg, 0, 1000000); break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }
     }
+    if (o->early_stop && o->val_fraction == 0)
+        die_usage("--early-stop needs a validation split: give --val-fraction");
     if (argc - optind > 1) die_usage("expected one DATA.lmdb, got %d arguments", argc - optind);
     o->data_path = optind < argc ? argv[optind] : data_path_from_stdin();
 }
@@ -190,6 +208,8 @@ char *train_options_to_json(const TrainOptions *o) {
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddStringToObject(j, "normalize", normalize_names[o->normalize]);
     cJSON_AddStringToObject(j, "precision", precision_names[o->precision]);
+    if (o->val_fraction > 0) cJSON_AddNumberToObject(j, "val_fraction", o->val_fraction);
+    if (o->early_stop) cJSON_AddNumberToObject(j, "early_stop", o->early_stop);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     CHECK_ALLOC(text, 1024);

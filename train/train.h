@@ -34,6 +34,8 @@ typedef struct {
     int deterministic;
     int quiet;
     int comm;              /* --comm: a CommKind, -1 = by device and launcher */
+    double val_fraction;   /* 0: no validation hold-out */
+    int early_stop;        /* 0: never; else stop after N epochs without a better val_acc */
 } TrainOptions;
 
 /* Parse argv (launcher options already removed). Exits 2 on bad usage, 0 on --help. */

@@ -42,6 +42,13 @@ typedef struct {
     Dataset *ds;
     DatasetInfo info;
     HostSplit train, test; /* read in place from the dataset's map */
+    /* What the engine evaluates: the test split's records, then the validation
+     * hold-out's (n_val, 0 without --val-fraction). With a hold-out, train and eval
+     * point into the map through the arrays below (owned). */
+    HostSplit eval;
+    int64_t n_val;
+    const uint8_t **train_records, **eval_records;
+    int32_t *train_labels, *eval_labels;
 } TrainData;
 
 static void train_data_load(TrainData *d, const char *path) {
@@ -55,8 +62,51 @@ static void train_data_load(TrainData *d, const char *path) {
     host_split_load(d->ds, path, "test", 0, &d->test);
 }
 
-/* The splits' arrays belong to the dataset. */
-static void train_data_free(TrainData *d) { dataset_close(d->ds); }
+/* Record i of `from` appended to (records, labels) at *at. */
+static void split_take(const HostSplit *from, int64_t i, size_t rec, const uint8_t **records,
+                       int32_t *labels, int64_t *at) {
+    records[*at] = host_split_record(from, i, rec);
+    labels[(*at)++] = from->labels[i];
+}
+
+/* --val-fraction: the hold-out (sampler_holdout) leaves the train split, and the
+ * evaluation split becomes test + hold-out. Without it eval is the test split. */
+static void train_data_holdout(TrainData *d, const TrainOptions *o) {
+    d->eval = d->test;
+    if (o->val_fraction <= 0) return;
+    const HostSplit full = d->train;
+    const size_t rec = (size_t)d->info.height * d->info.width * d->info.channels;
+    uint8_t *is_val = xmalloc((size_t)full.count);
+    d->n_val = sampler_holdout(o->seed, full.labels, full.count, d->info.num_classes, o->val_fraction, is_val);
+    const int64_t n_train = full.count - d->n_val, n_eval = d->test.count + d->n_val;
+    if (d->n_val == 0 || n_train == 0)
+        die_usage("--val-fraction %g holds out %s of the %" PRId64 " train images: give a %s fraction",
+                  o->val_fraction, d->n_val ? "all" : "none", full.count, d->n_val ? "smaller" : "larger");
+    d->train_records = xmalloc((size_t)n_train * sizeof *d->train_records);
+    d->train_labels = xmalloc((size_t)n_train * sizeof *d->train_labels);
+    d->eval_records = xmalloc((size_t)n_eval * sizeof *d->eval_records);
+    d->eval_labels = xmalloc((size_t)n_eval * sizeof *d->eval_labels);
+    int64_t t = 0, e = 0;
+    for (int64_t i = 0; i < d->test.count; i++) split_take(&d->test, i, rec, d->eval_records, d->eval_labels, &e);
+    for (int64_t i = 0; i < full.count; i++) {
+        if (is_val[i])
+            split_take(&full, i, rec, d->eval_records, d->eval_labels, &e);
+        else
+            split_take(&full, i, rec, d->train_records, d->train_labels, &t);
+    }
+    free(is_val);
+    d->train = (HostSplit){.labels = d->train_labels, .count = n_train, .records = d->train_records};
+    d->eval = (HostSplit){.labels = d->eval_labels, .count = n_eval, .records = d->eval_records};
+}
+
+/* The splits' arrays belong to the dataset; the hold-out's to d. */
+static void train_data_free(TrainData *d) {
+    free(d->train_records);
+    free(d->train_labels);
+    free(d->eval_records);
+    free(d->eval_labels);
+    dataset_close(d->ds);
+}
 
 /* ---- model and normalisation ---- */
 
@@ -107,6 +157,8 @@ static void normalisation(const TrainOptions *o, const DatasetInfo *info, float 
 typedef struct {
     int64_t epoch; /* epochs completed, 1-based */
     double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
+    int has_val;   /* val_loss, val_acc: with --val-fraction */
+    double val_loss, val_acc;
     int world_size, restarts;
     const char *device, *comm;
 } EpochMetrics;
@@ -116,11 +168,13 @@ static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
     FILE *f = fopen(path, "a");
     CHECK_STDIO(f != NULL, path);
+    char val[96] = "";
+    if (m->has_val) snprintf(val, sizeof val, "\"val_loss\":%.6f,\"val_acc\":%.6f,", m->val_loss, m->val_acc);
     fprintf(f,
             "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
-            "\"test_acc\":%.6f,\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
+            "\"test_acc\":%.6f,%s\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
             "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\",\"comm\":\"%s\"}\n",
-            m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, m->lr,
+            m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, val, m->lr,
             m->images_per_s, m->seconds, m->world_size, m->restarts, m->device, m->comm);
     CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, path);
     CHECK_STDIO(fclose(f) == 0, path);
@@ -196,7 +250,8 @@ static void refuse_non_finite(const Worker *w) {
                     isnan(bufs[b][i]) ? "NaN" : "infinite", w->progress.step);
 }
 
-static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
+/* The state, gathered on rank 0, written there to path (atomically: checkpoint_write). */
+static void write_state(Worker *w, const char *path) {
     w->engine->ops->broadcast_buffers(w->engine, 0);
     if (w->env->rank != 0) return;
     w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
@@ -212,12 +267,29 @@ static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
     info.classes = w->data.info.classes; /* the dataset's: not freed here */
     info.progress = w->progress;
     info.progress.world_size = w->env->world_size;
-    snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);
     char err[512];
-    int rc = checkpoint_write(path_out, &w->model, &w->state, &info, err, sizeof err);
+    int rc = checkpoint_write(path, &w->model, &w->state, &info, err, sizeof err);
     free(abs);
-    if (rc != 0) die("%s: cannot write the snapshot: %s", path_out, err);
-    snapshot_prune(w->o->run_dir, w->o->keep);
+    if (rc != 0) die("%s: cannot write the snapshot: %s", path, err);
+}
+
+static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
+    snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);
+    write_state(w, path_out);
+    if (w->env->rank == 0) snapshot_prune(w->o->run_dir, w->o->keep);
+}
+
+/* RUN_DIR/best.safetensors: never pruned (snapshot_list does not list it). */
+static void write_best(Worker *w) {
+    char path[4096];
+    checkpoint_best_path(w->o->run_dir, path, sizeof path);
+    write_state(w, path);
+}
+
+/* --early-stop: N epochs done since the best validation accuracy. */
+static int early_stop_due(const Worker *w) {
+    return w->o->early_stop > 0 && w->progress.best_epoch > 0 &&
+           w->progress.epochs - w->progress.best_epoch >= w->o->early_stop;
 }
 
 static void resume_or_init(Worker *w) {
@@ -248,27 +320,28 @@ static void resume_or_init(Worker *w) {
     }
 }
 
-/* This rank's next evaluation batch into idx: test images *next, *next + world, ...
- * below n, at most b of them. Returns how many (0 when none is left). */
-static int eval_batch_fill(int64_t *idx, int b, int64_t *next, int64_t n, int world) {
+/* This rank's next evaluation batch into idx: images first + *next, first + *next +
+ * world, ... (*next below n), at most b of them. Returns how many (0 when none is left). */
+static int eval_batch_fill(int64_t *idx, int b, int64_t first, int64_t *next, int64_t n, int world) {
     int k = 0;
-    for (; k < b && *next < n; k++, *next += world) idx[k] = *next;
+    for (; k < b && *next < n; k++, *next += world) idx[k] = first + *next;
     return k;
 }
 
-static void evaluate(Worker *w, double *loss, double *acc) {
-    int64_t n = w->data.test.count;
+/* Loss and accuracy over images [first, first + n) of the evaluation split (the
+ * test split, then the validation hold-out). */
+static void evaluate(Worker *w, int64_t first, int64_t n, double *loss, double *acc) {
     *loss = *acc = 0;
     if (n == 0) return;
     const int world = w->env->world_size, rank = w->env->rank, b = w->o->batch_size;
-    /* Every test image exactly once: rank r takes r, r+W, ... (no padding). Batch
+    /* Every image exactly once: rank r takes r, r+W, ... (no padding). Batch
      * i+1 is named to the engine (prefetch) before batch i runs. */
     int64_t *idx[2] = {xmalloc((size_t)b * sizeof(int64_t)), xmalloc((size_t)b * sizeof(int64_t))};
     double sums[2] = {0, 0};
     int64_t hits = 0, next = rank;
-    int k = eval_batch_fill(idx[0], b, &next, n, world);
+    int k = eval_batch_fill(idx[0], b, first, &next, n, world);
     for (int cur = 0; k > 0; cur ^= 1) {
-        int k_next = eval_batch_fill(idx[cur ^ 1], b, &next, n, world);
+        int k_next = eval_batch_fill(idx[cur ^ 1], b, first, &next, n, world);
         if (k_next > 0) engine_prefetch(w->engine, idx[cur ^ 1], k_next, 0);
         w->engine->ops->eval_batch(w->engine, idx[cur], k, &sums[0], &hits, NULL, NULL);
         k = k_next;
@@ -352,7 +425,9 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     return EPOCH_DONE;
 }
 
-static void finish_epoch(Worker *w, int64_t epoch, double lr) {
+/* Returns 1 when the epoch's validation accuracy is the best so far (always 0
+ * without a hold-out); the first epoch is the first best. */
+static int finish_epoch(Worker *w, int64_t epoch, double lr) {
     double sums[3] = {w->progress.partial_loss_sum, w->progress.partial_correct,
                       w->progress.partial_seen};
     comm_allreduce_sum_f64(w->comm, sums, 3);
@@ -365,7 +440,15 @@ static void finish_epoch(Worker *w, int64_t epoch, double lr) {
     m.images_per_s = m.seconds > 0 ? sums[2] / m.seconds : 0;
     m.lr = lr;
     w->engine->ops->broadcast_buffers(w->engine, 0);
-    evaluate(w, &m.test_loss, &m.test_acc);
+    evaluate(w, 0, w->data.test.count, &m.test_loss, &m.test_acc);
+    m.has_val = w->data.n_val > 0;
+    if (m.has_val) evaluate(w, w->data.test.count, w->data.n_val, &m.val_loss, &m.val_acc);
+    /* val_acc is the same double on every rank (all-reduced): so is this choice */
+    int best = m.has_val && (w->progress.best_epoch == 0 || m.val_acc > w->progress.best_val_acc);
+    if (best) {
+        w->progress.best_val_acc = m.val_acc;
+        w->progress.best_epoch = epoch + 1;
+    }
     m.world_size = w->env->world_size;
     m.restarts = w->env->restart_count;
     m.device = w->engine->ops->name;
@@ -376,11 +459,16 @@ static void finish_epoch(Worker *w, int64_t epoch, double lr) {
     w->progress.partial_seen = w->progress.partial_seconds = 0;
     if (w->env->rank == 0) {
         metrics_append(w->o->run_dir, &m);
-        log_info("epoch %" PRId64 "/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | "
+        char val[96] = "";
+        if (m.has_val)
+            snprintf(val, sizeof val, " | val loss %.4f acc %.2f%%%s", m.val_loss, 100 * m.val_acc,
+                     best ? " (best)" : "");
+        log_info("epoch %" PRId64 "/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%%%s | "
                  "%.0f img/s, %.1f s",
                  m.epoch, w->o->epochs, m.train_loss, 100 * m.train_acc, m.test_loss,
-                 100 * m.test_acc, m.images_per_s, m.seconds);
+                 100 * m.test_acc, val, m.images_per_s, m.seconds);
     }
+    return best;
 }
 
 static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
@@ -388,13 +476,18 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     w->o = o;
     w->env = env;
     train_data_load(&w->data, o->data_path);
+    train_data_holdout(&w->data, o);
+    if (env->rank == 0 && w->data.n_val)
+        log_info("validation: %" PRId64 " of the %" PRId64 " train images held out (--val-fraction %g, "
+                 "by class, seed %" PRIu64 ")", w->data.n_val, w->data.n_val + w->data.train.count,
+                 o->val_fraction, o->seed);
     build_model(&w->model, o, &w->data.info);
     normalisation(o, &w->data.info, w->mean, w->std);
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
     ec.model = &w->model;
     ec.train = w->data.train;
-    ec.test = w->data.test;
+    ec.test = w->data.eval;
     memcpy(ec.mean, w->mean, sizeof ec.mean);
     memcpy(ec.std, w->std, sizeof ec.std);
     ec.pad = 4;
@@ -447,15 +540,21 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
     }
     int stopped = 0;
     double lr = 0;
-    for (int64_t epoch = w.progress.epochs; epoch < o->epochs && !stopped; epoch++) {
+    int early = early_stop_due(&w);
+    for (int64_t epoch = w.progress.epochs; epoch < o->epochs && !stopped && !early; epoch++) {
         if (run_epoch(&w, epoch, &lr) == EPOCH_STOPPED) {
             stopped = 1;
             break;
         }
-        finish_epoch(&w, epoch, lr);
+        if (finish_epoch(&w, epoch, lr)) write_best(&w);
+        early = early_stop_due(&w);
         int last = epoch + 1 == o->epochs;
-        if (last || (epoch + 1) % o->save_every == 0) write_snapshot(&w, path, sizeof path);
-        if (!last && agree_stop(&w, 0)) stopped = 1;
+        if (last || early || (epoch + 1) % o->save_every == 0) write_snapshot(&w, path, sizeof path);
+        if (early && env->rank == 0)
+            log_info("early stop: no better val_acc in %d epochs (best %.2f%% at epoch %" PRId64 ", "
+                     "kept as %s/best.safetensors)",
+                     o->early_stop, 100 * w.progress.best_val_acc, w.progress.best_epoch, o->run_dir);
+        if (!last && !early && agree_stop(&w, 0)) stopped = 1;
     }
     if (stopped) {
         write_snapshot(&w, path, sizeof path);
@@ -465,7 +564,11 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
         /* Nothing left to train: report the snapshot we resumed from. */
         snapshot_path_for(o->run_dir, w.progress.step, path, sizeof path);
         if (!fs_exists(path)) write_snapshot(&w, path, sizeof path);
-        log_info("already trained for %d epochs", o->epochs);
+        if (early)
+            log_info("already stopped early at epoch %" PRId64 " (--early-stop %d)", w.progress.epochs,
+                     o->early_stop);
+        else
+            log_info("already trained for %d epochs", o->epochs);
     }
     comm_barrier(w.comm);
     if (env->rank == 0) {

@@ -21,6 +21,7 @@ enum {
     RNG_STREAM_SHUFFLE = 2,   /* sampler permutation: counter = epoch << 32 | step */
     RNG_STREAM_AUGMENT = 3,   /* crop/flip: counter = epoch << 40 | sample index */
     RNG_STREAM_SYNTH = 4,     /* synthetic dataset generator */
+    RNG_STREAM_HOLDOUT = 5,   /* validation hold-out: counter = class << 32 | position */
 };
 
 RNG_FN uint64_t rng_mix64(uint64_t z) {

@@ -20,6 +20,17 @@ int64_t sampler_per_rank(int64_t n, int world);
 void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world, int64_t *perm,
                    int64_t *mine);
 
+/* The validation hold-out of a split (cifar-train --val-fraction): a fixed,
+ * class-stratified part of its records, a pure function of (seed, labels,
+ * fraction), so every rank and every resume holds out the same records. Of the
+ * n_c records of class c, round(fraction * n_c) are held out, but never all of
+ * a class's records when it has more than one (each class keeps a training
+ * image); which ones: the first of a Fisher-Yates shuffle of the class's records
+ * keyed by (seed, c). is_val[i] is set to 1 for a held-out record, 0 otherwise.
+ * labels are in [0, num_classes). Returns how many are held out. */
+int64_t sampler_holdout(uint64_t seed, const int32_t *labels, int64_t n, int num_classes,
+                        double fraction, uint8_t *is_val);
+
 #ifdef __cplusplus
 }
 #endif

@@ -95,7 +95,8 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
     int n_tensors;
     SnapTensorIn *tensors = checkpoint_tensors(m, st, &nbt, &n_tensors);
     char *model_json = model_config_to_json(&m->cfg);
-    char shape[64], mean[160], std[160], epochs[32], step[32], sie[32], partial[160], world[16];
+    char shape[64], mean[160], std[160], epochs[32], step[32], sie[32], partial[160], world[16],
+        best[64];
     checkpoint_dataset_shape(&m->cfg, shape, sizeof shape);
     format_floats(info->mean, m->cfg.img_channels, mean, sizeof mean);
     format_floats(info->std, m->cfg.img_channels, std, sizeof std);
@@ -106,6 +107,8 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
              info->progress.partial_correct, info->progress.partial_seen,
              info->progress.partial_seconds);
     snprintf(world, sizeof world, "%d", info->progress.world_size);
+    snprintf(best, sizeof best, "[%.17g,%" PRId64 "]", info->progress.best_val_acc,
+             info->progress.best_epoch);
     char *classes = class_names_to_json(&info->classes);
     SnapMeta meta[] = {
         {"model", model_json},
@@ -118,6 +121,7 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
         {"step_in_epoch", sie},
         {"partial_epoch", partial},
         {"world_size", world},
+        {"best_val", best},
         {"options", info->options_json ? info->options_json : "{}"},
         {"classes", classes},
     };
@@ -163,6 +167,14 @@ static int parse_progress(const Snapshot *s, TrainProgress *p, char *err, size_t
     }
     const char *world = snapshot_meta(s, "world_size");
     p->world_size = world ? atoi(world) : 1;
+    const char *best = snapshot_meta(s, "best_val"); /* absent before validation splits */
+    long long best_epoch = 0;
+    if (best && (sscanf(best, "[%lg,%lld]", &p->best_val_acc, &best_epoch) != 2 || best_epoch < 0 ||
+                 best_epoch > p->epochs)) {
+        snprintf(err, errlen, "snapshot metadata \"best_val\" is malformed");
+        return -1;
+    }
+    p->best_epoch = best_epoch;
     return 0;
 }
 
@@ -303,6 +315,46 @@ void checkpoint_load_model(const char *path, ModelConfig *cfg, CheckpointInfo *i
     train_state_alloc(st, model);
     if (checkpoint_load_state(snap, model, st, err, sizeof err) != 0) die_permanent("%s: %s", path, err);
     snapshot_free(snap);
+}
+
+void checkpoint_best_path(const char *run_dir, char *buf, size_t buflen) {
+    if (snprintf(buf, buflen, "%s/" CHECKPOINT_BEST_NAME, run_dir) >= (int)buflen)
+        die_usage("%s: path too long", run_dir);
+}
+
+/* The newest snapshot of a run folder that opens, into buf: 0, or -1 when none does. */
+static int newest_snapshot(const char *run_dir, char *buf, size_t buflen) {
+    int count = 0, found = -1;
+    char **paths = snapshot_list(run_dir, &count);
+    for (int i = 0; i < count && found < 0; i++) {
+        char err[512];
+        ModelConfig cfg;
+        CheckpointInfo info;
+        model_config_seed(&cfg);
+        Snapshot *s = checkpoint_open(paths[i], &cfg, &info, err, sizeof err);
+        if (!s) {
+            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+            continue;
+        }
+        snapshot_free(s);
+        checkpoint_info_free(&info);
+        snprintf(buf, buflen, "%s", paths[i]);
+        found = 0;
+    }
+    snapshot_list_free(paths, count);
+    return found;
+}
+
+void checkpoint_for_inference(const char *path, char *buf, size_t buflen) {
+    if (!fs_is_dir(path)) {
+        if (snprintf(buf, buflen, "%s", path) >= (int)buflen) die_usage("%s: path too long", path);
+        return;
+    }
+    checkpoint_best_path(path, buf, buflen);
+    if (fs_exists(buf)) return;
+    if (newest_snapshot(path, buf, buflen) != 0)
+        die_permanent("%s: a folder without %s or a snapshot that loads ---> HINT: give a snapshot "
+                      "file, or the --run-dir of a cifar-train run", path, CHECKPOINT_BEST_NAME);
 }
 
 /* ------------------------------------------------------------ resume choice */

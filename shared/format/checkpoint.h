@@ -5,7 +5,7 @@
  * F32 vector). __metadata__ holds the model config ("model"), the dataset it was
  * trained on ("dataset", "dataset_shape"), the normalisation ("normalize_mean",
  * "normalize_std"), the progress ("epochs", "step", "step_in_epoch", partial-epoch
- * sums), the training options ("options") and, when the dataset names its
+ * sums, "best_val": [accuracy, epoch] with a validation split), the training options ("options") and, when the dataset names its
  * classes, their names ("classes", a JSON array: data/classes.h). cifar-train,
  * cifar-eval and cifar-predict use it. */
 #ifndef CIFAR_CHECKPOINT_H
@@ -30,6 +30,10 @@ typedef struct {
     double partial_loss_sum, partial_correct, partial_seen; /* the epoch in progress */
     double partial_seconds;
     int world_size;
+    /* --val-fraction: the best validation accuracy so far and its epoch (1-based;
+     * 0 = none yet), for best.safetensors and --early-stop */
+    double best_val_acc;
+    int64_t best_epoch;
 } TrainProgress;
 
 typedef struct {
@@ -76,6 +80,17 @@ int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, 
  * process (a permanent one) naming path. Free st, model and info after. */
 void checkpoint_load_model(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
                            TrainState *st);
+
+/* The name of a run folder's best snapshot (by validation accuracy: cifar-train
+ * --val-fraction), beside the snapshots: "RUN_DIR/best.safetensors". */
+#define CHECKPOINT_BEST_NAME "best.safetensors"
+void checkpoint_best_path(const char *run_dir, char *buf, size_t buflen);
+
+/* The snapshot cifar-eval and cifar-predict run for a path they are given: a
+ * file is itself; a run folder gives its best.safetensors when it has one, else
+ * its newest snapshot that opens (a corrupt one is skipped with a warning). The
+ * path into buf; a folder with neither ends the process naming it. */
+void checkpoint_for_inference(const char *path, char *buf, size_t buflen);
 
 /* The resume choice of a run folder, the same on every rank: rank 0 takes the
  * newest snapshot that loads (a corrupt one is reported and the previous one
