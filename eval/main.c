@@ -92,13 +92,6 @@ typedef struct {
     int64_t *confusion; /* [true][predicted] */
 } EvalResult;
 
-/* Images first .. first+b-1 (at most batch of them, below n) into idx: b. */
-static int eval_batch_fill(int64_t *idx, int64_t first, int batch, int64_t n) {
-    int b = (int)(n - first < batch ? n - first : batch);
-    for (int i = 0; i < b; i++) idx[i] = first + i;
-    return b;
-}
-
 static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *labels, EvalResult *r) {
     int64_t *idx = xmalloc((size_t)o->batch * sizeof(int64_t));
     int64_t *idx_next = xmalloc((size_t)o->batch * sizeof(int64_t));
@@ -106,9 +99,10 @@ static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *
     Progress bar;
     progress_begin(&bar, "eval", n, "img");
     for (int64_t first = 0; first < n; first += o->batch) {
-        int b = eval_batch_fill(idx, first, o->batch, n);
+        int b = engine_batch_in_order(idx, first, o->batch, n);
         /* the engine may gather the next batch while this one runs */
-        if (first + b < n) engine_prefetch(e, idx_next, eval_batch_fill(idx_next, first + b, o->batch, n), 0);
+        if (first + b < n)
+            engine_prefetch(e, idx_next, engine_batch_in_order(idx_next, first + b, o->batch, n), 0);
         e->ops->eval_batch(e, idx, b, &r->loss_sum, &r->correct, pred, NULL);
         for (int i = 0; i < b; i++) r->confusion[(int64_t)labels[first + i] * r->k + pred[i]]++;
         progress_update(&bar, first + b, NULL);

@@ -215,13 +215,6 @@ static void print_json(const char *path, const Ranked *r, int top, const ClassNa
 
 /* ------------------------------------------------------------------ run */
 
-/* Images first .. first+b-1 (at most batch of them, below n) into idx: b. */
-static int batch_fill(int64_t *idx, int64_t first, int batch, int64_t n) {
-    int b = (int)(n - first < batch ? n - first : batch);
-    for (int i = 0; i < b; i++) idx[i] = first + i;
-    return b;
-}
-
 static void predict_all(const PredictOptions *o, Engine *e, int k, const ClassNames *names) {
     int64_t *idx = xmalloc((size_t)o->batch * sizeof(int64_t));
     int64_t *idx_next = xmalloc((size_t)o->batch * sizeof(int64_t));
@@ -231,9 +224,10 @@ static void predict_all(const PredictOptions *o, Engine *e, int k, const ClassNa
     Progress bar;
     progress_begin(&bar, "predict", o->count, "img");
     for (int64_t first = 0; first < o->count; first += o->batch) {
-        int b = batch_fill(idx, first, o->batch, o->count);
+        int b = engine_batch_in_order(idx, first, o->batch, o->count);
         if (first + b < o->count)
-            engine_prefetch(e, idx_next, batch_fill(idx_next, first + b, o->batch, o->count), 0);
+            engine_prefetch(e, idx_next,
+                            engine_batch_in_order(idx_next, first + b, o->batch, o->count), 0);
         double loss = 0; /* of the placeholder labels: meaningless */
         int64_t hits = 0;
         e->ops->eval_batch(e, idx, b, &loss, &hits, NULL, logits);

@@ -10,16 +10,21 @@
 
 int64_t sampler_per_rank(int64_t n, int world) { return (n + world - 1) / world; }
 
+/* A Fisher-Yates shuffle of v[0..n) keyed by (seed, stream, key): the draw for
+ * position i is rng_below(seed, stream, key << 32 ^ i, i + 1). */
+static void shuffle(uint64_t seed, uint64_t stream, uint64_t key, int64_t *v, int64_t n) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = rng_below(seed, stream, (key << 32) ^ (uint64_t)i, (uint32_t)(i + 1));
+        int64_t t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
 void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world, int64_t *perm,
                    int64_t *mine) {
     for (int64_t i = 0; i < n; i++) perm[i] = i;
-    for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = rng_below(seed, RNG_STREAM_SHUFFLE, ((uint64_t)epoch << 32) ^ (uint64_t)i,
-                              (uint32_t)(i + 1));
-        int64_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    shuffle(seed, RNG_STREAM_SHUFFLE, (uint64_t)epoch, perm, n);
     int64_t per_rank = sampler_per_rank(n, world);
     for (int64_t j = 0; j < per_rank; j++) mine[j] = perm[(rank + j * world) % n];
 }
@@ -27,13 +32,7 @@ void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world,
 /* The records of class c: held out, the first `take` of a shuffle keyed by (seed, c). */
 static void holdout_class(uint64_t seed, int c, int64_t *members, int64_t n_c, int64_t take,
                           uint8_t *is_val) {
-    for (int64_t i = n_c - 1; i > 0; i--) {
-        int64_t j = rng_below(seed, RNG_STREAM_HOLDOUT, ((uint64_t)c << 32) ^ (uint64_t)i,
-                              (uint32_t)(i + 1));
-        int64_t t = members[i];
-        members[i] = members[j];
-        members[j] = t;
-    }
+    shuffle(seed, RNG_STREAM_HOLDOUT, (uint64_t)c, members, n_c);
     for (int64_t i = 0; i < take; i++) is_val[members[i]] = 1;
 }
 

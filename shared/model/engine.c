@@ -22,3 +22,9 @@ AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
 void engine_prefetch(Engine *e, const int64_t *idx, int n, int train) {
     if (e->ops->prefetch) e->ops->prefetch(e, idx, n, train);
 }
+
+int engine_batch_in_order(int64_t *idx, int64_t first, int batch, int64_t n) {
+    int b = (int)(n - first < batch ? n - first : batch);
+    for (int i = 0; i < b; i++) idx[i] = first + i;
+    return b;
+}

@@ -86,6 +86,10 @@ AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train);
 /* ops->prefetch when the engine has one, else nothing. */
 void engine_prefetch(Engine *e, const int64_t *idx, int n, int train);
 
+/* Indices first, first+1, ... into idx: b = min(batch, n - first) of them, returned.
+ * The batches of a command that runs images 0..n-1 in order (cifar-eval, cifar-predict). */
+int engine_batch_in_order(int64_t *idx, int64_t first, int batch, int64_t n);
+
 Engine *engine_create_cpu(const EngineConfig *cfg);
 /* NULL with a reason in err when no usable GPU (or a CPU-only build). */
 Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t errlen);
