@@ -215,27 +215,25 @@ int main(int argc, char **argv) {
     eval_options_parse(&o, argc, argv);
     log_set_quiet(o.quiet);
 
-    ModelConfig cfg;
-    CheckpointInfo info;
-    Model model;
-    TrainState st;
-    checkpoint_load_model(o.snapshot, &cfg, &info, &model, &st);
+    CheckpointModel snap;
+    checkpoint_load_model(o.snapshot, &snap);
+    const CheckpointInfo *info = &snap.info;
     const char *data;
-    Dataset *ds = open_data(&o, &cfg, &info, &data);
+    Dataset *ds = open_data(&o, &snap.cfg, info, &data);
     HostSplit split;
     host_split_load(ds, data, o.split, 1, &split); /* in place in the map */
 
     Comm *comm;
-    Engine *e = device_inference_engine(o.device, &model, split, info.mean, info.std, o.batch,
-                                        o.threads, st.params, st.buffers, &comm);
+    Engine *e = device_inference_engine(o.device, &snap.model, split, info->mean, info->std, o.batch,
+                                        o.threads, snap.state.params, snap.state.buffers, &comm);
 
     EvalResult r;
     memset(&r, 0, sizeof r);
-    r.k = cfg.num_classes;
+    r.k = snap.cfg.num_classes;
     r.confusion = xcalloc((size_t)r.k * r.k, sizeof(int64_t));
     run_eval(&o, e, split.count, split.labels, &r);
     /* the snapshot's names; a snapshot of before names took the dataset's */
-    const ClassNames *names = info.classes.count ? &info.classes : &dataset_info(ds)->classes;
+    const ClassNames *names = info->classes.count ? &info->classes : &dataset_info(ds)->classes;
     if (o.json)
         print_json(&o, data, &r, names);
     else
@@ -245,8 +243,6 @@ int main(int argc, char **argv) {
     comm_destroy(comm);
     free(r.confusion);
     dataset_close(ds);
-    train_state_free(&st);
-    model_free(&model);
-    checkpoint_info_free(&info);
+    checkpoint_model_free(&snap);
     return 0;
 }

@@ -253,28 +253,23 @@ int main(int argc, char **argv) {
     predict_options_parse(&o, argc, argv);
     log_set_quiet(o.quiet);
 
-    ModelConfig cfg;
-    CheckpointInfo info;
-    Model model;
-    TrainState st;
-    checkpoint_load_model(o.snapshot, &cfg, &info, &model, &st);
-    uint8_t *pixels = images_decode(&o, &cfg);
+    CheckpointModel snap;
+    checkpoint_load_model(o.snapshot, &snap);
+    uint8_t *pixels = images_decode(&o, &snap.cfg);
     int32_t *labels = xcalloc((size_t)o.count, sizeof *labels); /* unknown: class 0 */
 
     Comm *comm;
     HostSplit images = {.pixels = pixels, .labels = labels, .count = o.count};
-    Engine *e = device_inference_engine(o.device, &model, images, info.mean, info.std, o.batch,
-                                        o.threads, st.params, st.buffers, &comm);
+    Engine *e = device_inference_engine(o.device, &snap.model, images, snap.info.mean, snap.info.std,
+                                        o.batch, o.threads, snap.state.params, snap.state.buffers, &comm);
 
-    predict_all(&o, e, cfg.num_classes, &info.classes);
+    predict_all(&o, e, snap.cfg.num_classes, &snap.info.classes);
 
     e->ops->destroy(e);
     comm_destroy(comm);
     free(pixels);
     free(labels);
-    train_state_free(&st);
-    model_free(&model);
-    checkpoint_info_free(&info);
+    checkpoint_model_free(&snap);
     predict_options_free(&o);
     return 0;
 }

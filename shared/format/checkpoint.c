@@ -305,16 +305,23 @@ int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, 
     return 0;
 }
 
-void checkpoint_load_model(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
-                           TrainState *st) {
+void checkpoint_load_model(const char *path, CheckpointModel *out) {
     char err[512];
-    model_config_seed(cfg);
-    Snapshot *snap = checkpoint_open(path, cfg, info, err, sizeof err);
+    memset(out, 0, sizeof *out);
+    model_config_seed(&out->cfg);
+    Snapshot *snap = checkpoint_open(path, &out->cfg, &out->info, err, sizeof err);
     if (!snap) die_permanent("%s: %s", path, err);
-    if (model_build(model, cfg, err, sizeof err) != 0) die_permanent("%s: model: %s", path, err);
-    train_state_alloc(st, model);
-    if (checkpoint_load_state(snap, model, st, err, sizeof err) != 0) die_permanent("%s: %s", path, err);
+    if (model_build(&out->model, &out->cfg, err, sizeof err) != 0) die_permanent("%s: model: %s", path, err);
+    train_state_alloc(&out->state, &out->model);
+    if (checkpoint_load_state(snap, &out->model, &out->state, err, sizeof err) != 0)
+        die_permanent("%s: %s", path, err);
     snapshot_free(snap);
+}
+
+void checkpoint_model_free(CheckpointModel *m) {
+    train_state_free(&m->state);
+    model_free(&m->model);
+    checkpoint_info_free(&m->info);
 }
 
 void checkpoint_best_path(const char *run_dir, char *buf, size_t buflen) {

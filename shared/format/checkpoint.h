@@ -75,11 +75,19 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
 int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
                           size_t errlen);
 
+/* A snapshot ready to run: its model, metadata and weights. */
+typedef struct {
+    ModelConfig cfg;
+    CheckpointInfo info;
+    Model model;
+    TrainState state;
+} CheckpointModel;
+
 /* For the commands that run a snapshot (cifar-eval, cifar-predict): open it,
- * build its model and load its weights into a fresh *st. Any failure ends the
- * process (a permanent one) naming path. Free st, model and info after. */
-void checkpoint_load_model(const char *path, ModelConfig *cfg, CheckpointInfo *info, Model *model,
-                           TrainState *st);
+ * build its model and load its weights. Any failure ends the process (a
+ * permanent one) naming path. checkpoint_model_free after. */
+void checkpoint_load_model(const char *path, CheckpointModel *out);
+void checkpoint_model_free(CheckpointModel *m);
 
 /* The name of a run folder's best snapshot (by validation accuracy: cifar-train
  * --val-fraction), beside the snapshots: "RUN_DIR/best.safetensors". */
