@@ -39,11 +39,15 @@ static const char *usage_text =
     "  PATH<TAB>CLASS<TAB>PROBABILITY[<TAB>CLASS<TAB>PROBABILITY...]\n"
     "the most likely class first; CLASS is the name the dataset gave it (cifar-prep\n"
     "--classes), else its number. Images must have the training data's height, width\n"
-    "and channel count; they are normalised with the snapshot's mean and std.\n"
+    "and channel count (or --resize); they are normalised with the snapshot's mean\n"
+    "and std.\n"
     "\n"
     "  --top K            the K most likely classes of each image (default 1)\n"
     "  --json             one JSON object per image and line instead:\n"
     "                     {\"path\":...,\"top\":[{\"class\":...,\"index\":k,\"probability\":p},...]}\n"
+    "  --resize           resample images of another size to the training data's\n"
+    "                     (bilinear, pixel centres aligned, no antialiasing), gray to\n"
+    "                     RGB by copying, RGB to gray by BT.601 luma (default: refuse)\n"
     "  --device D         auto (GPU when usable, default) | cpu | cuda\n"
     "  --batch-size N     images per forward pass (default 256)\n"
     "  --threads N        CPU threads (default: all cores)\n"
@@ -51,13 +55,13 @@ static const char *usage_text =
     "  -h, --help         this help\n"
     "\n"
     "Exit status: 0 done, 1 failure (one line naming the file: a snapshot or image\n"
-    "that cannot be read, an image of another shape), 2 bad usage.\n";
+    "that cannot be read, an image of another shape without --resize), 2 bad usage.\n";
 
 typedef struct {
     const char *snapshot;
     char **images; /* count paths */
     int64_t count;
-    int top, json, batch, threads, quiet;
+    int top, json, batch, threads, quiet, resize;
     DeviceChoice device;
 } PredictOptions;
 
@@ -89,6 +93,7 @@ static void paths_from_stdin(PredictOptions *o, int64_t *cap) {
 static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
     static const struct option longs[] = {
         {"top", required_argument, 0, 'k'},  {"json", no_argument, 0, 'j'},
+        {"resize", no_argument, 0, 'r'},
         {"device", required_argument, 0, 'D'}, {"batch-size", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
@@ -102,6 +107,7 @@ static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
         switch (c) {
         case 'k': o->top = (int)option_int("top", optarg, 1, 1000000); break;
         case 'j': o->json = 1; break;
+        case 'r': o->resize = 1; break;
         case 'D': o->device = (DeviceChoice)option_choice("device", optarg, device_choice_names, 3); break;
         case 'b': o->batch = (int)option_int("batch-size", optarg, 1, 1000000); break;
         case 't': o->threads = (int)option_int("threads", optarg, 1, 1024); break;
@@ -130,33 +136,53 @@ static void predict_options_free(PredictOptions *o) {
 
 /* ------------------------------------------------------------------ images */
 
+/* Decode the image in file[0..len) into out (the model's shape `want`), through
+ * `scratch` (grown as needed) and image_resample when it has another shape: --resize. */
+static int image_decode_resized(ImageDecoder *dec, const uint8_t *file, size_t len, ImageShape want,
+                                uint8_t *out, uint8_t **scratch, size_t *scratch_cap, ImageShape *got,
+                                char *why, size_t whylen) {
+    if (image_probe(dec, file, len, got, why, whylen) != IMAGE_OK) return IMAGE_ERROR;
+    size_t bytes = (size_t)got->width * got->height * got->channels;
+    if (bytes > *scratch_cap) {
+        *scratch = xrealloc(*scratch, bytes);
+        *scratch_cap = bytes;
+    }
+    int rc = image_decode(dec, file, len, NULL, *scratch, *scratch_cap, got, why, whylen);
+    if (rc == IMAGE_OK) image_resample(*scratch, *got, out, want);
+    return rc;
+}
+
 /* Every image decoded into pixels[count * H*W*C] (HWC, the dataset's layout);
- * any unreadable image, or one of another shape than the model's, ends the
- * process naming it. */
+ * any unreadable image, or one of another shape than the model's without
+ * --resize, ends the process naming it. */
 static uint8_t *images_decode(const PredictOptions *o, const ModelConfig *cfg) {
     const ImageShape want = {cfg->img_width, cfg->img_height, cfg->img_channels};
     const size_t rec = (size_t)want.width * want.height * want.channels;
     uint8_t *pixels = xmalloc((size_t)o->count * rec);
     ImageDecoder *dec = image_decoder_create();
-    uint8_t *file = NULL;
-    size_t cap = 0, len;
+    uint8_t *file = NULL, *scratch = NULL;
+    size_t cap = 0, scratch_cap = 0, len;
     char why[768];
     Progress bar;
     progress_begin(&bar, "decode", o->count, "img");
     for (int64_t i = 0; i < o->count; i++) {
         const char *path = o->images[i];
+        uint8_t *out = pixels + (size_t)i * rec;
         if (image_file_read(AT_FDCWD, path, &file, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
         ImageShape got;
-        int rc = image_decode(dec, file, len, &want, pixels + (size_t)i * rec, rec, &got, why, sizeof why);
+        int rc = o->resize ? image_decode_resized(dec, file, len, want, out, &scratch, &scratch_cap, &got,
+                                                  why, sizeof why)
+                           : image_decode(dec, file, len, &want, out, rec, &got, why, sizeof why);
         if (rc == IMAGE_MISMATCH)
             die("%s: the image is %dx%dx%d (HxWxC), the snapshot's model takes %dx%dx%d ---> HINT: "
-                "convert it to the training data's size and channel count",
+                "convert it to the training data's size and channel count, or give --resize",
                 path, got.height, got.width, got.channels, want.height, want.width, want.channels);
         if (rc != IMAGE_OK) die("%s: %s", path, why);
         progress_update(&bar, i + 1, NULL);
     }
     progress_end(&bar, NULL);
     free(file);
+    free(scratch);
     image_decoder_free(dec);
     return pixels;
 }

@@ -41,7 +41,7 @@ predict_fails() { # status regexp args...
     run "$BIN/cifar-predict" --help
     assert_success
     assert_output --partial "usage: cifar-predict [OPTIONS] SNAPSHOT|RUN_DIR [IMAGE...]"
-    for opt in --top --json --device --batch-size --threads --quiet --help; do
+    for opt in --top --json --resize --device --batch-size --threads --quiet --help; do
         assert_output --partial -- "$opt"
     done
 }
@@ -164,6 +164,57 @@ for x, y in zip(a, b):
     "$BIN/cifar-synth" "$t/gray" --train 2 --test 2 --size 8 --channels 1 --jpeg-fraction 0 >/dev/null
     predict_fails 1 "$t/gray/test_cifar10/img_000000.png: the image is 8x8x1 \(HxWxC\), the snapshot's model takes 8x8x3" \
         "$SNAP" "$t/gray/test_cifar10/img_000000.png"
+}
+
+
+# Record i of DATA's test split as PNGs in $BATS_TEST_TMPDIR: NAME.png as it is, and
+# NAME-MODE.png for each MODE of tests/png_write.py.
+record_pngs() { # i name modes...
+    local i=$1 name=$2 px
+    shift 2
+    px=$(mdb_dump -n -s test "$DATA/cifar10.lmdb" | "$PY" "$BATS_TEST_DIRNAME/dataset_record.py" records |
+        sed -n "$((i + 1))p" | cut -d' ' -f2)
+    "$PY" "$BATS_TEST_DIRNAME/png_write.py" "$BATS_TEST_TMPDIR/$name.png" 8 8 3 "$px"
+    for m in "$@"; do
+        "$PY" "$BATS_TEST_DIRNAME/png_write.py" "$BATS_TEST_TMPDIR/$name-$m.png" 8 8 3 "$px" "$m"
+    done
+}
+
+# cifar-predict's --json lines without their paths.
+classes_only() { sed 's/^{"path":"[^"]*",//'; }
+
+@test "--resize: a 2x image reads as its original, a gray one as its RGB copy; without it both are refused" {
+    t=$BATS_TEST_TMPDIR
+    record_pngs 3 a up2 gray gray3
+    record_pngs 7 b up2
+    # the record as a PNG gives what the dataset's image gives (the same pixels)
+    [ "$("$BIN/cifar-predict" --quiet --json --top 3 "$SNAP" "$t/a.png" | classes_only)" = \
+      "$("$BIN/cifar-predict" --quiet --json --top 3 "$SNAP" "$(sed -n 4p "$IMAGES")" | classes_only)" ]
+    # halving averages each 2x2 block of equal pixels: exactly the original
+    want=$("$BIN/cifar-predict" --quiet --json --top 3 "$SNAP" "$t/a.png" "$t/b.png" | classes_only)
+    run --separate-stderr "$BIN/cifar-predict" --quiet --json --top 3 --resize "$SNAP" "$t/a-up2.png" "$t/b-up2.png"
+    assert_success
+    [ "$(echo "$output" | classes_only)" = "$want" ]
+    # gray to RGB copies the channel: as the RGB image with R = G = B
+    want=$("$BIN/cifar-predict" --quiet --json --top 3 "$SNAP" "$t/a-gray3.png" | classes_only)
+    run --separate-stderr "$BIN/cifar-predict" --quiet --json --top 3 --resize "$SNAP" "$t/a-gray.png"
+    assert_success
+    [ "$(echo "$output" | classes_only)" = "$want" ]
+    predict_fails 1 "$t/a-up2.png: the image is 16x16x3 \(HxWxC\), the snapshot's model takes 8x8x3 ---> HINT: .*--resize" \
+        "$SNAP" "$t/a-up2.png"
+    predict_fails 1 "$t/a-gray.png: the image is 8x8x1 \(HxWxC\)" "$SNAP" "$t/a-gray.png"
+}
+
+@test "--resize to a gray model: RGB with R = G = B reads as the gray image (BT.601 luma sums to 1)" {
+    t=$BATS_TEST_TMPDIR
+    make_dataset "$t/gray" --train 32 --test 4 --size 8 --channels 1 --classes 3
+    snap=$("$BIN/cifar-train" --quiet --epochs 1 --batch-size 16 --threads 1 --model "$BATS_FILE_TMPDIR/small.json" \
+        --run-dir "$t/run" "$t/gray/cifar10.lmdb" | tail -1)
+    record_pngs 2 c gray gray3
+    want=$("$BIN/cifar-predict" --quiet --json --top 3 "$snap" "$t/c-gray.png" | classes_only)
+    run --separate-stderr "$BIN/cifar-predict" --quiet --json --top 3 --resize "$snap" "$t/c-gray3.png"
+    assert_success
+    [ "$(echo "$output" | classes_only)" = "$want" ]
 }
 
 @test "bad snapshots: missing, garbage, truncated: exit 1 naming the file" {

@@ -309,3 +309,50 @@ int image_file_read(int dirfd, const char *name, uint8_t **buf, size_t *cap, siz
     *len = got;
     return 0;
 }
+
+/* ------------------------------------------------------------------ resampling */
+
+/* Source coordinate of destination index i along an axis of n_src -> n_dst
+ * (pixel centres aligned), as the lower neighbour, the upper one (edges clamped)
+ * and the weight of the upper one. */
+static void resample_axis(int i, int n_src, int n_dst, int *lo, int *hi, double *w) {
+    double x = ((double)i + 0.5) * (double)n_src / (double)n_dst - 0.5;
+    if (x < 0) x = 0;
+    int l = (int)x;
+    if (l > n_src - 1) l = n_src - 1;
+    *lo = l;
+    *hi = l + 1 < n_src ? l + 1 : l;
+    *w = x - (double)l;
+}
+
+/* Channel c of a pixel of `to_c` channels from the source pixel p (`from_c` channels). */
+static double pixel_channel(const uint8_t *p, int from_c, int to_c, int c) {
+    if (from_c == to_c) return p[c];
+    if (from_c == 1) return p[0];                      /* gray -> RGB */
+    return 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]; /* RGB -> gray */
+}
+
+void image_resample(const uint8_t *src, ImageShape from, uint8_t *dst, ImageShape to) {
+    for (int y = 0; y < to.height; y++) {
+        int y0, y1;
+        double wy;
+        resample_axis(y, from.height, to.height, &y0, &y1, &wy);
+        for (int x = 0; x < to.width; x++) {
+            int x0, x1;
+            double wx;
+            resample_axis(x, from.width, to.width, &x0, &x1, &wx);
+            const uint8_t *p00 = src + ((size_t)y0 * from.width + x0) * from.channels;
+            const uint8_t *p01 = src + ((size_t)y0 * from.width + x1) * from.channels;
+            const uint8_t *p10 = src + ((size_t)y1 * from.width + x0) * from.channels;
+            const uint8_t *p11 = src + ((size_t)y1 * from.width + x1) * from.channels;
+            for (int c = 0; c < to.channels; c++) {
+                double top = (1 - wx) * pixel_channel(p00, from.channels, to.channels, c) +
+                             wx * pixel_channel(p01, from.channels, to.channels, c);
+                double bottom = (1 - wx) * pixel_channel(p10, from.channels, to.channels, c) +
+                                wx * pixel_channel(p11, from.channels, to.channels, c);
+                double v = (1 - wy) * top + wy * bottom + 0.5;
+                dst[((size_t)y * to.width + x) * to.channels + c] = (uint8_t)(v > 255 ? 255 : v);
+            }
+        }
+    }
+}

@@ -37,6 +37,13 @@ int image_probe(ImageDecoder *d, const uint8_t *buf, size_t len, ImageShape *sha
 int image_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
                  uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen);
 
+/* src (shape `from`, HWC) resampled into dst (shape `to`): the height and width by
+ * bilinear interpolation with pixel centres aligned (OpenCV's INTER_LINEAR, PyTorch's
+ * interpolate(align_corners=False), no antialiasing), the channels from gray to RGB by
+ * copying, from RGB to gray by the BT.601 luma 0.299 R + 0.587 G + 0.114 B; each
+ * result rounded to the nearest 8-bit value. The same shape copies src. */
+void image_resample(const uint8_t *src, ImageShape from, uint8_t *dst, ImageShape to);
+
 /* Images larger than this are refused before a byte is read (a PNG of
  * 4096x4096x3 is well under it). */
 #define IMAGE_MAX_FILE (256ll << 20)
