@@ -17,10 +17,10 @@ LIBS="-lpng -lturbojpeg -llmdb -lcjson -lm -lpthread"
 
 sources_for() { # the library sources each target needs
     case "$1" in
-        fuzz_annotations) echo "prep/annotations.c shared/core/check.c shared/core/fsutil.c" ;;
+        fuzz_annotations) echo "prep/annotations.c shared/data/classes.c shared/core/check.c shared/core/fsutil.c" ;;
         fuzz_image) echo "shared/data/image.c shared/core/check.c" ;;
         fuzz_snapshot) echo "shared/format/safetensors.c shared/core/check.c shared/core/fsutil.c" ;;
-        fuzz_dataset) echo "shared/data/dataset.c shared/data/crc32c.c shared/core/check.c shared/core/progress.c shared/core/fsutil.c" ;;
+        fuzz_dataset) echo "shared/data/dataset.c shared/data/classes.c shared/data/crc32c.c shared/core/check.c shared/core/progress.c shared/core/fsutil.c" ;;
         *) ls shared/core/*.c shared/format/*.c shared/data/*.c shared/model/*.c shared/backend-cpu/*.c shared/comm/*.c shared/backend-cuda/cuda_loader.c | grep -v -e comm_mpi.c -e comm_nccl_cuda.c | tr '\n' ' ' ;;
     esac
 }
