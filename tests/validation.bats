@@ -123,6 +123,32 @@ stop_epoch() { # run-dir N
     if [ "$e3" -eq 0 ]; then [ "$lines_now" -eq 20 ]; else [ "$e3" -eq "$lines_now" ]; fi
 }
 
+@test "every rank holds out the same images: 2 processes validate; a rank that disagrees stops the job" {
+    dir="$BATS_TEST_TMPDIR/run"
+    run --separate-stderr "$BIN/cifar-train" --quiet --nproc-per-node 2 --batch-size 16 --threads 1 \
+        --model "$BATS_FILE_TMPDIR/small.json" --run-dir "$dir" --epochs 2 --val-fraction 0.25 "$LMDB"
+    assert_success
+    [ "$(grep -c '"val_loss":[0-9.]*,"val_acc":[0-9.]*,' "$dir/metrics.jsonl")" -eq 2 ]
+    [ -f "$dir/best.safetensors" ]
+    # two workers started by hand (torchrun style) with other fractions: rank 1 refuses
+    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            CIFAR_COMM_TIMEOUT=20 timeout 120 "$BIN/cifar-train" --quiet --device cpu --batch-size 16 --threads 1 \
+            --model "$BATS_FILE_TMPDIR/small.json" --run-dir "$BATS_TEST_TMPDIR/hand" --epochs 1 \
+            --val-fraction "0.2$((5 * (1 - r)))" "$LMDB" > "$BATS_TEST_TMPDIR/rank$r" 2>&1 &
+        pids[r]=$!
+    done
+    s0=0 s1=0
+    wait "${pids[0]}" || s0=$?
+    wait "${pids[1]}" || s1=$?
+    [ "$s1" -ne 0 ]
+    [ "$s0" -ne 0 ]
+    grep -q "rank 1: its validation hold-out differs from rank 0's ---> HINT: every rank must read the same dataset file with the same --val-fraction and --seed" "$BATS_TEST_TMPDIR/rank1" ||
+        { cat "$BATS_TEST_TMPDIR/rank0" "$BATS_TEST_TMPDIR/rank1"; false; }
+    [ ! -e "$BATS_TEST_TMPDIR/hand/metrics.jsonl" ]
+}
+
 @test "cifar-eval and cifar-predict take a RUN_DIR: its best snapshot, else its newest" {
     dir="$BATS_TEST_TMPDIR/run"
     train "$dir" --epochs 3 --save-every 1 --keep 0 --val-fraction 0.25 > /dev/null

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "format/checkpoint.h"
+#include "data/crc32c.h"
 #include "data/dataset.h"
 #include "core/fsutil.h"
 #include "model/model.h"
@@ -47,6 +48,7 @@ typedef struct {
      * point into the map through the arrays below (owned). */
     HostSplit eval;
     int64_t n_val;
+    uint32_t holdout_crc;  /* CRC-32C of the hold-out's marks (one byte per train record) */
     const uint8_t **train_records, **eval_records;
     int32_t *train_labels, *eval_labels;
 } TrainData;
@@ -87,6 +89,7 @@ static void train_data_holdout(TrainData *d, const TrainOptions *o) {
     d->eval_records = xmalloc((size_t)n_eval * sizeof *d->eval_records);
     d->eval_labels = xmalloc((size_t)n_eval * sizeof *d->eval_labels);
     int64_t t = 0, e = 0;
+    d->holdout_crc = crc32c_extend(0, is_val, (size_t)full.count);
     for (int64_t i = 0; i < d->test.count; i++) split_take(&d->test, i, rec, d->eval_records, d->eval_labels, &e);
     for (int64_t i = 0; i < full.count; i++) {
         if (is_val[i])
@@ -97,6 +100,18 @@ static void train_data_holdout(TrainData *d, const TrainOptions *o) {
     free(is_val);
     d->train = (HostSplit){.labels = d->train_labels, .count = n_train, .records = d->train_records};
     d->eval = (HostSplit){.labels = d->eval_labels, .count = n_eval, .records = d->eval_records};
+}
+
+/* Every rank must hold out the same records (it does when they read the same
+ * data with the same options); ranks that read other copies of the dataset, or
+ * were given other options, would validate on images others train on. */
+static void holdout_agree(const TrainData *d, Comm *comm, int rank) {
+    if (d->n_val == 0) return;
+    uint32_t root = d->holdout_crc;
+    comm_broadcast_host(comm, &root, sizeof root, 0);
+    if (root != d->holdout_crc)
+        die_permanent("rank %d: its validation hold-out differs from rank 0's ---> HINT: every rank "
+                      "must read the same dataset file with the same --val-fraction and --seed", rank);
 }
 
 /* The splits' arrays belong to the dataset; the hold-out's to d. */
@@ -505,6 +520,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     w->engine = device_engine_create(o->device, &ec, env->local_rank, env->local_world_size,
                                      env->rank == 0);
     w->comm = device_comm_create(w->engine, env, o->comm);
+    holdout_agree(&w->data, w->comm, env->rank);
     train_state_alloc(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
     w->perm = xmalloc((size_t)w->data.train.count * sizeof(int64_t));
