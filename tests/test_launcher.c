@@ -19,6 +19,7 @@
  * SIGKILL to the launcher (PR_SET_PDEATHSIG), no worker left alive, argument
  * stripping. */
 #include "../train/launcher.c"
+#include "../train/signals.c"
 
 #include <sys/stat.h>
 

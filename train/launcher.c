@@ -193,21 +193,6 @@ static void launcher_run_id(char *buf, size_t len, int attempt) {
     snprintf(buf, len, "%d-%08x-a%d", (int)getpid(), r, attempt);
 }
 
-static const char *signal_name(int sig) {
-    static const struct { int sig; const char *name; } table[] = {
-        {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-        {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-        {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-        {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
-        {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
-    };
-    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
-        if (table[i].sig == sig) return table[i].name;
-    static char other[32];
-    snprintf(other, sizeof other, "signal %d", sig);
-    return other;
-}
-
 /* "exited with code 3" / "killed by SIGSEGV". */
 static void describe_status(int status, char *buf, size_t len) {
     if (WIFEXITED(status))
@@ -230,23 +215,23 @@ static void launcher_on_signal(int sig) {
 }
 
 typedef struct {
-    struct sigaction old_int, old_term;
+    SignalSet set;
+    struct sigaction old[64];
 } SavedSignals;
 
-static void launcher_signals_install(SavedSignals *s) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = launcher_on_signal;
-    sigemptyset(&sa.sa_mask);
+/* The workers' set (--signals-to-handle; SIGINT and SIGTERM when none was given). */
+static void launcher_signals_install(SavedSignals *s, SignalSet set) {
+    s->set = set ? set : ((SignalSet)1 << SIGINT) | ((SignalSet)1 << SIGTERM);
+    for (int sig = 1; sig < 64; sig++)
+        if (s->set & ((SignalSet)1 << sig)) sigaction(sig, NULL, &s->old[sig]);
     g_launcher_signal = 0;
     g_launcher_signal_count = 0;
-    sigaction(SIGINT, &sa, &s->old_int);
-    sigaction(SIGTERM, &sa, &s->old_term);
+    signal_set_install(s->set, launcher_on_signal);
 }
 
 static void launcher_signals_restore(const SavedSignals *s) {
-    sigaction(SIGINT, &s->old_int, NULL);
-    sigaction(SIGTERM, &s->old_term, NULL);
+    for (int sig = 1; sig < 64; sig++)
+        if (s->set & ((SignalSet)1 << sig)) sigaction(sig, &s->old[sig], NULL);
 }
 
 /* ------------------------------------------------------------ one group */
@@ -403,12 +388,16 @@ static void group_watch(Group *g, const LaunchOptions *o) {
         int left = group_poll(g, o, stopping);
         if (left == 0) break;
         if (!stopping && (g->first_failed >= 0 || g_launcher_signal)) {
+            /* the launcher's signal is passed on as it is: the workers handle the same
+             * set, and their exit status then says which (128 + N) */
+            int sig = SIGTERM;
             if (g_launcher_signal) {
-                g->interrupted = g_launcher_signal;
-                log_error("got %s: stopping the workers", signal_name(g_launcher_signal));
+                g->interrupted = sig = g_launcher_signal;
+                log_error("got %s: stopping the workers (each writes a snapshot)",
+                          signal_name(g_launcher_signal));
             }
             stopping = 1;
-            group_signal(g, SIGTERM);
+            group_signal(g, sig);
             deadline = launcher_now() + o->grace_seconds;
         }
         if (stopping && !g->interrupted && g_launcher_signal) g->interrupted = g_launcher_signal;
@@ -480,7 +469,7 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     g.reaped = xcalloc((size_t)nproc, sizeof *g.reaped);
     g.status = xcalloc((size_t)nproc, sizeof *g.status);
     SavedSignals saved;
-    launcher_signals_install(&saved);
+    launcher_signals_install(&saved, o.signals);
     int notes_fd = failure_notes_create(o.failure_notes, sizeof o.failure_notes);
     int result = 1;
     for (int attempt = 0; attempt <= o.max_restarts; attempt++) {

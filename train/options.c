@@ -34,7 +34,12 @@ static const char *usage_text =
     "Snapshots:\n"
     "  --run-dir DIR          snapshots and metrics.jsonl (default ./run); one job at a time\n"
     "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
-    "  --keep K               keep the newest K snapshots (default 3, 0 = all)\n"
+    "  --save-interval T      also a snapshot at the first step after each T of training:\n"
+    "                         90s, 10m, 1h (default 10m; 0 = off), written in the background\n"
+    "  --save-every-steps N   also a snapshot every N optimizer steps (default 0 = off)\n"
+    "  --keep K               keep the newest K snapshots of any kind (default 3, 0 = all)\n"
+    "  --signals-to-handle L  signals that write a snapshot at the next step and stop\n"
+    "                         (exit 128+N): a comma list (default " SIGNALS_DEFAULT_TEXT ")\n"
     "\n"
     "Devices:\n"
     "  --device D             auto (GPU when usable, default) | cpu | cuda\n"
@@ -63,12 +68,19 @@ static const char *usage_text =
     "                         (default: the best this CPU runs; one it lacks exits 2)\n"
     "\n"
     "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
-    "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N.\n";
+    "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N of\n"
+    "--signals-to-handle after writing a snapshot (130 SIGINT, 143 SIGTERM, 138 SIGUSR1,\n"
+    "129 SIGHUP): rerun the same command, or requeue the job, to resume.\n"
+    "\n"
+    "Environment: CIFAR_COMM_TIMEOUT=S (default 300) a collective that waits longer for a\n"
+    "rank ends the run naming that rank (host, pid, last step); CIFAR_PERMANENT_EXIT_STATUS=N\n"
+    "the status of a permanent failure (default 3).\n";
 
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
     OPT_SCHEDULE, OPT_WARMUP, OPT_SMOOTH, OPT_SEED, OPT_THREADS, OPT_RUN_DIR, OPT_DEVICE,
     OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET, OPT_COMM,
+    OPT_SAVE_INTERVAL, OPT_SAVE_EVERY_STEPS, OPT_SIGNALS,
 };
 
 static const struct option long_options[] = {
@@ -93,6 +105,9 @@ static const struct option long_options[] = {
     {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"comm", required_argument, 0, OPT_COMM},
+    {"save-interval", required_argument, 0, OPT_SAVE_INTERVAL},
+    {"save-every-steps", required_argument, 0, OPT_SAVE_EVERY_STEPS},
+    {"signals-to-handle", required_argument, 0, OPT_SIGNALS},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -119,6 +134,9 @@ static void train_options_default(TrainOptions *o) {
     o->keep = 3;
     o->precision = PRECISION_TF32;
     o->comm = -1;
+    o->save_interval = 600; /* README "Snapshots": why ten minutes */
+    char err[256];
+    if (signal_set_parse(SIGNALS_DEFAULT_TEXT, &o->signals, err, sizeof err) != 0) die("%s", err);
 }
 
 /* The data path: the positional argument, else the last non-empty line on stdin
@@ -166,6 +184,15 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
             if (comm_kind_parse(optarg, &k) != 0 || k == COMM_SINGLE)
                 die_usage("--comm: unknown value '%s' (shm | mpi | nccl)", optarg);
             o->comm = (int)k;
+            break;
+        }
+        case OPT_SAVE_INTERVAL: o->save_interval = option_duration(name, optarg, 1e6 * 3600); break;
+        case OPT_SAVE_EVERY_STEPS:
+            o->save_every_steps = option_int(name, optarg, 0, (1LL << 62));
+            break;
+        case OPT_SIGNALS: {
+            char err[256];
+            if (signal_set_parse(optarg, &o->signals, err, sizeof err) != 0) die_usage("%s", err);
             break;
         }
         case 'h': fputs(usage_text, stdout); exit(0);

@@ -21,7 +21,10 @@ TestHooks test_hooks_from_env(void) {
     h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
     h.nan_after_steps = env_i64("CIFAR_TEST_NAN_AFTER_STEPS", 0);
     h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
+    h.signal = (int)env_i64("CIFAR_TEST_SIGNAL", SIGINT);
     h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
+    const char *sec = getenv("CIFAR_TEST_STEP_SECONDS");
+    h.step_seconds = sec && *sec ? strtod(sec, NULL) : 0;
     return h;
 }
 
@@ -53,6 +56,6 @@ void test_hooks_after_step(const TestHooks *h, const TestHookPoint *at) {
         (h->die_rank < 0 || h->die_rank == at->rank) && at->restart_count < h->die_attempts)
         raise(SIGKILL);
     if (h->nan_after_steps && at->step == h->nan_after_steps) poison_weights(at);
-    if (h->sigint_after_steps && at->step == h->sigint_after_steps) raise(SIGINT);
+    if (h->sigint_after_steps && at->step == h->sigint_after_steps) raise(h->signal);
     if (h->hash_dir) record_param_hash(h->hash_dir, at);
 }

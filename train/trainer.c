@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "data/sampler.h"
 #include "format/safetensors.h"
+#include "snapshot_writer.h"
 #include "test_hooks.h"
 #include "train.h"
 
@@ -27,14 +28,7 @@ static void on_stop_signal(int sig) {
     g_train_stop_signal = sig;
 }
 
-void train_install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
+void train_install_signal_handlers(SignalSet set) { signal_set_install(set, on_stop_signal); }
 
 /* ---- data ---- */
 
@@ -177,6 +171,13 @@ typedef struct {
     int64_t *perm, *mine;
     int64_t steps_per_epoch, per_rank;
     TestHooks hooks;
+    /* snapshots: the writer thread, the job it is given (rank 0) */
+    SnapshotWriter *writer;
+    TrainState staging;        /* host copy for engines without state_stage */
+    char snapshot_path[4096];  /* the job's file */
+    CheckpointInfo snapshot_info;
+    char *dataset_abs;         /* the data path recorded in snapshots */
+    double last_snapshot_time; /* when the last snapshot was staged (snapshot_clock) */
 } Worker;
 
 static int64_t steps_per_epoch(const Worker *w) {
@@ -184,39 +185,93 @@ static int64_t steps_per_epoch(const Worker *w) {
     return (per_rank + w->o->batch_size - 1) / w->o->batch_size;
 }
 
-/* A snapshot must never hold NaN or infinite weights: the previous one is kept. */
-static void refuse_non_finite(const Worker *w) {
-    const float *bufs[2] = {w->state.params, w->state.buffers};
+/* A snapshot must never hold NaN or infinite weights: the previous one is kept.
+ * 0, or -1 with the reason in err. */
+static int refuse_non_finite(const Worker *w, const TrainState *st, char *err, size_t errlen) {
+    const float *bufs[2] = {st->params, st->buffers};
     size_t counts[2] = {w->model.num_params, w->model.num_buffers};
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < counts[b]; i++)
-            if (!isfinite(bufs[b][i]))
-                die_permanent("the weights became %s at step %" PRId64 ": no snapshot written ---> HINT: lower "
-                    "--lr; the last good snapshot is kept",
-                    isnan(bufs[b][i]) ? "NaN" : "infinite", w->progress.step);
+            if (!isfinite(bufs[b][i])) {
+                snprintf(err, errlen, "the weights became %s at step %" PRId64 ": no snapshot written "
+                         "---> HINT: lower --lr; the last good snapshot is kept",
+                         isnan(bufs[b][i]) ? "NaN" : "infinite", w->snapshot_info.progress.step);
+                return -1;
+            }
+    return 0;
 }
 
-static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
-    w->engine->ops->broadcast_buffers(w->engine, 0);
-    if (w->env->rank != 0) return;
-    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
-    refuse_non_finite(w);
-    CheckpointInfo info;
-    memset(&info, 0, sizeof info);
-    /* Absolute, so cifar-eval finds the data from any folder. */
-    char *abs = realpath(w->o->data_path, NULL);
-    info.dataset_path = abs ? abs : (char *)w->o->data_path;
-    memcpy(info.mean, w->mean, sizeof info.mean);
-    memcpy(info.std, w->std, sizeof info.std);
-    info.options_json = w->options_json;
-    info.progress = w->progress;
-    info.progress.world_size = w->env->world_size;
-    snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);
-    char err[512];
-    int rc = checkpoint_write(path_out, &w->model, &w->state, &info, err, sizeof err);
-    free(abs);
-    if (rc != 0) die("%s: cannot write the snapshot: %s", path_out, err);
+/* The writer thread's job: the staged state to w->snapshot_path, through the
+ * same checkpoint_write as every snapshot, then the old ones pruned. */
+/* The clock of --save-interval: seconds, or CIFAR_TEST_STEP_SECONDS per step for
+ * the tests (a clock that decides the same steps on any machine). */
+static double snapshot_clock(const Worker *w) {
+    if (w->hooks.step_seconds > 0) return (double)w->progress.step * w->hooks.step_seconds;
+    return now_seconds();
+}
+
+static int snapshot_job(void *arg, char *err, size_t errlen) {
+    Worker *w = arg;
+    TrainState st = w->staging;
+    if (w->engine->ops->state_staged)
+        w->engine->ops->state_staged(w->engine, (const float **)&st.params,
+                                     (const float **)&st.buffers, (const float **)&st.momentum);
+    if (refuse_non_finite(w, &st, err, errlen) != 0) return SNAPSHOT_JOB_PERMANENT;
+    char why[512];
+    if (checkpoint_write(w->snapshot_path, &w->model, &st, &w->snapshot_info, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: cannot write the snapshot: %s", w->snapshot_path, why);
+        return SNAPSHOT_JOB_FAILED;
+    }
     snapshot_prune(w->o->run_dir, w->o->keep);
+    return 0;
+}
+
+/* Every rank, at a step boundary all of them agreed on: BN statistics from rank 0
+ * (what every snapshot holds); rank 0 then copies the state to the staging memory
+ * (on the GPU an asynchronous copy ordered after the step) and hands it to the
+ * writer thread, which writes it while training goes on. The previous write is
+ * waited for first (callers skip optional snapshots while one is in flight). */
+static void snapshot_start(Worker *w) {
+    w->engine->ops->broadcast_buffers(w->engine, 0);
+    w->last_snapshot_time = snapshot_clock(w);
+    if (w->env->rank != 0) return;
+    snapshot_writer_wait(w->writer);
+    if (w->engine->ops->state_stage)
+        w->engine->ops->state_stage(w->engine);
+    else
+        w->engine->ops->state_to_host(w->engine, w->staging.params, w->staging.buffers,
+                                      w->staging.momentum);
+    w->snapshot_info.progress = w->progress;
+    w->snapshot_info.progress.world_size = w->env->world_size;
+    snapshot_path_for(w->o->run_dir, w->progress.step, w->snapshot_path, sizeof w->snapshot_path);
+    snapshot_writer_start(w->writer, snapshot_job, w);
+}
+
+/* A snapshot that must be on disk before going on (the last one, a stop): its
+ * path into path_out on rank 0. */
+static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
+    snapshot_start(w);
+    if (w->env->rank != 0) return;
+    snapshot_writer_wait(w->writer);
+    snprintf(path_out, path_len, "%s", w->snapshot_path);
+}
+
+/* Rank 0: is a snapshot by time (--save-interval) due now? Not while the previous
+ * one is still being written: it is then taken at the first agreed step after that
+ * write (waiting would stall training for the rest of the write). */
+static int snapshot_due_by_time(Worker *w) {
+    if (w->env->rank != 0) return 0;
+    snapshot_writer_poll(w->writer); /* a failed background write stops the run here */
+    return w->o->save_interval > 0 &&
+           snapshot_clock(w) - w->last_snapshot_time >= w->o->save_interval &&
+           !snapshot_writer_busy(w->writer);
+}
+
+/* --save-every-steps: at every multiple of N, on every rank alike (the step count
+ * decides, no agreement needed). A write still in flight is waited for: the user
+ * asked for these very steps. */
+static int snapshot_due_by_steps(const Worker *w) {
+    return w->o->save_every_steps > 0 && w->progress.step % w->o->save_every_steps == 0;
 }
 
 static void resume_or_init(Worker *w) {
@@ -280,14 +335,17 @@ static void evaluate(Worker *w, double *loss, double *acc) {
     free(idx[1]);
 }
 
-/* All ranks agree whether to stop (a signal reaches them at different steps). */
-static int agree_stop(Worker *w, int64_t step) {
-    if (w->env->world_size == 1) return g_train_stop_signal != 0;
-    int every = comm_kind(w->comm) == COMM_NCCL ? 16 : 1;
-    if (step % every != 0) return 0;
-    double flag = g_train_stop_signal ? 1.0 : 0.0;
-    comm_allreduce_sum_f64(w->comm, &flag, 1);
-    return flag > 0;
+typedef enum { GO_ON, GO_SNAPSHOT, GO_STOP } StepDecision;
+
+/* All ranks agree, at the same step, whether to stop (a signal reaches them at
+ * different steps) and whether to take a snapshot (rank 0's clock and writer
+ * decide): one small all-reduce, every step (every 16th on NCCL, where a host
+ * round trip costs more than a step). */
+static StepDecision agree_next(Worker *w, int64_t step) {
+    if (w->env->world_size > 1 && comm_kind(w->comm) == COMM_NCCL && step % 16 != 0) return GO_ON;
+    double flags[2] = {g_train_stop_signal ? 1.0 : 0.0, snapshot_due_by_time(w) ? 1.0 : 0.0};
+    if (w->env->world_size > 1) comm_allreduce_sum_f64(w->comm, flags, 2);
+    return flags[0] > 0 ? GO_STOP : flags[1] > 0 ? GO_SNAPSHOT : GO_ON;
 }
 
 static void run_test_hooks(Worker *w) {
@@ -341,9 +399,11 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
             snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
             progress_update(&bar, (first + n) * world, extra);
         }
-        if (s + 1 < w->steps_per_epoch && agree_stop(w, w->progress.step)) {
+        if (s + 1 < w->steps_per_epoch) {
+            StepDecision next = agree_next(w, w->progress.step);
             w->progress.partial_seconds = now_seconds() - t0;
-            return EPOCH_STOPPED;
+            if (next == GO_STOP) return EPOCH_STOPPED;
+            if (next == GO_SNAPSHOT || snapshot_due_by_steps(w)) snapshot_start(w);
         }
     }
     w->progress.partial_seconds = now_seconds() - t0;
@@ -417,9 +477,21 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     w->mine = xmalloc((size_t)sampler_per_rank(w->data.train.count, env->world_size) * sizeof(int64_t));
     w->steps_per_epoch = steps_per_epoch(w);
     w->hooks = test_hooks_from_env();
+    w->writer = snapshot_writer_create();
+    if (!w->engine->ops->state_stage) train_state_alloc(&w->staging, &w->model);
+    /* Absolute, so cifar-eval finds the data from any folder. */
+    w->dataset_abs = realpath(o->data_path, NULL);
+    CheckpointInfo *info = &w->snapshot_info;
+    info->dataset_path = w->dataset_abs ? w->dataset_abs : (char *)o->data_path;
+    memcpy(info->mean, w->mean, sizeof info->mean);
+    memcpy(info->std, w->std, sizeof info->std);
+    info->options_json = w->options_json;
 }
 
 static void worker_free(Worker *w) {
+    snapshot_writer_free(w->writer); /* before the engine: a job reads its staging */
+    if (!w->engine->ops->state_stage) train_state_free(&w->staging);
+    free(w->dataset_abs);
     w->engine->ops->destroy(w->engine);
     comm_destroy(w->comm);
     train_state_free(&w->state);
@@ -446,6 +518,7 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
     }
     int stopped = 0;
     double lr = 0;
+    w.last_snapshot_time = snapshot_clock(&w);
     for (int64_t epoch = w.progress.epochs; epoch < o->epochs && !stopped; epoch++) {
         if (run_epoch(&w, epoch, &lr) == EPOCH_STOPPED) {
             stopped = 1;
@@ -453,8 +526,14 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
         }
         finish_epoch(&w, epoch, lr);
         int last = epoch + 1 == o->epochs;
-        if (last || (epoch + 1) % o->save_every == 0) write_snapshot(&w, path, sizeof path);
-        if (!last && agree_stop(&w, 0)) stopped = 1;
+        if (last) {
+            write_snapshot(&w, path, sizeof path);
+            break;
+        }
+        StepDecision next = agree_next(&w, 0);
+        if (next == GO_STOP) stopped = 1;
+        else if (next == GO_SNAPSHOT || snapshot_due_by_steps(&w) || (epoch + 1) % o->save_every == 0)
+            snapshot_start(&w);
     }
     if (stopped) {
         write_snapshot(&w, path, sizeof path);

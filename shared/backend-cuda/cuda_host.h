@@ -22,8 +22,9 @@ extern "C" {
 
 /* Also guards engine.h's EngineOps, which the library hands back: 4 since the
  * prefetch entry was inserted after eval_batch (a library of an older build would
- * have its state_to_host called as prefetch). */
-#define CUDA_HOST_API_VERSION 4
+ * have its state_to_host called as prefetch), 5 since state_stage and
+ * state_staged were added at its end (an older library's table is shorter). */
+#define CUDA_HOST_API_VERSION 5
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 
