@@ -163,6 +163,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     wait_until 50 two_workers "$launcher"
     sleep 0.5
     victim=$(workers_of "$launcher" | tail -1)
+    victim_env=$(tr '\0' '\n' < "/proc/$victim/environ")
     kill -STOP "$victim"
     start=$(date +%s)
     status=0
@@ -172,7 +173,48 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     [ "$status" -eq 1 ]
     [ "$elapsed" -lt 30 ]
     grep -q "timed out" "$BATS_TEST_TMPDIR/err"
+    # The message names who: rank, pid, host, and the last step it reported.
+    rank=$(echo "$victim_env" | sed -n 's/^RANK=//p')
+    grep -q "waiting for rank $rank (pid $victim on host $(hostname), last step [0-9]*)" "$BATS_TEST_TMPDIR/err"
     [ -z "$(leftover_processes)" ]
+}
+
+@test "a rank 20% slower than the median two epochs running is named; metrics.jsonl has rank_seconds and slowest_rank" {
+    dir="$BATS_TEST_TMPDIR/run"
+    # rank 1 sleeps 100 ms after each of its 6 steps an epoch: 0.6 s of "compute"
+    # against a few ms for rank 0, far beyond 20% on any machine
+    CIFAR_TEST_SLOW_RANK=1 run --separate-stderr \
+        "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" --epochs 3 "$LMDB"
+    assert_success
+    for e in 1 2 3; do
+        line=$(sed -n "${e}p" "$dir/metrics.jsonl")
+        [[ "$line" == *'"slowest_rank":1,'* ]] || { echo "$line"; false; }
+        [[ "$line" =~ \"rank_seconds\":\[[0-9.]+,[0-9.]+\] ]] || { echo "$line"; false; }
+    done
+    echo "$stderr" | grep "straggler"
+    # named from the second slow epoch on, not after the first
+    [ "$(echo "$stderr" | grep -c "straggler: rank 1's steps took .* for [23] epochs running")" -eq 2 ]
+    [ "$(echo "$stderr" | grep -c "straggler")" -eq 2 ]
+}
+
+@test "2 workers, --save-interval on rank 0's clock: both ranks take the snapshot at the same step, it resumes exactly" {
+    ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 2 --save-every 10 | tail -1)
+    dir="$BATS_TEST_TMPDIR/run"
+    # Rank 0's test clock says 1 s per step; rank 1 never reads a clock: it learns the
+    # step from rank 0 in the next collective.
+    CIFAR_TEST_STEP_SECONDS=1 CIFAR_COMM_TIMEOUT=30 ddp "$dir" --epochs 2 --save-every 10 \
+        --save-interval 4s --keep 0 --max-restarts 0 > /dev/null
+    [ -f "$dir/snapshot-000004.safetensors" ]
+    # Both ranks took part in the same collectives (the snapshot's broadcast included):
+    # their progress boards end with the same count.
+    entered() { grep -o 'step=[0-9]* entered=[0-9]*' "$dir/ranks/rank-$1"; }
+    [ "$(entered 0)" = "$(entered 1)" ] || { entered 0; entered 1; false; }
+    [ "$(data_checksum "$dir/snapshot-000012.safetensors")" = "$(data_checksum "$ref")" ]
+    copy="$BATS_TEST_TMPDIR/from4"
+    mkdir "$copy"
+    cp "$dir/snapshot-000004.safetensors" "$dir/metrics.jsonl" "$copy/"
+    resumed=$(ddp "$copy" --epochs 2 --save-every 10 | tail -1)
+    [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
 }
 
 @test "SIGTERM to the launcher: a snapshot is written, nothing is left running, rerun resumes" {

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core/check.h"
 
@@ -23,6 +24,8 @@ TestHooks test_hooks_from_env(void) {
     h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
     h.signal = (int)env_i64("CIFAR_TEST_SIGNAL", SIGINT);
     h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
+    h.slow_rank = (int)env_i64("CIFAR_TEST_SLOW_RANK", -1);
+    h.slow_ms = (int)env_i64("CIFAR_TEST_SLOW_MS", 100);
     const char *sec = getenv("CIFAR_TEST_STEP_SECONDS");
     h.step_seconds = sec && *sec ? strtod(sec, NULL) : 0;
     return h;
@@ -58,4 +61,5 @@ void test_hooks_after_step(const TestHooks *h, const TestHookPoint *at) {
     if (h->nan_after_steps && at->step == h->nan_after_steps) poison_weights(at);
     if (h->sigint_after_steps && at->step == h->sigint_after_steps) raise(h->signal);
     if (h->hash_dir) record_param_hash(h->hash_dir, at);
+    if (h->slow_rank == at->rank) usleep((useconds_t)h->slow_ms * 1000);
 }

@@ -7,8 +7,10 @@
  *   CIFAR_TEST_SIGINT_AFTER_STEPS=N  SIGINT self after step N
  *   CIFAR_TEST_SIGNAL=S            ... signal number S instead of SIGINT
  *   CIFAR_TEST_PARAM_HASH_DIR=DIR  append "step hash" of the params to DIR/rank-R.txt
- *   CIFAR_TEST_STEP_SECONDS=X      --save-interval's clock reads X seconds per step done
- *                                  (the same snapshot steps on any machine) */
+ *   CIFAR_TEST_SLOW_RANK=R         this rank sleeps CIFAR_TEST_SLOW_MS (100) after each step
+ *   CIFAR_TEST_STEP_SECONDS=X      rank 0's --save-interval clock reads X seconds per step
+ *                                  done (the same snapshot steps on any machine; the
+ *                                  other ranks keep the real clock, which they never read) */
 #ifndef CIFAR_TEST_HOOKS_H
 #define CIFAR_TEST_HOOKS_H
 
@@ -26,6 +28,7 @@ typedef struct {
     int signal;
     const char *hash_dir;
     double step_seconds;
+    int slow_rank, slow_ms;
 } TestHooks;
 
 /* What a hook may look at or change after a step. */

@@ -101,21 +101,37 @@ static void normalisation(const TrainOptions *o, const DatasetInfo *info, float 
 typedef struct {
     int64_t epoch; /* epochs completed, 1-based */
     double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
+    const double *rank_seconds; /* world_size: each rank's step compute time */
+    int slowest_rank;
     int world_size, restarts;
     const char *device, *comm;
 } EpochMetrics;
 
+/* "[1.234,1.301]" into buf. */
+static void format_seconds_list(const double *v, int n, char *buf, size_t len) {
+    size_t off = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < n && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%.3f", i ? "," : "", v[i]);
+    if (off < len) snprintf(buf + off, len - off, "]");
+}
+
 static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    size_t ranks_len = (size_t)m->world_size * 24 + 8;
+    char *ranks = xmalloc(ranks_len);
+    format_seconds_list(m->rank_seconds, m->world_size, ranks, ranks_len);
     FILE *f = fopen(path, "a");
     CHECK_STDIO(f != NULL, path);
     fprintf(f,
             "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
             "\"test_acc\":%.6f,\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
+            "\"rank_seconds\":%s,\"slowest_rank\":%d,"
             "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\",\"comm\":\"%s\"}\n",
             m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, m->lr,
-            m->images_per_s, m->seconds, m->world_size, m->restarts, m->device, m->comm);
+            m->images_per_s, m->seconds, ranks, m->slowest_rank, m->world_size, m->restarts,
+            m->device, m->comm);
+    free(ranks);
     CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, path);
     CHECK_STDIO(fclose(f) == 0, path);
 }
@@ -178,6 +194,10 @@ typedef struct {
     CheckpointInfo snapshot_info;
     char *dataset_abs;         /* the data path recorded in snapshots */
     double last_snapshot_time; /* when the last snapshot was staged (snapshot_clock) */
+    /* stragglers: this rank's step time outside collectives this epoch; on rank 0,
+     * per rank, the epochs running it was more than 20% slower than the median */
+    double compute_seconds;
+    int *slow_epochs;
 } Worker;
 
 static int64_t steps_per_epoch(const Worker *w) {
@@ -203,10 +223,10 @@ static int refuse_non_finite(const Worker *w, const TrainState *st, char *err, s
 
 /* The writer thread's job: the staged state to w->snapshot_path, through the
  * same checkpoint_write as every snapshot, then the old ones pruned. */
-/* The clock of --save-interval: seconds, or CIFAR_TEST_STEP_SECONDS per step for
- * the tests (a clock that decides the same steps on any machine). */
+/* The clock of --save-interval: seconds, or on rank 0 CIFAR_TEST_STEP_SECONDS per
+ * step for the tests (a clock that decides the same steps on any machine). */
 static double snapshot_clock(const Worker *w) {
-    if (w->hooks.step_seconds > 0) return (double)w->progress.step * w->hooks.step_seconds;
+    if (w->hooks.step_seconds > 0 && w->env->rank == 0) return (double)w->progress.step * w->hooks.step_seconds;
     return now_seconds();
 }
 
@@ -371,6 +391,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     char label[64];
     snprintf(label, sizeof label, "epoch %" PRId64 "/%d", epoch + 1, o->epochs);
     progress_begin(&bar, label, w->per_rank * world, "img");
+    w->compute_seconds = 0;
     double t0 = now_seconds() - w->progress.partial_seconds;
     for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
         int64_t first = s * o->batch_size;
@@ -381,6 +402,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
         float lr = (float)train_lr_at(o, pos);
         int correct = 0;
+        double t_step = now_seconds(), in_collectives = comm_seconds_in_collectives(w->comm);
         float loss = w->engine->ops->train_step(w->engine, w->mine + first, n, epoch,
                                                 w->progress.step, lr, &correct);
         if (!isfinite(loss))
@@ -399,16 +421,59 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
             snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
             progress_update(&bar, (first + n) * world, extra);
         }
+        comm_board_step(w->comm, w->progress.step);
         if (s + 1 < w->steps_per_epoch) {
             StepDecision next = agree_next(w, w->progress.step);
             w->progress.partial_seconds = now_seconds() - t0;
             if (next == GO_STOP) return EPOCH_STOPPED;
             if (next == GO_SNAPSHOT || snapshot_due_by_steps(w)) snapshot_start(w);
         }
+        w->compute_seconds += now_seconds() - t_step -
+                              (comm_seconds_in_collectives(w->comm) - in_collectives);
     }
     w->progress.partial_seconds = now_seconds() - t0;
     if (w->env->rank == 0 && !o->quiet) progress_end(&bar, NULL);
     return EPOCH_DONE;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The lower median: with two ranks, the faster one. */
+static double median_of(const double *v, int n) {
+    double *sorted = xmalloc((size_t)n * sizeof *sorted);
+    memcpy(sorted, v, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, compare_doubles);
+    double m = sorted[(n - 1) / 2];
+    free(sorted);
+    return m;
+}
+
+/* Rank 0: a rank more than 20% slower than the median for two epochs running is
+ * named (one epoch could be a hiccup: a page-cache miss, another job's burst). */
+static void stragglers_report(Worker *w, const double *rank_seconds) {
+    int world = w->env->world_size;
+    if (world < 2) return;
+    double median = median_of(rank_seconds, world);
+    for (int r = 0; r < world; r++) {
+        int slow = median > 0 && rank_seconds[r] > 1.2 * median;
+        w->slow_epochs[r] = slow ? w->slow_epochs[r] + 1 : 0;
+        if (w->slow_epochs[r] >= 2)
+            log_warn("straggler: rank %d's steps took %.2f s of compute this epoch, %.0f%% more than "
+                     "the median rank's %.2f s, for %d epochs running ---> HINT: every rank waits for "
+                     "it in each all-reduce; look at that rank's host (other jobs, thermal throttling, "
+                     "a slower device)",
+                     r, rank_seconds[r], 100 * (rank_seconds[r] / median - 1), median, w->slow_epochs[r]);
+    }
+}
+
+static int slowest_of(const double *v, int n) {
+    int k = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[k]) k = i;
+    return k;
 }
 
 static void finish_epoch(Worker *w, int64_t epoch, double lr) {
@@ -425,7 +490,13 @@ static void finish_epoch(Worker *w, int64_t epoch, double lr) {
     m.lr = lr;
     w->engine->ops->broadcast_buffers(w->engine, 0);
     evaluate(w, &m.test_loss, &m.test_acc);
-    m.world_size = w->env->world_size;
+    int world = w->env->world_size;
+    double *rank_seconds = xcalloc((size_t)world, sizeof *rank_seconds);
+    rank_seconds[w->env->rank] = w->compute_seconds;
+    comm_allreduce_sum_f64(w->comm, rank_seconds, (size_t)world);
+    m.rank_seconds = rank_seconds;
+    m.slowest_rank = slowest_of(rank_seconds, world);
+    m.world_size = world;
     m.restarts = w->env->restart_count;
     m.device = w->engine->ops->name;
     m.comm = comm_kind_name(comm_kind(w->comm));
@@ -435,11 +506,13 @@ static void finish_epoch(Worker *w, int64_t epoch, double lr) {
     w->progress.partial_seen = w->progress.partial_seconds = 0;
     if (w->env->rank == 0) {
         metrics_append(w->o->run_dir, &m);
+        stragglers_report(w, rank_seconds);
         log_info("epoch %" PRId64 "/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | "
                  "%.0f img/s, %.1f s",
                  m.epoch, w->o->epochs, m.train_loss, 100 * m.train_acc, m.test_loss,
                  100 * m.test_acc, m.images_per_s, m.seconds);
     }
+    free(rank_seconds);
 }
 
 static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
@@ -471,6 +544,8 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     w->engine = device_engine_create(o->device, &ec, env->local_rank, env->local_world_size,
                                      env->rank == 0);
     w->comm = device_comm_create(w->engine, env, o->comm);
+    comm_board_open(w->comm, o->run_dir, env->run_id);
+    w->slow_epochs = xcalloc((size_t)env->world_size, sizeof *w->slow_epochs);
     train_state_alloc(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
     w->perm = xmalloc((size_t)w->data.train.count * sizeof(int64_t));
@@ -492,6 +567,7 @@ static void worker_free(Worker *w) {
     snapshot_writer_free(w->writer); /* before the engine: a job reads its staging */
     if (!w->engine->ops->state_stage) train_state_free(&w->staging);
     free(w->dataset_abs);
+    free(w->slow_epochs);
     w->engine->ops->destroy(w->engine);
     comm_destroy(w->comm);
     train_state_free(&w->state);

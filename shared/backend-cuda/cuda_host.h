@@ -51,6 +51,7 @@ typedef struct {
     void (*comm_broadcast_on_stream)(Comm *c, void *dev_buf, size_t bytes, int root,
                                      void *cuda_stream);
     int (*dist_env_read)(DistEnv *env, char *err, size_t errlen);
+    void (*comm_blame_laggard)(char *buf, size_t len); /* version 5 */
     /* engine.h */
     AugmentSpec (*engine_augment_spec)(const Engine *e, int64_t epoch, int train);
 } CudaHostApi;
