@@ -234,6 +234,42 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     [ -f "${lines[-1]}" ]
 }
 
+@test "--log-dir: LOG_DIR/attempt_K/rank_R.log per worker and attempt, timestamped; --local-ranks-filter and --redirects choose what the terminal shows" {
+    dir="$BATS_TEST_TMPDIR/run"
+    logs="$BATS_TEST_TMPDIR/logs"
+    # rank 1 is killed after step 3 of the first attempt: a second attempt follows
+    CIFAR_TEST_DIE_AFTER_STEPS=3 CIFAR_TEST_DIE_RANK=1 run --separate-stderr \
+        "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" --epochs 2 \
+        --log-dir "$logs" --local-ranks-filter 1 "$LMDB"
+    assert_success
+    [ "${lines[-1]}" = "$dir/snapshot-000012.safetensors" ]   # stdout still ends with the path
+    for f in attempt_0/rank_0.log attempt_0/rank_1.log attempt_1/rank_0.log attempt_1/rank_1.log; do
+        [ -s "$logs/$f" ] || { ls -R "$logs"; false; }
+        # every line: [UTC time rank R out|err]
+        [ -z "$(grep -v '^\[20[0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9]\{3\}Z rank [01] \(out\|err\)\] ' "$logs/$f")" ]
+    done
+    grep -q "rank 0 err\] cifar-train: training " "$logs/attempt_0/rank_0.log"
+    grep -q "rank 0 out\] $dir/snapshot-000012.safetensors" "$logs/attempt_1/rank_0.log"
+    grep -q "rank 0 err\] cifar-train: training " "$logs/attempt_1/rank_0.log"
+    grep -q "rank 1 err\] cifar-train: " "$logs/attempt_1/rank_1.log"
+    # the terminal: rank 1's lines, marked; none of rank 0's
+    echo "$stderr" | grep -q '^\[rank 1\] cifar-train: '
+    [ -z "$(echo "$stderr" | grep '^\[rank 0\]')" ]
+    # --redirects 2: the workers' stderr only in the files
+    run --separate-stderr "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 \
+        --run-dir "$BATS_TEST_TMPDIR/run2" --epochs 1 --log-dir "$BATS_TEST_TMPDIR/logs2" --redirects 2 "$LMDB"
+    assert_success
+    [ -z "$(echo "$stderr" | grep '^\[rank')" ]
+    grep -q "rank 1 err\] cifar-train: " "$BATS_TEST_TMPDIR/logs2/attempt_0/rank_1.log"
+    # bad values: exit 2
+    run "$BIN/cifar-train" --nproc-per-node 2 --redirects 3 "$LMDB"
+    assert_failure 2
+    assert_output --partial "--redirects needs --log-dir"
+    run "$BIN/cifar-train" --nproc-per-node 2 --local-ranks-filter 5 "$LMDB"
+    assert_failure 2
+    assert_output --partial "expected local ranks in 0..1"
+}
+
 @test "a torchrun-style CPU rank of a job spanning nodes: the permanent status, and why" {
     RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29593 \
         run --separate-stderr timeout 60 "$BIN/cifar-train" --quiet --device cpu --epochs 1 \

@@ -20,6 +20,7 @@
  * stripping. */
 #include "../train/launcher.c"
 #include "../train/signals.c"
+#include "../train/worker_logs.c"
 
 #include <sys/stat.h>
 

@@ -30,6 +30,7 @@
 
 #include "comm/comm.h"
 #include "signals.h"
+#include "worker_logs.h"
 
 #define LAUNCH_NPROC_GPU (-1) /* --nproc-per-node gpu|auto: one per visible GPU */
 
@@ -46,6 +47,7 @@ typedef struct {
     int run_dir_locked;      /* the caller holds the run folder's lock: tell the workers */
     char failure_notes[256]; /* set by launcher_run: the workers' CIFAR_FAILURE_NOTES file */
     SignalSet signals;       /* handled and passed on to the workers (0: SIGINT, SIGTERM) */
+    WorkerLogOptions logs;   /* --log-dir, --redirects, --tee, --local-ranks-filter */
 } LaunchOptions;
 
 /* Set in the workers' environment to the launcher's pid when it holds the run
@@ -56,7 +58,8 @@ void launch_options_init(LaunchOptions *o);
 
 /* Remove the launcher options from argv in place ("--x V" and "--x=V", dashes or
  * underscores: --nproc-per-node, --nnodes, --node-rank, --master-addr,
- * --master-port, --max-restarts) and store them in *o; everything else keeps its
+ * --master-port, --max-restarts, --log-dir, --redirects, --tee, --local-ranks-filter)
+ * and store them in *o; everything else keeps its
  * order; argv[*argc] stays NULL. Stops at "--". 0, or -1 with a reason in err. */
 int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen);
 
