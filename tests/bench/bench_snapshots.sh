@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bench_snapshots.sh (make bench, section 6; alone: make bench-snapshots): what the
+# background snapshots cost and what they save, on the default CPU run (the seed
+# model, batch 256, 1 worker on every core, 8192 synthetic images).
+#   1. throughput with --save-interval 5s against --save-interval 0, RUNS rounds
+#      (default 3) of one run each, alternating; the ratio of each round and of the
+#      medians (the aim: >= 0.98: the write must not stall training);
+#   2. work lost per SIGKILL: KILLS times (default 20) the run is killed at a random
+#      moment (2 to 9 s after it started) and rerun; after each kill, the steps
+#      between the newest snapshot and the last step done (CIFAR_TEST_PARAM_HASH_DIR
+#      records them), against the bound of one interval plus one step; at the end
+#      the final weights against an uninterrupted run's (bit-identical or not).
+# Environment: BIN, RUNS, KILLS, EPOCHS (default 2 for 1., KILL_EPOCHS 10 for 2.).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+BIN=${BIN:-$repo/bin}
+RUNS=${RUNS:-${BENCH_RUNS:-3}}
+KILLS=${KILLS:-20}
+EPOCHS=${EPOCHS:-2}
+KILL_EPOCHS=${KILL_EPOCHS:-10}
+INTERVAL=5
+work=$(mktemp -d /tmp/cifar-bench-snap.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+"$BIN/cifar-synth" "$work/data" --train 8192 --test 512 --seed 3 >/dev/null 2>&1
+"$BIN/cifar-prep" --quiet "$work/data" -o "$work/data.lmdb" >/dev/null
+train() { # run-dir, args...
+  local dir=$1; shift
+  "$BIN/cifar-train" --quiet --device cpu --run-dir "$dir" "$@" "$work/data.lmdb"
+}
+# images/s of a run folder: all its images over all its epochs' seconds
+ips() { awk -F'"seconds":' '{ split($2, a, ","); s += a[1]; n++ } END { printf "%.1f", n * 8192 / s }' "$1/metrics.jsonl"; }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+checksum() { head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'; }
+step_of() { basename "$1" .safetensors | sed 's/^snapshot-0*//; s/^$/0/'; }
+
+echo "-- 1. throughput, $EPOCHS epochs per run, --save-interval ${INTERVAL}s against 0, $RUNS rounds alternating"
+: > "$work/on"; : > "$work/off"; : > "$work/ratio"
+for r in $(seq "$RUNS"); do
+  train "$work/off-$r" --epochs "$EPOCHS" --save-interval 0 > /dev/null
+  train "$work/on-$r" --epochs "$EPOCHS" --save-interval "${INTERVAL}s" --keep 0 > /dev/null
+  off=$(ips "$work/off-$r"); on=$(ips "$work/on-$r")
+  snaps=$(ls "$work/on-$r"/snapshot-*.safetensors | wc -l)
+  echo "round $r: off $off, ${INTERVAL}s $on images/s ($snaps snapshots) (load $(cut -d' ' -f1 /proc/loadavg))"
+  echo "$off" >> "$work/off"; echo "$on" >> "$work/on"
+  awk -v a="$on" -v b="$off" 'BEGIN { printf "%.3f\n", a / b }' >> "$work/ratio"
+done
+awk -v on="$(median < "$work/on")" -v off="$(median < "$work/off")" \
+    -v lo="$(sort -g "$work/ratio" | head -1)" -v hi="$(sort -g "$work/ratio" | tail -1)" \
+  'BEGIN { printf "throughput --save-interval 5s / off: median against median %.3f, per round %.3f to %.3f\n", on / off, lo, hi }'
+
+echo "-- 2. work lost per SIGKILL, --save-interval ${INTERVAL}s, $KILL_EPOCHS epochs, $KILLS kills at random moments"
+ref=$(train "$work/ref" --epochs "$KILL_EPOCHS" --save-interval 0 | tail -1)
+step_s=$(awk -F'"seconds":' '{ split($2, a, ","); s += a[1] } END { printf "%.4f", s / (NR * 32) }' "$work/ref/metrics.jsonl")
+bound=$(awk -v t="$step_s" -v i="$INTERVAL" 'BEGIN { printf "%d", i / t + 1 }')
+echo "uninterrupted: $(ips "$work/ref") images/s, $step_s s per step: the bound is $bound steps (${INTERVAL}s + one step)"
+dir="$work/killed"
+mkdir -p "$work/hash"
+: > "$work/lost"
+kills=0
+for k in $(seq "$KILLS"); do
+  CIFAR_TEST_PARAM_HASH_DIR="$work/hash" train "$dir" --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" \
+    > /dev/null 2>&1 &
+  pid=$!
+  sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 2 + 7 * rand() }')"
+  kill -KILL "$pid" 2>/dev/null || { wait "$pid" || true; echo "kill $k: the run had finished"; break; }
+  wait "$pid" 2>/dev/null || true # 137, the point
+  kills=$((kills + 1))
+  done_step=$(tail -1 "$work/hash/rank-0.txt" 2>/dev/null | awk '{ print $1 }')
+  newest=$(ls "$dir"/snapshot-*.safetensors 2>/dev/null | tail -1)
+  snap_step=$([ -n "$newest" ] && step_of "$newest" || echo 0)
+  lost=$(( ${done_step:-0} - snap_step ))
+  echo "kill $k: last step done ${done_step:-none}, newest snapshot step $snap_step: $lost steps lost"
+  echo "$lost" >> "$work/lost"
+done
+final=$(train "$dir" --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" | tail -1)
+worst=$(sort -g "$work/lost" | tail -1)
+same=$([ "$(checksum "$final")" = "$(checksum "$ref")" ] && echo "bit-identical" || echo "NOT bit-identical")
+echo "work lost per SIGKILL over $kills kills: $(sort -g "$work/lost" | head -1) to $worst steps (median $(median < "$work/lost")), bound $bound; $(awk -v w="$worst" -v t="$step_s" 'BEGIN { printf "at most %.1f s", w * t }') of training"
+echo "final weights after $kills kills: $same to the uninterrupted run's"
