@@ -217,21 +217,23 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
 }
 
-@test "SIGTERM to the launcher: a snapshot is written, nothing is left running, rerun resumes" {
-    dir="$BATS_TEST_TMPDIR/run"
-    ddp_bg "$dir" --epochs 40 --save-every 100
-    launcher=$!
-    wait_until 100 test -s "$dir/metrics.jsonl"
-    kill -TERM "$launcher"
-    status=0
-    wait "$launcher" || status=$?
-    [ "$status" -eq 143 ]
-    [ -z "$(leftover_processes)" ]
-    ls "$dir"/snapshot-*.safetensors
-    run --separate-stderr ddp "$dir" --epochs 2 --save-every 100
-    assert_success
-    [[ "$stderr" == *"resuming from"* ]] || [ -z "$stderr" ]
-    [ -f "${lines[-1]}" ]
+@test "SIGTERM or SIGUSR1 to the launcher: passed on, a snapshot is written, 128+N, nothing is left running, rerun resumes" {
+    for sig in TERM:143 USR1:138; do
+        dir="$BATS_TEST_TMPDIR/run-${sig%%:*}"
+        ddp_bg "$dir" --epochs 40 --save-every 100
+        launcher=$!
+        wait_until 100 test -s "$dir/metrics.jsonl"
+        kill -"${sig%%:*}" "$launcher"
+        status=0
+        wait "$launcher" || status=$?
+        [ "$status" -eq "${sig##*:}" ] || { echo "SIG${sig%%:*}: status $status"; cat "$BATS_TEST_TMPDIR/err"; false; }
+        [ -z "$(leftover_processes)" ]
+        ls "$dir"/snapshot-*.safetensors
+        run --separate-stderr ddp "$dir" --epochs 2 --save-every 100
+        assert_success
+        [[ "$stderr" == *"resuming from"* ]] || [ -z "$stderr" ]
+        [ -f "${lines[-1]}" ]
+    done
 }
 
 @test "--log-dir: LOG_DIR/attempt_K/rank_R.log per worker and attempt, timestamped; --local-ranks-filter and --redirects choose what the terminal shows" {

@@ -267,14 +267,20 @@ SH
     chmod +x "$1/srun" "$1/scontrol"
 }
 
-@test "slurm.sbatch: srun tasks train as ranks of one job, then rank 0's snapshot is evaluated" {
+# slurm.sbatch as job JOB_ID of 2 tasks on one node, with the fake srun and scontrol
+# (in the test's folder: a dataset d/, outputs in run/), under `run`.
+slurm_job() { # job id
     cd "$BATS_TEST_TMPDIR"
     fake_slurm "$BATS_TEST_TMPDIR/fakebin"
     "$BIN/cifar-synth" d --train 128 --test 32 --size 16 >/dev/null
     lmdb=$("$BIN/cifar-prep" --quiet d | tail -1)
-    PATH="$BATS_TEST_TMPDIR/fakebin:$PATH" SLURM_JOB_ID=4242 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
+    PATH="$BATS_TEST_TMPDIR/fakebin:$PATH" SLURM_JOB_ID=$1 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
         SLURM_JOB_NODELIST=localhost BIN="$BIN" DEVICE=cpu EPOCHS=1 BATCH=32 TRAIN_ARGS="--threads 1" \
-        run "$PIPES/slurm.sbatch" "$lmdb"
+        SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" run "$PIPES/slurm.sbatch" "$lmdb"
+}
+
+@test "slurm.sbatch: srun tasks train as ranks of one job, then rank 0's snapshot is evaluated" {
+    slurm_job 4242
     assert_success
     assert_output --partial "2 tasks on 1 nodes"
     assert_output --partial "accuracy: "
@@ -286,15 +292,8 @@ SH
 }
 
 @test "slurm.sbatch: ranks stopped by SIGUSR1 (Slurm's warning) write a snapshot, exit 138, and the job is requeued" {
-    cd "$BATS_TEST_TMPDIR"
-    fake_slurm "$BATS_TEST_TMPDIR/fakebin"
-    "$BIN/cifar-synth" d --train 128 --test 32 --size 16 >/dev/null
-    lmdb=$("$BIN/cifar-prep" --quiet d | tail -1)
     # each rank raises SIGUSR1 after step 1 of 2 (the test hook stands in for Slurm's signal)
-    PATH="$BATS_TEST_TMPDIR/fakebin:$PATH" SLURM_JOB_ID=4343 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
-        SLURM_JOB_NODELIST=localhost BIN="$BIN" DEVICE=cpu EPOCHS=1 BATCH=32 TRAIN_ARGS="--threads 1" \
-        SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" CIFAR_TEST_SIGNAL=10 CIFAR_TEST_SIGINT_AFTER_STEPS=1 \
-        run "$PIPES/slurm.sbatch" "$lmdb"
+    CIFAR_TEST_SIGNAL=10 CIFAR_TEST_SIGINT_AFTER_STEPS=1 slurm_job 4343
     assert_success
     assert_output --partial "stopped by a signal with a snapshot written (exit 138): requeueing job 4343"
     [ "$(cat "$BATS_TEST_TMPDIR/scontrol.log")" = "requeue 4343" ]

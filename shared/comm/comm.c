@@ -49,6 +49,7 @@
 #include "comm/comm_mpi.h"
 #include "comm/sha256.h"
 #include "core/check.h"
+#include "core/fsutil.h"
 #ifdef CIFAR_CUDA
 #include "comm/comm_nccl.h"
 #endif
@@ -380,7 +381,7 @@ void comm_board_open(Comm *c, const char *run_dir, const char *run_id) {
         if (*p == ' ') *p = '_';
     char path[4200];
     snprintf(path, sizeof path, "%s/rank-%d", c->board_dir, c->rank);
-    if (mkdir(c->board_dir, 0755) != 0 && errno != EEXIST) {
+    if (fs_mkdirs(c->board_dir, 0755) != 0) { /* the run folder too: rank 0 may not be there yet */
         log_warn("%s: cannot create the progress board (%s): a timeout will not name the rank it "
                  "waited for", c->board_dir, strerror(errno));
         return;

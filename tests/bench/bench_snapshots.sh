@@ -38,8 +38,14 @@ step_of() { basename "$1" .safetensors | sed 's/^snapshot-0*//; s/^$/0/'; }
 echo "-- 1. throughput, $EPOCHS epochs per run, --save-interval ${INTERVAL}s against 0, $RUNS rounds alternating"
 : > "$work/on"; : > "$work/off"; : > "$work/ratio"
 for r in $(seq "$RUNS"); do
-  train "$work/off-$r" --epochs "$EPOCHS" --save-interval 0 > /dev/null
-  train "$work/on-$r" --epochs "$EPOCHS" --save-interval "${INTERVAL}s" --keep 0 > /dev/null
+  # which goes first alternates too: a load that rises or falls over a round is shared
+  if [ $((r % 2)) -eq 1 ]; then
+    train "$work/off-$r" --epochs "$EPOCHS" --save-interval 0 > /dev/null
+    train "$work/on-$r" --epochs "$EPOCHS" --save-interval "${INTERVAL}s" --keep 0 > /dev/null
+  else
+    train "$work/on-$r" --epochs "$EPOCHS" --save-interval "${INTERVAL}s" --keep 0 > /dev/null
+    train "$work/off-$r" --epochs "$EPOCHS" --save-interval 0 > /dev/null
+  fi
   off=$(ips "$work/off-$r"); on=$(ips "$work/on-$r")
   snaps=$(ls "$work/on-$r"/snapshot-*.safetensors | wc -l)
   echo "round $r: off $off, ${INTERVAL}s $on images/s ($snaps snapshots) (load $(cut -d' ' -f1 /proc/loadavg))"
@@ -60,8 +66,9 @@ mkdir -p "$work/hash"
 : > "$work/lost"
 kills=0
 for k in $(seq "$KILLS"); do
-  CIFAR_TEST_PARAM_HASH_DIR="$work/hash" train "$dir" --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" \
-    > /dev/null 2>&1 &
+  # the command itself in the background (not a function's subshell): $! is cifar-train
+  CIFAR_TEST_PARAM_HASH_DIR="$work/hash" "$BIN/cifar-train" --quiet --device cpu --run-dir "$dir" \
+    --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" "$work/data.lmdb" > /dev/null 2>&1 &
   pid=$!
   sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 2 + 7 * rand() }')"
   kill -KILL "$pid" 2>/dev/null || { wait "$pid" || true; echo "kill $k: the run had finished"; break; }
