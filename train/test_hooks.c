@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/check.h"
@@ -24,6 +25,7 @@ TestHooks test_hooks_from_env(void) {
     h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
     h.signal = (int)env_i64("CIFAR_TEST_SIGNAL", SIGINT);
     h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
+    h.step_log = getenv("CIFAR_TEST_STEP_LOG");
     h.slow_rank = (int)env_i64("CIFAR_TEST_SLOW_RANK", -1);
     h.slow_ms = (int)env_i64("CIFAR_TEST_SLOW_MS", 100);
     const char *sec = getenv("CIFAR_TEST_STEP_SECONDS");
@@ -54,7 +56,18 @@ static void record_param_hash(const char *dir, const TestHookPoint *at) {
     CHECK_STDIO(fclose(f) == 0, path);
 }
 
+/* "step seconds-since-1970" appended to path. */
+static void record_step_time(const char *path, int64_t step) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    FILE *f = fopen(path, "a");
+    CHECK_STDIO(f != NULL, path);
+    fprintf(f, "%" PRId64 " %lld.%09ld\n", step, (long long)ts.tv_sec, ts.tv_nsec);
+    CHECK_STDIO(fclose(f) == 0, path);
+}
+
 void test_hooks_after_step(const TestHooks *h, const TestHookPoint *at) {
+    if (h->step_log && at->rank == 0) record_step_time(h->step_log, at->step);
     if (h->die_after_steps && at->step >= h->die_after_steps &&
         (h->die_rank < 0 || h->die_rank == at->rank) && at->restart_count < h->die_attempts)
         raise(SIGKILL);

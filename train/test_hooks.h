@@ -7,6 +7,8 @@
  *   CIFAR_TEST_SIGINT_AFTER_STEPS=N  SIGINT self after step N
  *   CIFAR_TEST_SIGNAL=S            ... signal number S instead of SIGINT
  *   CIFAR_TEST_PARAM_HASH_DIR=DIR  append "step hash" of the params to DIR/rank-R.txt
+ *   CIFAR_TEST_STEP_LOG=FILE       rank 0 appends "step unix-time" to FILE after each step
+ *                                  (make bench: how old the newest snapshot is at a kill)
  *   CIFAR_TEST_SLOW_RANK=R         this rank sleeps CIFAR_TEST_SLOW_MS (100) after each step
  *   CIFAR_TEST_STEP_SECONDS=X      rank 0's --save-interval clock reads X seconds per step
  *                                  done (the same snapshot steps on any machine; the
@@ -27,6 +29,7 @@ typedef struct {
     int64_t sigint_after_steps;
     int signal;
     const char *hash_dir;
+    const char *step_log;
     double step_seconds;
     int slow_rank, slow_ms;
 } TestHooks;

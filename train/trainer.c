@@ -221,15 +221,16 @@ static int refuse_non_finite(const Worker *w, const TrainState *st, char *err, s
     return 0;
 }
 
-/* The writer thread's job: the staged state to w->snapshot_path, through the
- * same checkpoint_write as every snapshot, then the old ones pruned. */
 /* The clock of --save-interval: seconds, or on rank 0 CIFAR_TEST_STEP_SECONDS per
  * step for the tests (a clock that decides the same steps on any machine). */
 static double snapshot_clock(const Worker *w) {
-    if (w->hooks.step_seconds > 0 && w->env->rank == 0) return (double)w->progress.step * w->hooks.step_seconds;
+    if (w->hooks.step_seconds > 0 && w->env->rank == 0)
+        return (double)w->progress.step * w->hooks.step_seconds;
     return now_seconds();
 }
 
+/* The writer thread's job: the staged state to w->snapshot_path, through the
+ * same checkpoint_write as every snapshot, then the old ones pruned. */
 static int snapshot_job(void *arg, char *err, size_t errlen) {
     Worker *w = arg;
     TrainState st = w->staging;

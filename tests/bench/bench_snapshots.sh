@@ -7,9 +7,11 @@
 #      medians (the aim: >= 0.98: the write must not stall training);
 #   2. work lost per SIGKILL: KILLS times (default 20) the run is killed at a random
 #      moment (2 to 9 s after it started) and rerun; after each kill, the steps
-#      between the newest snapshot and the last step done (CIFAR_TEST_PARAM_HASH_DIR
-#      records them), against the bound of one interval plus one step; at the end
-#      the final weights against an uninterrupted run's (bit-identical or not).
+#      between the newest snapshot and the last step done (CIFAR_TEST_STEP_LOG
+#      records each step and its time), in steps and in seconds of training at that
+#      attempt's median step time, against the bound of one interval plus one step,
+#      and whether a write was in flight at the kill (its temporary is left); at the
+#      end the final weights against an uninterrupted run's (bit-identical or not).
 # Environment: BIN, RUNS, KILLS, EPOCHS (default 2 for 1., KILL_EPOCHS 10 for 2.).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -62,27 +64,38 @@ step_s=$(awk -F'"seconds":' '{ split($2, a, ","); s += a[1] } END { printf "%.4f
 bound=$(awk -v t="$step_s" -v i="$INTERVAL" 'BEGIN { printf "%d", i / t + 1 }')
 echo "uninterrupted: $(ips "$work/ref") images/s, $step_s s per step: the bound is $bound steps (${INTERVAL}s + one step)"
 dir="$work/killed"
-mkdir -p "$work/hash"
-: > "$work/lost"
-kills=0
+: > "$work/lost"; : > "$work/lost_s"; : > "$work/steps.log"
+kills=0; over=0; in_flight=0
 for k in $(seq "$KILLS"); do
+  start=$(wc -l < "$work/steps.log")
   # the command itself in the background (not a function's subshell): $! is cifar-train
-  CIFAR_TEST_PARAM_HASH_DIR="$work/hash" "$BIN/cifar-train" --quiet --device cpu --run-dir "$dir" \
+  CIFAR_TEST_STEP_LOG="$work/steps.log" "$BIN/cifar-train" --quiet --device cpu --run-dir "$dir" \
     --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" "$work/data.lmdb" > /dev/null 2>&1 &
   pid=$!
   sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 2 + 7 * rand() }')"
   kill -KILL "$pid" 2>/dev/null || { wait "$pid" || true; echo "kill $k: the run had finished"; break; }
   wait "$pid" 2>/dev/null || true # 137, the point
   kills=$((kills + 1))
-  done_step=$(tail -1 "$work/hash/rank-0.txt" 2>/dev/null | awk '{ print $1 }')
   newest=$(ls "$dir"/snapshot-*.safetensors 2>/dev/null | tail -1)
   snap_step=$([ -n "$newest" ] && step_of "$newest" || echo 0)
-  lost=$(( ${done_step:-0} - snap_step ))
-  echo "kill $k: last step done ${done_step:-none}, newest snapshot step $snap_step: $lost steps lost"
-  echo "$lost" >> "$work/lost"
+  flight=$(ls "$dir" | grep -c '\.tmp-' || true)
+  # this attempt's steps: the last one done, and the median time between two
+  read -r done_step step_time < <(tail -n +"$((start + 1))" "$work/steps.log" | awk -v dflt="$step_s" '
+    { step = $1; if (NR > 1) d[++n] = $2 - prev; prev = $2 }
+    END { if (n == 0) { print (NR ? step : 0), dflt; exit }
+          asort(d); print step, (n % 2) ? d[(n + 1) / 2] : (d[n / 2] + d[n / 2 + 1]) / 2 }')
+  lost=$((done_step - snap_step))
+  lost_s=$(awk -v l="$lost" -v t="$step_time" 'BEGIN { printf "%.1f", l * t }')
+  ok=$(awk -v s="$lost_s" -v t="$step_time" -v i="$INTERVAL" 'BEGIN { print (s <= i + t + 0.05) ? "within" : "over" }')
+  [ "$ok" = within ] || over=$((over + 1))
+  [ "$flight" -eq 0 ] || in_flight=$((in_flight + 1))
+  echo "kill $k: last step done $done_step, newest snapshot step $snap_step: $lost steps lost," \
+       "$lost_s s at $step_time s per step, $ok the bound$([ "$flight" -eq 0 ] || echo "; a write was in flight")"
+  echo "$lost" >> "$work/lost"; echo "$lost_s" >> "$work/lost_s"
 done
 final=$(train "$dir" --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" | tail -1)
-worst=$(sort -g "$work/lost" | tail -1)
 same=$([ "$(checksum "$final")" = "$(checksum "$ref")" ] && echo "bit-identical" || echo "NOT bit-identical")
-echo "work lost per SIGKILL over $kills kills: $(sort -g "$work/lost" | head -1) to $worst steps (median $(median < "$work/lost")), bound $bound; $(awk -v w="$worst" -v t="$step_s" 'BEGIN { printf "at most %.1f s", w * t }') of training"
+echo "work lost per SIGKILL over $kills kills: $(sort -g "$work/lost" | head -1) to $(sort -g "$work/lost" | tail -1) steps" \
+     "(median $(median < "$work/lost")), $(sort -g "$work/lost_s" | head -1) to $(sort -g "$work/lost_s" | tail -1) s of training" \
+     "(median $(median < "$work/lost_s")); over the bound (${INTERVAL}s + one step): $over; a write in flight at the kill: $in_flight"
 echo "final weights after $kills kills: $same to the uninterrupted run's"
