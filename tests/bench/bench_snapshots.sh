@@ -12,8 +12,9 @@
 #      attempt's median step time, against the bound of one interval plus one step,
 #      and whether a write was in flight at the kill (its temporary is left); at the
 #      end the final weights against an uninterrupted run's (bit-identical or not).
-# Environment: BIN, RUNS, KILLS, EPOCHS (default 2 for 1., KILL_EPOCHS 10 for 2.).
+# Environment: BIN, RUNS (0 skips 1.), KILLS, EPOCHS (default 2 for 1., KILL_EPOCHS 10 for 2.).
 set -euo pipefail
+shopt -s nullglob
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 BIN=${BIN:-$repo/bin}
@@ -33,11 +34,12 @@ train() { # run-dir, args...
 }
 # images/s of a run folder: all its images over all its epochs' seconds
 ips() { awk -F'"seconds":' '{ split($2, a, ","); s += a[1]; n++ } END { printf "%.1f", n * 8192 / s }' "$1/metrics.jsonl"; }
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 checksum() { head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'; }
 step_of() { basename "$1" .safetensors | sed 's/^snapshot-0*//; s/^$/0/'; }
 
-echo "-- 1. throughput, $EPOCHS epochs per run, --save-interval ${INTERVAL}s against 0, $RUNS rounds alternating"
+[ "$RUNS" -gt 0 ] || echo "-- 1. throughput: skipped (RUNS=0)"
+[ "$RUNS" -eq 0 ] || echo "-- 1. throughput, $EPOCHS epochs per run, --save-interval ${INTERVAL}s against 0, $RUNS rounds alternating"
 : > "$work/on"; : > "$work/off"; : > "$work/ratio"
 for r in $(seq "$RUNS"); do
   # which goes first alternates too: a load that rises or falls over a round is shared
@@ -54,7 +56,7 @@ for r in $(seq "$RUNS"); do
   echo "$off" >> "$work/off"; echo "$on" >> "$work/on"
   awk -v a="$on" -v b="$off" 'BEGIN { printf "%.3f\n", a / b }' >> "$work/ratio"
 done
-awk -v on="$(median < "$work/on")" -v off="$(median < "$work/off")" \
+[ "$RUNS" -eq 0 ] || awk -v on="$(median < "$work/on")" -v off="$(median < "$work/off")" \
     -v lo="$(sort -g "$work/ratio" | head -1)" -v hi="$(sort -g "$work/ratio" | tail -1)" \
   'BEGIN { printf "throughput --save-interval 5s / off: median against median %.3f, per round %.3f to %.3f\n", on / off, lo, hi }'
 
@@ -76,14 +78,16 @@ for k in $(seq "$KILLS"); do
   kill -KILL "$pid" 2>/dev/null || { wait "$pid" || true; echo "kill $k: the run had finished"; break; }
   wait "$pid" 2>/dev/null || true # 137, the point
   kills=$((kills + 1))
-  newest=$(ls "$dir"/snapshot-*.safetensors 2>/dev/null | tail -1)
-  snap_step=$([ -n "$newest" ] && step_of "$newest" || echo 0)
-  flight=$(ls "$dir" | grep -c '\.tmp-' || true)
+  snaps=("$dir"/snapshot-*.safetensors) # nullglob: none before the first snapshot
+  snap_step=0
+  [ ${#snaps[@]} -eq 0 ] || snap_step=$(step_of "${snaps[-1]}")
+  temps=("$dir"/*.tmp-*)
+  flight=${#temps[@]}
   # this attempt's steps: the last one done, and the median time between two
-  read -r done_step step_time < <(tail -n +"$((start + 1))" "$work/steps.log" | awk -v dflt="$step_s" '
-    { step = $1; if (NR > 1) d[++n] = $2 - prev; prev = $2 }
-    END { if (n == 0) { print (NR ? step : 0), dflt; exit }
-          asort(d); print step, (n % 2) ? d[(n + 1) / 2] : (d[n / 2] + d[n / 2 + 1]) / 2 }')
+  tail -n +"$((start + 1))" "$work/steps.log" > "$work/attempt.log"
+  done_step=$(awk 'END { print NR ? $1 : 0 }' "$work/attempt.log")
+  step_time=$(awk 'NR > 1 { print $2 - prev } { prev = $2 }' "$work/attempt.log" | median)
+  [ -n "$step_time" ] || step_time=$step_s
   lost=$((done_step - snap_step))
   lost_s=$(awk -v l="$lost" -v t="$step_time" 'BEGIN { printf "%.1f", l * t }')
   ok=$(awk -v s="$lost_s" -v t="$step_time" -v i="$INTERVAL" 'BEGIN { print (s <= i + t + 0.05) ? "within" : "over" }')
