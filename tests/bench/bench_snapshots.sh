@@ -51,7 +51,8 @@ for r in $(seq "$RUNS"); do
     train "$work/off-$r" --epochs "$EPOCHS" --save-interval 0 > /dev/null
   fi
   off=$(ips "$work/off-$r"); on=$(ips "$work/on-$r")
-  snaps=$(ls "$work/on-$r"/snapshot-*.safetensors | wc -l)
+  files=("$work/on-$r"/snapshot-*.safetensors)
+  snaps=${#files[@]}
   echo "round $r: off $off, ${INTERVAL}s $on images/s ($snaps snapshots) (load $(cut -d' ' -f1 /proc/loadavg))"
   echo "$off" >> "$work/off"; echo "$on" >> "$work/on"
   awk -v a="$on" -v b="$off" 'BEGIN { printf "%.3f\n", a / b }' >> "$work/ratio"
