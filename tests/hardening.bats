@@ -404,6 +404,28 @@ snapshot_fault() { # point errno-name expected-text
     done
 }
 
+@test "ENOSPC or EIO in a background snapshot write: the run stops with the reason, old snapshot kept, rerun exact" {
+    log="$T/background-points.log"
+    first_write=$(awk '$4 ~ /snapshot-000006/ && $3 == "write" { print $2; exit }' "$log")
+    fsync=$(awk '$4 ~ /snapshot-000006/ && $3 == "fsync" { print $2; exit }' "$log")
+    [ -n "$first_write" ] || { cat "$log"; false; }
+    [ -n "$fsync" ] || { cat "$log"; false; }
+    for fault in "$first_write:ENOSPC:No space left on device" "$fsync:EIO:Input/output error"; do
+        p=${fault%%:*}; rest=${fault#*:}
+        dir=$(mktemp -d "$BATS_TEST_TMPDIR/bg$p-XXXX")
+        cp -r "$T/base/." "$dir"
+        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_FAIL_AT="$p" FI_ERRNO="${rest%%:*}" \
+            run train "$dir" --epochs 2 --save-every-steps 2
+        assert_clean_failure "${rest#*:}"
+        assert_output --partial "snapshot-000006.safetensors: cannot write the snapshot"
+        [ -z "$(ls -A "$dir" | grep -- '\.safetensors\.tmp-')" ] || { ls -la "$dir"; false; }
+        cmp "$BASE_SNAP" "$dir/$(basename "$BASE_SNAP")"
+        run train "$dir" --epochs 2 --save-every-steps 2
+        assert_success
+        [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
+    done
+}
+
 @test "ENOSPC, EIO and SIGKILL at each point of an LMDB write: old dataset kept, no temporary" {
     log="$T/lmdb-points.log"
     echo "LMDB write points: $(wc -l < "$log")"; awk '{print $3}' "$log" | sort | uniq -c
