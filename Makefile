@@ -194,7 +194,7 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 GPU_TEST_BINS =
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-variants test-asan test-valgrind pipeline bench bench-gpu fuzz clean plot
+.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-variants test-asan test-valgrind pipeline bench bench-snapshots bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -362,6 +362,10 @@ plot:
 
 bench: all $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
 	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) PYTHON_TORCH2=$(PYTHON_TORCH2) tests/bench/bench.sh
+
+# Background snapshots alone: throughput with --save-interval 5s against off, work lost per SIGKILL
+bench-snapshots: all
+	BIN=$(abspath $(BIN)) tests/bench/bench_snapshots.sh
 
 # GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
 bench-gpu: all

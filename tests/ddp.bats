@@ -163,6 +163,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     wait_until 50 two_workers "$launcher"
     sleep 0.5
     victim=$(workers_of "$launcher" | tail -1)
+    victim_env=$(tr '\0' '\n' < "/proc/$victim/environ")
     kill -STOP "$victim"
     start=$(date +%s)
     status=0
@@ -172,24 +173,103 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     [ "$status" -eq 1 ]
     [ "$elapsed" -lt 30 ]
     grep -q "timed out" "$BATS_TEST_TMPDIR/err"
+    # The message names who: rank, pid, host, and the last step it reported.
+    rank=$(echo "$victim_env" | sed -n 's/^RANK=//p')
+    grep -q "waiting for rank $rank (pid $victim on host $(hostname), last step [0-9]*)" "$BATS_TEST_TMPDIR/err"
     [ -z "$(leftover_processes)" ]
 }
 
-@test "SIGTERM to the launcher: a snapshot is written, nothing is left running, rerun resumes" {
+@test "a rank 20% slower than the median two epochs running is named; metrics.jsonl has rank_seconds and slowest_rank" {
     dir="$BATS_TEST_TMPDIR/run"
-    ddp_bg "$dir" --epochs 40 --save-every 100
-    launcher=$!
-    wait_until 100 test -s "$dir/metrics.jsonl"
-    kill -TERM "$launcher"
-    status=0
-    wait "$launcher" || status=$?
-    [ "$status" -eq 143 ]
-    [ -z "$(leftover_processes)" ]
-    ls "$dir"/snapshot-*.safetensors
-    run --separate-stderr ddp "$dir" --epochs 2 --save-every 100
+    # rank 1 sleeps 100 ms after each of its 6 steps an epoch: 0.6 s of "compute"
+    # against a few ms for rank 0, far beyond 20% on any machine
+    CIFAR_TEST_SLOW_RANK=1 run --separate-stderr \
+        "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" --epochs 3 "$LMDB"
     assert_success
-    [[ "$stderr" == *"resuming from"* ]] || [ -z "$stderr" ]
-    [ -f "${lines[-1]}" ]
+    for e in 1 2 3; do
+        line=$(sed -n "${e}p" "$dir/metrics.jsonl")
+        [[ "$line" == *'"slowest_rank":1,'* ]] || { echo "$line"; false; }
+        [[ "$line" =~ \"rank_seconds\":\[[0-9.]+,[0-9.]+\] ]] || { echo "$line"; false; }
+    done
+    echo "$stderr" | grep "straggler"
+    # named from the second slow epoch on, not after the first
+    [ "$(echo "$stderr" | grep -c "straggler: rank 1's steps took .* for [23] epochs running")" -eq 2 ]
+    [ "$(echo "$stderr" | grep -c "straggler")" -eq 2 ]
+}
+
+@test "2 workers, --save-interval on rank 0's clock: both ranks take the snapshot at the same step, it resumes exactly" {
+    ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 2 --save-every 10 | tail -1)
+    dir="$BATS_TEST_TMPDIR/run"
+    # Rank 0's test clock says 1 s per step; rank 1 never reads a clock: it learns the
+    # step from rank 0 in the next collective.
+    CIFAR_TEST_STEP_SECONDS=1 CIFAR_COMM_TIMEOUT=30 ddp "$dir" --epochs 2 --save-every 10 \
+        --save-interval 4s --keep 0 --max-restarts 0 > /dev/null
+    [ -f "$dir/snapshot-000004.safetensors" ]
+    # Both ranks took part in the same collectives (the snapshot's broadcast included):
+    # their progress boards end with the same count.
+    entered() { grep -o 'step=[0-9]* entered=[0-9]*' "$dir/ranks/rank-$1"; }
+    [ "$(entered 0)" = "$(entered 1)" ] || { entered 0; entered 1; false; }
+    [ "$(data_checksum "$dir/snapshot-000012.safetensors")" = "$(data_checksum "$ref")" ]
+    copy="$BATS_TEST_TMPDIR/from4"
+    mkdir "$copy"
+    cp "$dir/snapshot-000004.safetensors" "$dir/metrics.jsonl" "$copy/"
+    resumed=$(ddp "$copy" --epochs 2 --save-every 10 | tail -1)
+    [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
+}
+
+@test "SIGTERM or SIGUSR1 to the launcher: passed on, a snapshot is written, 128+N, nothing is left running, rerun resumes" {
+    for sig in TERM:143 USR1:138; do
+        dir="$BATS_TEST_TMPDIR/run-${sig%%:*}"
+        ddp_bg "$dir" --epochs 40 --save-every 100
+        launcher=$!
+        wait_until 100 test -s "$dir/metrics.jsonl"
+        kill -"${sig%%:*}" "$launcher"
+        status=0
+        wait "$launcher" || status=$?
+        [ "$status" -eq "${sig##*:}" ] || { echo "SIG${sig%%:*}: status $status"; cat "$BATS_TEST_TMPDIR/err"; false; }
+        [ -z "$(leftover_processes)" ]
+        ls "$dir"/snapshot-*.safetensors
+        run --separate-stderr ddp "$dir" --epochs 2 --save-every 100
+        assert_success
+        [[ "$stderr" == *"resuming from"* ]] || [ -z "$stderr" ]
+        [ -f "${lines[-1]}" ]
+    done
+}
+
+@test "--log-dir: LOG_DIR/attempt_K/rank_R.log per worker and attempt, timestamped; --local-ranks-filter and --redirects choose what the terminal shows" {
+    dir="$BATS_TEST_TMPDIR/run"
+    logs="$BATS_TEST_TMPDIR/logs"
+    # rank 1 is killed after step 3 of the first attempt: a second attempt follows
+    CIFAR_TEST_DIE_AFTER_STEPS=3 CIFAR_TEST_DIE_RANK=1 run --separate-stderr \
+        "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" --epochs 2 \
+        --log-dir "$logs" --local-ranks-filter 1 "$LMDB"
+    assert_success
+    [ "${lines[-1]}" = "$dir/snapshot-000012.safetensors" ]   # stdout still ends with the path
+    for f in attempt_0/rank_0.log attempt_0/rank_1.log attempt_1/rank_0.log attempt_1/rank_1.log; do
+        [ -s "$logs/$f" ] || { ls -R "$logs"; false; }
+        # every line: [UTC time rank R out|err]
+        [ -z "$(grep -v '^\[20[0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9]\{3\}Z rank [01] \(out\|err\)\] ' "$logs/$f")" ]
+    done
+    grep -q "rank 0 err\] cifar-train: training " "$logs/attempt_0/rank_0.log"
+    grep -q "rank 0 out\] $dir/snapshot-000012.safetensors" "$logs/attempt_1/rank_0.log"
+    grep -q "rank 0 err\] cifar-train: training " "$logs/attempt_1/rank_0.log"
+    grep -q "rank 1 err\] cifar-train: " "$logs/attempt_1/rank_1.log"
+    # the terminal: rank 1's lines, marked; none of rank 0's
+    echo "$stderr" | grep -q '^\[rank 1\] cifar-train: '
+    [ -z "$(echo "$stderr" | grep '^\[rank 0\]')" ]
+    # --redirects 2: the workers' stderr only in the files
+    run --separate-stderr "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 \
+        --run-dir "$BATS_TEST_TMPDIR/run2" --epochs 1 --log-dir "$BATS_TEST_TMPDIR/logs2" --redirects 2 "$LMDB"
+    assert_success
+    [ -z "$(echo "$stderr" | grep '^\[rank')" ]
+    grep -q "rank 1 err\] cifar-train: " "$BATS_TEST_TMPDIR/logs2/attempt_0/rank_1.log"
+    # bad values: exit 2
+    run "$BIN/cifar-train" --nproc-per-node 2 --redirects 3 "$LMDB"
+    assert_failure 2
+    assert_output --partial "--redirects needs --log-dir"
+    run "$BIN/cifar-train" --nproc-per-node 2 --local-ranks-filter 5 "$LMDB"
+    assert_failure 2
+    assert_output --partial "expected local ranks in 0..1"
 }
 
 @test "a torchrun-style CPU rank of a job spanning nodes: the permanent status, and why" {

@@ -39,6 +39,11 @@ setup_file() {
     cp -r "$T/base" "$T/probe"
     LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe" FI_LOG="$T/snapshot-points.log" \
         train "$T/probe" --epochs 2 >/dev/null
+    # ... and of a background one (--save-every-steps 2: step 6, mid-epoch 2, while
+    # training goes on), then the last one (step 8).
+    cp -r "$T/base" "$T/probe-bg"
+    LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe-bg" FI_LOG="$T/background-points.log" \
+        train "$T/probe-bg" --epochs 2 --save-every-steps 2 >/dev/null
     # ... and of one LMDB write.
     cp -r "$DATA" "$T/probe-data"
     LD_PRELOAD="$FAULTINJECT" FI_PATH=".lmdb" FI_LOG="$T/lmdb-points.log" \
@@ -372,6 +377,53 @@ snapshot_fault() { # point errno-name expected-text
         tried=$((tried + 1))
     done
     echo "SIGKILL points tried: $tried"
+}
+
+@test "SIGKILL at each point of a background snapshot write: the previous snapshot stays valid, resume exact" {
+    log="$T/background-points.log"
+    points=$(awk '$4 ~ /snapshot-000006/ { print $2 }' "$log")
+    [ "$(echo "$points" | wc -w)" -gt 5 ] || { cat "$log"; false; }
+    if [ -n "${CIFAR_ASAN:-}" ]; then # sanitized binaries are slow: a third of the points
+        points=$(echo "$points" | awk 'NR % 3 == 1')
+    fi
+    for p in $points; do
+        dir="$BATS_TEST_TMPDIR/k$p"
+        cp -r "$T/base" "$dir"
+        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_KILL_AT="$p" run train "$dir" --epochs 2 --save-every-steps 2
+        [ "$status" -eq 137 ] || { echo "point $p: status $status"; echo "$output"; false; }
+        cmp "$BASE_SNAP" "$dir/$(basename "$BASE_SNAP")"
+        [ ! -f "$dir/snapshot-000008.safetensors" ]
+        for s in "$dir"/snapshot-*.safetensors; do
+            "$BIN/cifar-eval" --quiet --threads 1 "$s" >/dev/null
+        done
+        run train "$dir" --epochs 2 --save-every-steps 2
+        assert_success
+        [ "$(data_checksum "${lines[-1]}")" = "$REF2" ] || { echo "point $p: not exact"; false; }
+        no_temporaries "$dir"
+        rm -rf "$dir"
+    done
+}
+
+@test "ENOSPC or EIO in a background snapshot write: the run stops with the reason, old snapshot kept, rerun exact" {
+    log="$T/background-points.log"
+    first_write=$(awk '$4 ~ /snapshot-000006/ && $3 == "write" { print $2; exit }' "$log")
+    fsync=$(awk '$4 ~ /snapshot-000006/ && $3 == "fsync" { print $2; exit }' "$log")
+    [ -n "$first_write" ] || { cat "$log"; false; }
+    [ -n "$fsync" ] || { cat "$log"; false; }
+    for fault in "$first_write:ENOSPC:No space left on device" "$fsync:EIO:Input/output error"; do
+        p=${fault%%:*}; rest=${fault#*:}
+        dir=$(mktemp -d "$BATS_TEST_TMPDIR/bg$p-XXXX")
+        cp -r "$T/base/." "$dir"
+        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_FAIL_AT="$p" FI_ERRNO="${rest%%:*}" \
+            run train "$dir" --epochs 2 --save-every-steps 2
+        assert_clean_failure "${rest#*:}"
+        assert_output --partial "snapshot-000006.safetensors: cannot write the snapshot"
+        [ -z "$(ls -A "$dir" | grep -- '\.safetensors\.tmp-')" ] || { ls -la "$dir"; false; }
+        cmp "$BASE_SNAP" "$dir/$(basename "$BASE_SNAP")"
+        run train "$dir" --epochs 2 --save-every-steps 2
+        assert_success
+        [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
+    done
 }
 
 @test "ENOSPC, EIO and SIGKILL at each point of an LMDB write: old dataset kept, no temporary" {

@@ -113,6 +113,9 @@ shm_train() { # nproc, run-dir, extra args...
     [ "$status" -ne 124 ]
     [ "$elapsed" -lt 40 ]
     grep -q "collective timed out after 3 s (MPI" "$BATS_TEST_TMPDIR/err"
+    # ... naming who: the stopped rank, its pid and host, and the last step it reported
+    # (MPI may have let it into the collective before it stopped: then every rank is listed)
+    grep -q "rank 1 (pid $victim on host $(hostname), last step [0-9]*)" "$BATS_TEST_TMPDIR/err"
 }
 
 @test "--nnodes 2 on the CPU: exit 2, pointing to mpirun and srun" {

@@ -262,21 +262,28 @@ for ((i = 0; i < n; i++)); do
     SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NTASKS=$n SLURM_TASKS_PER_NODE=$n "$@" & pids+=($!)
 done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done
-exit $rc
+for p in "${pids[@]}"; do st=0; wait "$p" || st=$?; [ "$st" -le "$rc" ] || rc=$st; done
+exit $rc # the highest status of the tasks, as srun's
 SH
-    printf '#!/bin/sh\necho 127.0.0.1\n' > "$1/scontrol"
+    # scontrol show hostnames: this host; scontrol requeue: recorded in $SCONTROL_LOG
+    printf '#!/bin/sh\n[ "$1" != requeue ] || { echo "requeue $2" >> "$SCONTROL_LOG"; exit 0; }\necho 127.0.0.1\n' > "$1/scontrol"
     chmod +x "$1/srun" "$1/scontrol"
 }
 
-@test "slurm.sbatch: srun tasks train as ranks of one job, then rank 0's snapshot is evaluated" {
+# slurm.sbatch as job JOB_ID of 2 tasks on one node, with the fake srun and scontrol
+# (in the test's folder: a dataset d/, outputs in run/), under `run`.
+slurm_job() { # job id
     cd "$BATS_TEST_TMPDIR"
     fake_slurm "$BATS_TEST_TMPDIR/fakebin"
     "$BIN/cifar-synth" d --train 128 --test 32 --size 16 >/dev/null
     lmdb=$("$BIN/cifar-prep" --quiet d | tail -1)
-    PATH="$BATS_TEST_TMPDIR/fakebin:$PATH" SLURM_JOB_ID=4242 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
+    PATH="$BATS_TEST_TMPDIR/fakebin:$PATH" SLURM_JOB_ID=$1 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
         SLURM_JOB_NODELIST=localhost BIN="$BIN" DEVICE=cpu EPOCHS=1 BATCH=32 TRAIN_ARGS="--threads 1" \
-        run "$PIPES/slurm.sbatch" "$lmdb"
+        SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" run "$PIPES/slurm.sbatch" "$lmdb"
+}
+
+@test "slurm.sbatch: srun tasks train as ranks of one job, then rank 0's snapshot is evaluated" {
+    slurm_job 4242
     assert_success
     assert_output --partial "2 tasks on 1 nodes"
     assert_output --partial "accuracy: "
@@ -285,4 +292,14 @@ SH
     run env -u SLURM_JOB_ID "$PIPES/slurm.sbatch" "$lmdb"
     assert_failure 2
     assert_output --partial "not inside a Slurm job"
+}
+
+@test "slurm.sbatch: ranks stopped by SIGUSR1 (Slurm's warning) write a snapshot, exit 138, and the job is requeued" {
+    # each rank raises SIGUSR1 after step 1 of 2 (the test hook stands in for Slurm's signal)
+    CIFAR_TEST_SIGNAL=10 CIFAR_TEST_SIGINT_AFTER_STEPS=1 slurm_job 4343
+    assert_success
+    assert_output --partial "stopped by a signal with a snapshot written (exit 138): requeueing job 4343"
+    [ "$(cat "$BATS_TEST_TMPDIR/scontrol.log")" = "requeue 4343" ]
+    [ -f run/slurm-4343/snapshot-000001.safetensors ]
+    [[ "$output" != *"accuracy: "* ]]   # not evaluated: the requeued job finishes first
 }

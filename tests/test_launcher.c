@@ -19,6 +19,8 @@
  * SIGKILL to the launcher (PR_SET_PDEATHSIG), no worker left alive, argument
  * stripping. */
 #include "../train/launcher.c"
+#include "../train/signals.c"
+#include "../train/worker_logs.c"
 
 #include <sys/stat.h>
 

@@ -44,6 +44,12 @@ train_bg() { # output file, run-dir, extra args...
     assert_output --partial "(const, step, cosine)"
     run "$BIN/cifar-train" --device tpu "$LMDB"
     assert_failure 2
+    run "$BIN/cifar-train" --save-interval 5x "$LMDB"
+    assert_failure 2
+    assert_output --partial "expected a duration such as 90s"
+    run "$BIN/cifar-train" --signals-to-handle SIGINT,SIGKILL "$LMDB"
+    assert_failure 2
+    assert_output --partial "'SIGKILL' is not a signal that asks for a stop"
 }
 
 @test "a missing or foreign dataset is named in the error" {
@@ -174,6 +180,69 @@ train_bg() { # output file, run-dir, extra args...
     resumed=$(train "$dir" --epochs 3 --save-every 10 | tail -1)
     [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
     [ "$(wc -l < "$dir/metrics.jsonl")" -eq 3 ]
+}
+
+# The schedule of one 3-epoch run (18 steps) that the snapshot tests below resume.
+ref3() { train "$BATS_TEST_TMPDIR/ref" --epochs 3 --save-every 10 | tail -1; }
+
+# Each snapshot of a finished run folder, alone in a copy of it, resumes to the same
+# final weights as the uninterrupted run.
+each_snapshot_resumes_exactly() { # run-dir, reference snapshot, train args...
+    local dir=$1 ref=$2 s copy; shift 2
+    for s in "$dir"/snapshot-*.safetensors; do
+        [ "$s" != "$(ls "$dir"/snapshot-*.safetensors | tail -1)" ] || continue
+        copy="$BATS_TEST_TMPDIR/from-$(basename "$s" .safetensors)"
+        mkdir "$copy"
+        cp "$s" "$dir/metrics.jsonl" "$copy/"
+        resumed=$(train "$copy" "$@" | tail -1)
+        [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ] || { echo "from $s: not exact"; false; }
+    done
+}
+
+@test "--save-every-steps N: a snapshot at every Nth step (mid-epoch too), each resumes exactly" {
+    ref=$(ref3)
+    dir="$BATS_TEST_TMPDIR/steps"
+    train "$dir" --epochs 3 --save-every 10 --save-every-steps 4 --keep 0 >/dev/null
+    [ "$(cd "$dir" && echo snapshot-*.safetensors)" = "snapshot-000004.safetensors snapshot-000008.safetensors snapshot-000012.safetensors snapshot-000016.safetensors snapshot-000018.safetensors" ]
+    [ "$(data_checksum "$dir/snapshot-000018.safetensors")" = "$(data_checksum "$ref")" ]
+    each_snapshot_resumes_exactly "$dir" "$ref" --epochs 3 --save-every 10
+}
+
+@test "--save-interval: a snapshot at the first step after the interval (test clock), resumes exactly; --keep counts it" {
+    ref=$(ref3)
+    dir="$BATS_TEST_TMPDIR/interval"
+    # 1 s per step on the test clock: due after step 5 of 18, mid-epoch (6 steps each).
+    # Later ones may be put off by a write still in flight; the first never is.
+    CIFAR_TEST_STEP_SECONDS=1 train "$dir" --epochs 3 --save-every 10 --save-interval 5s --keep 0 >/dev/null
+    [ -f "$dir/snapshot-000005.safetensors" ]
+    [ "$(ls "$dir"/snapshot-*.safetensors | wc -l)" -ge 3 ]
+    each_snapshot_resumes_exactly "$dir" "$ref" --epochs 3 --save-every 10
+    kept="$BATS_TEST_TMPDIR/kept"
+    CIFAR_TEST_STEP_SECONDS=1 train "$kept" --epochs 3 --save-every 10 --save-interval 2s --keep 2 >/dev/null
+    [ "$(ls "$kept"/snapshot-*.safetensors | wc -l)" -eq 2 ]
+    # Off: only the last one.
+    off="$BATS_TEST_TMPDIR/off"
+    CIFAR_TEST_STEP_SECONDS=1 train "$off" --epochs 3 --save-every 10 --save-interval 0 --keep 0 >/dev/null
+    [ "$(cd "$off" && echo snapshot-*.safetensors)" = "snapshot-000018.safetensors" ]
+}
+
+@test "SIGUSR1 and SIGHUP write a snapshot at the next step and exit 128+N; --signals-to-handle narrows the set" {
+    ref=$(ref3)
+    for sig in 10:138 1:129; do
+        dir="$BATS_TEST_TMPDIR/sig${sig%%:*}"
+        CIFAR_TEST_SIGNAL=${sig%%:*} CIFAR_TEST_SIGINT_AFTER_STEPS=9 run --separate-stderr \
+            train "$dir" --epochs 3 --save-every 10
+        [ "$status" -eq "${sig##*:}" ] || { echo "signal ${sig%%:*}: status $status"; echo "$stderr"; false; }
+        [ -f "$dir/snapshot-000009.safetensors" ]
+        resumed=$(train "$dir" --epochs 3 --save-every 10 | tail -1)
+        [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
+    done
+    # Not in the set: SIGUSR1's default action ends the process, no snapshot.
+    dir="$BATS_TEST_TMPDIR/unhandled"
+    CIFAR_TEST_SIGNAL=10 CIFAR_TEST_SIGINT_AFTER_STEPS=9 run \
+        train "$dir" --epochs 3 --save-every 10 --signals-to-handle SIGINT,SIGTERM
+    [ "$status" -eq 138 ]
+    [ -z "$(ls "$dir" | grep snapshot-)" ]
 }
 
 @test "a corrupt latest snapshot is reported and the previous one used" {

@@ -74,6 +74,19 @@ static int launcher_set_option(LaunchOptions *o, const char *name, const char *v
         return parse_int_arg(name, v, 0, 65535, &o->master_port, err, errlen);
     if (strcmp(name, "--max-restarts") == 0)
         return parse_int_arg(name, v, 0, 1000000, &o->max_restarts, err, errlen);
+    const char **log_option = strcmp(name, "--log-dir") == 0       ? &o->logs.log_dir
+                              : strcmp(name, "--redirects") == 0   ? &o->logs.redirects
+                              : strcmp(name, "--tee") == 0         ? &o->logs.tee
+                              : strcmp(name, "--local-ranks-filter") == 0 ? &o->logs.ranks_filter
+                                                                   : NULL;
+    if (log_option) {
+        if (*v == '\0') {
+            snprintf(err, errlen, "%s: expected a value", name);
+            return -1;
+        }
+        *log_option = v; /* checked by launcher_run, which knows the worker count */
+        return 0;
+    }
     /* --master-addr */
     if (*v == '\0' || strlen(v) >= sizeof o->master_addr) {
         snprintf(err, errlen, "--master-addr '%s': expected a host name or address", v);
@@ -85,7 +98,8 @@ static int launcher_set_option(LaunchOptions *o, const char *name, const char *v
 
 int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen) {
     static const char *names[] = {"--nproc-per-node", "--nnodes", "--node-rank",
-                                  "--master-addr", "--master-port", "--max-restarts", NULL};
+                                  "--master-addr", "--master-port", "--max-restarts",
+                                  "--log-dir", "--redirects", "--tee", "--local-ranks-filter", NULL};
     int out = 1, i = 1, addr_given = 0;
     for (; i < *argc; i++) {
         const char *a = argv[i];
@@ -193,21 +207,6 @@ static void launcher_run_id(char *buf, size_t len, int attempt) {
     snprintf(buf, len, "%d-%08x-a%d", (int)getpid(), r, attempt);
 }
 
-static const char *signal_name(int sig) {
-    static const struct { int sig; const char *name; } table[] = {
-        {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-        {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-        {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-        {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
-        {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
-    };
-    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
-        if (table[i].sig == sig) return table[i].name;
-    static char other[32];
-    snprintf(other, sizeof other, "signal %d", sig);
-    return other;
-}
-
 /* "exited with code 3" / "killed by SIGSEGV". */
 static void describe_status(int status, char *buf, size_t len) {
     if (WIFEXITED(status))
@@ -230,23 +229,23 @@ static void launcher_on_signal(int sig) {
 }
 
 typedef struct {
-    struct sigaction old_int, old_term;
+    SignalSet set;
+    struct sigaction old[64];
 } SavedSignals;
 
-static void launcher_signals_install(SavedSignals *s) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = launcher_on_signal;
-    sigemptyset(&sa.sa_mask);
+/* The workers' set (--signals-to-handle; SIGINT and SIGTERM when none was given). */
+static void launcher_signals_install(SavedSignals *s, SignalSet set) {
+    s->set = set ? set : ((SignalSet)1 << SIGINT) | ((SignalSet)1 << SIGTERM);
+    for (int sig = 1; sig < 64; sig++)
+        if (s->set & ((SignalSet)1 << sig)) sigaction(sig, NULL, &s->old[sig]);
     g_launcher_signal = 0;
     g_launcher_signal_count = 0;
-    sigaction(SIGINT, &sa, &s->old_int);
-    sigaction(SIGTERM, &sa, &s->old_term);
+    signal_set_install(s->set, launcher_on_signal);
 }
 
 static void launcher_signals_restore(const SavedSignals *s) {
-    sigaction(SIGINT, &s->old_int, NULL);
-    sigaction(SIGTERM, &s->old_term, NULL);
+    for (int sig = 1; sig < 64; sig++)
+        if (s->set & ((SignalSet)1 << sig)) sigaction(sig, &s->old[sig], NULL);
 }
 
 /* ------------------------------------------------------------ one group */
@@ -259,6 +258,7 @@ typedef struct {
     int first_status;
     int permanent;      /* local rank of the first permanent failure, -1 none */
     int interrupted;    /* the launcher's signal, 0 none */
+    WorkerLogs *logs;   /* the per-rank log copies, NULL none */
 } Group;
 
 static const char *const worker_vars[] = {
@@ -310,8 +310,12 @@ static void env_free(char **env) {
     free(env);
 }
 
-/* In the child, between fork and exec: async-signal-safe calls only. */
-static void worker_exec(const char *exe, char **argv, char **env, pid_t launcher) {
+/* In the child, between fork and exec: async-signal-safe calls only. out_fd and
+ * err_fd (-1: the launcher's) become its stdout and stderr. */
+static void worker_exec(const char *exe, char **argv, char **env, pid_t launcher, int out_fd,
+                        int err_fd) {
+    if (out_fd >= 0 && dup2(out_fd, STDOUT_FILENO) < 0) _exit(127);
+    if (err_fd >= 0 && dup2(err_fd, STDERR_FILENO) < 0) _exit(127);
     setpgid(0, 0); /* own group: the launcher stops it and its children at once */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl */
@@ -341,9 +345,11 @@ static int group_spawn(Group *g, const LaunchOptions *o, int port, int attempt,
     for (int r = 0; r < g->n; r++) g->reaped[r] = 1; /* nothing to wait for until started */
     for (int r = 0; r < g->n; r++) {
         char **env = worker_env(o, g->n, port, r, attempt, run_id);
+        int out_fd = -1, err_fd = -1;
+        if (g->logs) worker_logs_child_fds(g->logs, r, &out_fd, &err_fd);
         fflush(NULL);
         pid_t pid = fork();
-        if (pid == 0) worker_exec(exe, argv, env, self);
+        if (pid == 0) worker_exec(exe, argv, env, self, out_fd, err_fd);
         env_free(env);
         if (pid < 0) {
             log_error("cannot start rank %d: fork: %s", o->node_rank * g->n + r, strerror(errno));
@@ -353,6 +359,7 @@ static int group_spawn(Group *g, const LaunchOptions *o, int port, int attempt,
         g->pid[r] = pid;
         g->reaped[r] = 0;
     }
+    if (g->logs) worker_logs_forked(g->logs);
     return 0;
 }
 
@@ -403,12 +410,16 @@ static void group_watch(Group *g, const LaunchOptions *o) {
         int left = group_poll(g, o, stopping);
         if (left == 0) break;
         if (!stopping && (g->first_failed >= 0 || g_launcher_signal)) {
+            /* the launcher's signal is passed on as it is: the workers handle the same
+             * set, and their exit status then says which (128 + N) */
+            int sig = SIGTERM;
             if (g_launcher_signal) {
-                g->interrupted = g_launcher_signal;
-                log_error("got %s: stopping the workers", signal_name(g_launcher_signal));
+                g->interrupted = sig = g_launcher_signal;
+                log_error("got %s: stopping the workers (each writes a snapshot)",
+                          signal_name(g_launcher_signal));
             }
             stopping = 1;
-            group_signal(g, SIGTERM);
+            group_signal(g, sig);
             deadline = launcher_now() + o->grace_seconds;
         }
         if (stopping && !g->interrupted && g_launcher_signal) g->interrupted = g_launcher_signal;
@@ -421,8 +432,12 @@ static void group_watch(Group *g, const LaunchOptions *o) {
             group_signal(g, SIGKILL);
             killed = 1;
         }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        if (g->logs) {
+            worker_logs_pump(g->logs, 10); /* waits up to 10 ms for lines */
+        } else {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
     }
     /* whatever the workers started in their groups goes with them */
     if (stopping)
@@ -465,6 +480,11 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
         log_error("--nproc-per-node %d: expected at least 1", nproc);
         return 2;
     }
+    char why[256];
+    if (worker_logs_check(&o.logs, nproc, why, sizeof why) != 0) {
+        log_error("%s", why);
+        return 2;
+    }
     int port = o.master_port;
     if (port == 0) {
         if (o.nnodes > 1) {
@@ -480,7 +500,7 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     g.reaped = xcalloc((size_t)nproc, sizeof *g.reaped);
     g.status = xcalloc((size_t)nproc, sizeof *g.status);
     SavedSignals saved;
-    launcher_signals_install(&saved);
+    launcher_signals_install(&saved, o.signals);
     int notes_fd = failure_notes_create(o.failure_notes, sizeof o.failure_notes);
     int result = 1;
     for (int attempt = 0; attempt <= o.max_restarts; attempt++) {
@@ -489,11 +509,15 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
         g.first_failed = -1;
         g.permanent = -1;
         g.interrupted = 0;
+        g.logs = worker_logs_wanted(&o.logs) ? worker_logs_start(&o.logs, nproc, o.node_rank, attempt)
+                                             : NULL;
         if (group_spawn(&g, &o, port, attempt, run_id, argv) != 0) {
             g.first_failed = -2; /* stop those already started */
             group_signal(&g, SIGTERM);
         }
         group_watch(&g, &o);
+        worker_logs_finish(g.logs);
+        g.logs = NULL;
         comm_shm_cleanup(run_id);
         if (g.interrupted) {
             result = 128 + g.interrupted;

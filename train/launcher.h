@@ -29,6 +29,8 @@
 #include <stddef.h>
 
 #include "comm/comm.h"
+#include "signals.h"
+#include "worker_logs.h"
 
 #define LAUNCH_NPROC_GPU (-1) /* --nproc-per-node gpu|auto: one per visible GPU */
 
@@ -44,6 +46,8 @@ typedef struct {
     int (*count_gpus)(void); /* NULL: launcher_count_gpus */
     int run_dir_locked;      /* the caller holds the run folder's lock: tell the workers */
     char failure_notes[256]; /* set by launcher_run: the workers' CIFAR_FAILURE_NOTES file */
+    SignalSet signals;       /* handled and passed on to the workers (0: SIGINT, SIGTERM) */
+    WorkerLogOptions logs;   /* --log-dir, --redirects, --tee, --local-ranks-filter */
 } LaunchOptions;
 
 /* Set in the workers' environment to the launcher's pid when it holds the run
@@ -54,7 +58,8 @@ void launch_options_init(LaunchOptions *o);
 
 /* Remove the launcher options from argv in place ("--x V" and "--x=V", dashes or
  * underscores: --nproc-per-node, --nnodes, --node-rank, --master-addr,
- * --master-port, --max-restarts) and store them in *o; everything else keeps its
+ * --master-port, --max-restarts, --log-dir, --redirects, --tee, --local-ranks-filter)
+ * and store them in *o; everything else keeps its
  * order; argv[*argc] stays NULL. Stops at "--". 0, or -1 with a reason in err. */
 int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen);
 
@@ -71,7 +76,8 @@ int launcher_count_gpus(void);
  * argv[0]) as this node's workers until they all exit 0 (returns 0), restarts
  * run out or a worker fails permanently (exit status 2 or EXIT_STATUS_PERMANENT:
  * no restart; logs the first failed rank and its exit code or signal, returns 1), or
- * the launcher gets SIGINT/SIGTERM (workers are stopped, returns 128 + signal).
+ * the launcher gets a signal of o->signals (passed on to the workers, which write a
+ * snapshot and stop; returns 128 + signal).
  * Bad options return 2 with a message. No worker outlives the call. */
 int launcher_run(const LaunchOptions *opt, int argc, char **argv);
 

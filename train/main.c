@@ -78,10 +78,11 @@ int main(int argc, char **argv) {
                       "mpirun -np N --hostfile H cifar-train ... (or srun --mpi=pmix cifar-train ...)",
                       lo.nnodes);
         launcher_lock_run_dir(&lo, &o);
+        lo.signals = o.signals;
         return launch_workers(&lo, &o, argc, argv);
     }
     log_set_quiet(o.quiet);
     worker_exit_statuses(&env);
-    train_install_signal_handlers();
+    train_install_signal_handlers(o.signals);
     return train_worker(&o, &env, run_dir_locked_by_parent());
 }

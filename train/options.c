@@ -42,7 +42,12 @@ static const char *usage_text =
     "Snapshots:\n"
     "  --run-dir DIR          snapshots and metrics.jsonl (default ./run); one job at a time\n"
     "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
-    "  --keep K               keep the newest K snapshots (default 3, 0 = all)\n"
+    "  --save-interval T      also a snapshot at the first step after each T of training:\n"
+    "                         90s, 10m, 1h (default 10m; 0 = off), written in the background\n"
+    "  --save-every-steps N   also a snapshot every N optimizer steps (default 0 = off)\n"
+    "  --keep K               keep the newest K snapshots of any kind (default 3, 0 = all)\n"
+    "  --signals-to-handle L  signals that write a snapshot at the next step and stop\n"
+    "                         (exit 128+N): a comma list (default " SIGNALS_DEFAULT_TEXT ")\n"
     "\n"
     "Devices:\n"
     "  --device D             auto (GPU when usable, default) | cpu | cuda\n"
@@ -62,6 +67,14 @@ static const char *usage_text =
     "  --master-port P        rank 0's port (default: a free one on a single node)\n"
     "  --max-restarts N       restart the group up to N times after a failure (default 3),\n"
     "                         never after a permanent one (exit status 2 or 3)\n"
+    "  --log-dir DIR          each worker's stdout and stderr, lines timestamped, also into\n"
+    "                         DIR/attempt_K/rank_R.log (K: restarts so far, R: global rank)\n"
+    "  --redirects S          with --log-dir, stream S only to the files: 1 stdout, 2 stderr,\n"
+    "                         3 both, 0 none; or per local rank, 0:3,1:2 (default 0)\n"
+    "  --tee S                the same syntax: streams to the files and the terminal (the\n"
+    "                         default for both; wins over --redirects)\n"
+    "  --local-ranks-filter L the local ranks whose lines reach the terminal, 0,2 (default\n"
+    "                         all); rank 0's stdout always does (the snapshot's path)\n"
     "\n"
     "  --quiet                no progress output\n"
     "  -h, --help             this help\n"
@@ -71,13 +84,20 @@ static const char *usage_text =
     "                         (default: the best this CPU runs; one it lacks exits 2)\n"
     "\n"
     "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
-    "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N.\n";
+    "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N of\n"
+    "--signals-to-handle after writing a snapshot (130 SIGINT, 143 SIGTERM, 138 SIGUSR1,\n"
+    "129 SIGHUP): rerun the same command, or requeue the job, to resume.\n"
+    "\n"
+    "Environment: CIFAR_COMM_TIMEOUT=S (default 300) a collective that waits longer for a\n"
+    "rank ends the run naming that rank (host, pid, last step); CIFAR_PERMANENT_EXIT_STATUS=N\n"
+    "the status of a permanent failure (default 3).\n";
 
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
     OPT_SCHEDULE, OPT_WARMUP, OPT_SMOOTH, OPT_SEED, OPT_THREADS, OPT_RUN_DIR, OPT_DEVICE,
     OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET, OPT_COMM,
     OPT_VAL_FRACTION, OPT_EARLY_STOP,
+    OPT_SAVE_INTERVAL, OPT_SAVE_EVERY_STEPS, OPT_SIGNALS,
 };
 
 static const struct option long_options[] = {
@@ -104,6 +124,9 @@ static const struct option long_options[] = {
     {"comm", required_argument, 0, OPT_COMM},
     {"val-fraction", required_argument, 0, OPT_VAL_FRACTION},
     {"early-stop", required_argument, 0, OPT_EARLY_STOP},
+    {"save-interval", required_argument, 0, OPT_SAVE_INTERVAL},
+    {"save-every-steps", required_argument, 0, OPT_SAVE_EVERY_STEPS},
+    {"signals-to-handle", required_argument, 0, OPT_SIGNALS},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -130,6 +153,9 @@ static void train_options_default(TrainOptions *o) {
     o->keep = 3;
     o->precision = PRECISION_TF32;
     o->comm = -1;
+    o->save_interval = 600; /* README "Snapshots": why ten minutes */
+    char err[256];
+    if (signal_set_parse(SIGNALS_DEFAULT_TEXT, &o->signals, err, sizeof err) != 0) die("%s", err);
 }
 
 /* The data path: the positional argument, else the last non-empty line on stdin
@@ -184,6 +210,15 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
             if (o->val_fraction >= 1) die_usage("--val-fraction: expected a fraction below 1, got '%s'", optarg);
             break;
         case OPT_EARLY_STOP: o->early_stop = (int)option_int(name, optarg, 0, 1000000); break;
+        case OPT_SAVE_INTERVAL: o->save_interval = option_duration(name, optarg, 1e6 * 3600); break;
+        case OPT_SAVE_EVERY_STEPS:
+            o->save_every_steps = option_int(name, optarg, 0, (1LL << 62));
+            break;
+        case OPT_SIGNALS: {
+            char err[256];
+            if (signal_set_parse(optarg, &o->signals, err, sizeof err) != 0) die_usage("%s", err);
+            break;
+        }
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }

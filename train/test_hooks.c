@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/check.h"
 
@@ -21,7 +23,13 @@ TestHooks test_hooks_from_env(void) {
     h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
     h.nan_after_steps = env_i64("CIFAR_TEST_NAN_AFTER_STEPS", 0);
     h.sigint_after_steps = env_i64("CIFAR_TEST_SIGINT_AFTER_STEPS", 0);
+    h.signal = (int)env_i64("CIFAR_TEST_SIGNAL", SIGINT);
     h.hash_dir = getenv("CIFAR_TEST_PARAM_HASH_DIR");
+    h.step_log = getenv("CIFAR_TEST_STEP_LOG");
+    h.slow_rank = (int)env_i64("CIFAR_TEST_SLOW_RANK", -1);
+    h.slow_ms = (int)env_i64("CIFAR_TEST_SLOW_MS", 100);
+    const char *sec = getenv("CIFAR_TEST_STEP_SECONDS");
+    h.step_seconds = sec && *sec ? strtod(sec, NULL) : 0;
     return h;
 }
 
@@ -48,11 +56,23 @@ static void record_param_hash(const char *dir, const TestHookPoint *at) {
     CHECK_STDIO(fclose(f) == 0, path);
 }
 
+/* "step seconds-since-1970" appended to path. */
+static void record_step_time(const char *path, int64_t step) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    FILE *f = fopen(path, "a");
+    CHECK_STDIO(f != NULL, path);
+    fprintf(f, "%" PRId64 " %lld.%09ld\n", step, (long long)ts.tv_sec, ts.tv_nsec);
+    CHECK_STDIO(fclose(f) == 0, path);
+}
+
 void test_hooks_after_step(const TestHooks *h, const TestHookPoint *at) {
+    if (h->step_log && at->rank == 0) record_step_time(h->step_log, at->step);
     if (h->die_after_steps && at->step >= h->die_after_steps &&
         (h->die_rank < 0 || h->die_rank == at->rank) && at->restart_count < h->die_attempts)
         raise(SIGKILL);
     if (h->nan_after_steps && at->step == h->nan_after_steps) poison_weights(at);
-    if (h->sigint_after_steps && at->step == h->sigint_after_steps) raise(SIGINT);
+    if (h->sigint_after_steps && at->step == h->sigint_after_steps) raise(h->signal);
     if (h->hash_dir) record_param_hash(h->hash_dir, at);
+    if (h->slow_rank == at->rank) usleep((useconds_t)h->slow_ms * 1000);
 }

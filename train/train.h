@@ -7,6 +7,7 @@
 #include "comm/comm.h"
 #include "model/device.h"
 #include "model/engine.h"
+#include "signals.h"
 
 typedef enum { SCHEDULE_CONST, SCHEDULE_STEP, SCHEDULE_COSINE } Schedule;
 typedef enum { NORMALIZE_DATASET, NORMALIZE_IMAGENET } NormalizeChoice;
@@ -15,6 +16,9 @@ typedef struct {
     const char *data_path;
     int epochs;
     int save_every;
+    double save_interval;  /* seconds, 0 = off */
+    int64_t save_every_steps; /* 0 = off */
+    SignalSet signals;     /* --signals-to-handle */
     int batch_size;        /* per process */
     double lr;
     double momentum;
@@ -52,8 +56,9 @@ double train_lr_at(const TrainOptions *o, double epoch_pos);
  * launcher that started it holds it for the whole job. */
 int train_worker(const TrainOptions *o, const DistEnv *env, int locked);
 
-/* Set by SIGINT/SIGTERM: finish the step, snapshot, exit. */
+/* Set by a signal of the set (--signals-to-handle): finish the step, snapshot,
+ * exit 128 + the signal. */
 extern volatile int g_train_stop_signal;
-void train_install_signal_handlers(void);
+void train_install_signal_handlers(SignalSet set);
 
 #endif

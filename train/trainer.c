@@ -18,6 +18,7 @@
 #include "core/progress.h"
 #include "data/sampler.h"
 #include "format/safetensors.h"
+#include "snapshot_writer.h"
 #include "test_hooks.h"
 #include "train.h"
 
@@ -28,14 +29,7 @@ static void on_stop_signal(int sig) {
     g_train_stop_signal = sig;
 }
 
-void train_install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
+void train_install_signal_handlers(SignalSet set) { signal_set_install(set, on_stop_signal); }
 
 /* ---- data ---- */
 
@@ -174,13 +168,26 @@ typedef struct {
     double train_loss, train_acc, test_loss, test_acc, lr, images_per_s, seconds;
     int has_val;   /* val_loss, val_acc: with --val-fraction */
     double val_loss, val_acc;
+    const double *rank_seconds; /* world_size: each rank's step compute time */
+    int slowest_rank;
     int world_size, restarts;
     const char *device, *comm;
 } EpochMetrics;
 
+/* "[1.234,1.301]" into buf. */
+static void format_seconds_list(const double *v, int n, char *buf, size_t len) {
+    size_t off = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < n && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%.3f", i ? "," : "", v[i]);
+    if (off < len) snprintf(buf + off, len - off, "]");
+}
+
 static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    size_t ranks_len = (size_t)m->world_size * 24 + 8;
+    char *ranks = xmalloc(ranks_len);
+    format_seconds_list(m->rank_seconds, m->world_size, ranks, ranks_len);
     FILE *f = fopen(path, "a");
     CHECK_STDIO(f != NULL, path);
     char val[96] = "";
@@ -188,9 +195,12 @@ static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     fprintf(f,
             "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
             "\"test_acc\":%.6f,%s\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
+            "\"rank_seconds\":%s,\"slowest_rank\":%d,"
             "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\",\"comm\":\"%s\"}\n",
             m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, val, m->lr,
-            m->images_per_s, m->seconds, m->world_size, m->restarts, m->device, m->comm);
+            m->images_per_s, m->seconds, ranks, m->slowest_rank, m->world_size, m->restarts,
+            m->device, m->comm);
+    free(ranks);
     CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, path);
     CHECK_STDIO(fclose(f) == 0, path);
 }
@@ -246,6 +256,17 @@ typedef struct {
     int64_t *perm, *mine;
     int64_t steps_per_epoch, per_rank;
     TestHooks hooks;
+    /* snapshots: the writer thread, the job it is given (rank 0) */
+    SnapshotWriter *writer;
+    TrainState staging;        /* host copy for engines without state_stage */
+    char snapshot_path[4096];  /* the job's file */
+    CheckpointInfo snapshot_info;
+    char *dataset_abs;         /* the data path recorded in snapshots */
+    double last_snapshot_time; /* when the last snapshot was staged (snapshot_clock) */
+    /* stragglers: this rank's step time outside collectives this epoch; on rank 0,
+     * per rank, the epochs running it was more than 20% slower than the median */
+    double compute_seconds;
+    int *slow_epochs;
 } Worker;
 
 static int64_t steps_per_epoch(const Worker *w) {
@@ -253,58 +274,115 @@ static int64_t steps_per_epoch(const Worker *w) {
     return (per_rank + w->o->batch_size - 1) / w->o->batch_size;
 }
 
-/* A snapshot must never hold NaN or infinite weights: the previous one is kept. */
-static void refuse_non_finite(const Worker *w) {
-    const float *bufs[2] = {w->state.params, w->state.buffers};
+/* A snapshot must never hold NaN or infinite weights: the previous one is kept.
+ * 0, or -1 with the reason in err. */
+static int refuse_non_finite(const Worker *w, const TrainState *st, char *err, size_t errlen) {
+    const float *bufs[2] = {st->params, st->buffers};
     size_t counts[2] = {w->model.num_params, w->model.num_buffers};
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < counts[b]; i++)
-            if (!isfinite(bufs[b][i]))
-                die_permanent("the weights became %s at step %" PRId64 ": no snapshot written ---> HINT: lower "
-                    "--lr; the last good snapshot is kept",
-                    isnan(bufs[b][i]) ? "NaN" : "infinite", w->progress.step);
+            if (!isfinite(bufs[b][i])) {
+                snprintf(err, errlen, "the weights became %s at step %" PRId64 ": no snapshot written "
+                         "---> HINT: lower --lr; the last good snapshot is kept",
+                         isnan(bufs[b][i]) ? "NaN" : "infinite", w->snapshot_info.progress.step);
+                return -1;
+            }
+    return 0;
 }
 
-/* The state, gathered on rank 0, written there to path (atomically: checkpoint_write). */
-static void write_state(Worker *w, const char *path) {
+/* The clock of --save-interval: seconds, or on rank 0 CIFAR_TEST_STEP_SECONDS per
+ * step for the tests (a clock that decides the same steps on any machine). */
+static double snapshot_clock(const Worker *w) {
+    if (w->hooks.step_seconds > 0 && w->env->rank == 0)
+        return (double)w->progress.step * w->hooks.step_seconds;
+    return now_seconds();
+}
+
+/* The writer thread's job: the staged state to w->snapshot_path, through the
+ * same checkpoint_write as every snapshot, then the old ones pruned. */
+static int snapshot_job(void *arg, char *err, size_t errlen) {
+    Worker *w = arg;
+    TrainState st = w->staging;
+    if (w->engine->ops->state_staged)
+        w->engine->ops->state_staged(w->engine, (const float **)&st.params,
+                                     (const float **)&st.buffers, (const float **)&st.momentum);
+    if (refuse_non_finite(w, &st, err, errlen) != 0) return SNAPSHOT_JOB_PERMANENT;
+    char why[512];
+    if (checkpoint_write(w->snapshot_path, &w->model, &st, &w->snapshot_info, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: cannot write the snapshot: %s", w->snapshot_path, why);
+        return SNAPSHOT_JOB_FAILED;
+    }
+    snapshot_prune(w->o->run_dir, w->o->keep);
+    return 0;
+}
+
+/* Every rank, at a step boundary all of them agreed on: BN statistics from rank 0
+ * (what every snapshot holds); rank 0 then copies the state to the staging memory
+ * (on the GPU an asynchronous copy ordered after the step) and hands it to the
+ * writer thread, which writes it to path while training goes on. The previous
+ * write is waited for first (callers skip optional snapshots while one is in flight). */
+static void snapshot_start_at(Worker *w, const char *path) {
     w->engine->ops->broadcast_buffers(w->engine, 0);
+    w->last_snapshot_time = snapshot_clock(w);
     if (w->env->rank != 0) return;
-    w->engine->ops->state_to_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
-    refuse_non_finite(w);
-    CheckpointInfo info;
-    memset(&info, 0, sizeof info);
-    /* Absolute, so cifar-eval finds the data from any folder. */
-    char *abs = realpath(w->o->data_path, NULL);
-    info.dataset_path = abs ? abs : (char *)w->o->data_path;
-    memcpy(info.mean, w->mean, sizeof info.mean);
-    memcpy(info.std, w->std, sizeof info.std);
-    info.options_json = w->options_json;
-    info.classes = w->data.info.classes; /* the dataset's: not freed here */
-    info.progress = w->progress;
-    info.progress.world_size = w->env->world_size;
-    char err[512];
-    int rc = checkpoint_write(path, &w->model, &w->state, &info, err, sizeof err);
-    free(abs);
-    if (rc != 0) die("%s: cannot write the snapshot: %s", path, err);
+    snapshot_writer_wait(w->writer);
+    if (w->engine->ops->state_stage)
+        w->engine->ops->state_stage(w->engine);
+    else
+        w->engine->ops->state_to_host(w->engine, w->staging.params, w->staging.buffers,
+                                      w->staging.momentum);
+    w->snapshot_info.progress = w->progress;
+    w->snapshot_info.progress.world_size = w->env->world_size;
+    snprintf(w->snapshot_path, sizeof w->snapshot_path, "%s", path);
+    snapshot_writer_start(w->writer, snapshot_job, w);
 }
 
+/* The snapshot of this step: RUN_DIR/snapshot-STEP.safetensors. */
+static void snapshot_start(Worker *w) {
+    char path[sizeof w->snapshot_path];
+    snapshot_path_for(w->o->run_dir, w->progress.step, path, sizeof path);
+    snapshot_start_at(w, path);
+}
+
+/* A snapshot that must be on disk before going on (the last one, a stop): its
+ * path into path_out on rank 0. */
 static void write_snapshot(Worker *w, char *path_out, size_t path_len) {
-    snapshot_path_for(w->o->run_dir, w->progress.step, path_out, path_len);
-    write_state(w, path_out);
-    if (w->env->rank == 0) snapshot_prune(w->o->run_dir, w->o->keep);
+    snapshot_start(w);
+    if (w->env->rank != 0) return;
+    snapshot_writer_wait(w->writer);
+    snprintf(path_out, path_len, "%s", w->snapshot_path);
 }
 
-/* RUN_DIR/best.safetensors: never pruned (snapshot_list does not list it). */
+/* RUN_DIR/best.safetensors, in the background like any snapshot: never pruned
+ * (snapshot_list does not list it). */
 static void write_best(Worker *w) {
-    char path[4096];
+    char path[sizeof w->snapshot_path];
     checkpoint_best_path(w->o->run_dir, path, sizeof path);
-    write_state(w, path);
+    snapshot_start_at(w, path);
 }
 
 /* --early-stop: N epochs done since the best validation accuracy. */
 static int early_stop_due(const Worker *w) {
     return w->o->early_stop > 0 && w->progress.best_epoch > 0 &&
            w->progress.epochs - w->progress.best_epoch >= w->o->early_stop;
+}
+
+/* Rank 0: is a snapshot by time (--save-interval) due now? Not while the previous
+ * one is still being written: it is then taken at the first agreed step after that
+ * write (waiting would stall training for the rest of the write). */
+static int snapshot_due_by_time(Worker *w) {
+    if (w->env->rank != 0) return 0;
+    snapshot_writer_poll(w->writer); /* a failed background write stops the run here */
+    return w->o->save_interval > 0 &&
+           snapshot_clock(w) - w->last_snapshot_time >= w->o->save_interval &&
+           !snapshot_writer_busy(w->writer);
+}
+
+/* --save-every-steps: at every multiple of N, on every rank alike (the step count
+ * decides, no agreement needed). A write still in flight is waited for: the user
+ * asked for these very steps. */
+static int snapshot_due_by_steps(const Worker *w) {
+    return w->o->save_every_steps > 0 && w->progress.step % w->o->save_every_steps == 0;
 }
 
 static void resume_or_init(Worker *w) {
@@ -369,14 +447,17 @@ static void evaluate(Worker *w, int64_t first, int64_t n, double *loss, double *
     free(idx[1]);
 }
 
-/* All ranks agree whether to stop (a signal reaches them at different steps). */
-static int agree_stop(Worker *w, int64_t step) {
-    if (w->env->world_size == 1) return g_train_stop_signal != 0;
-    int every = comm_kind(w->comm) == COMM_NCCL ? 16 : 1;
-    if (step % every != 0) return 0;
-    double flag = g_train_stop_signal ? 1.0 : 0.0;
-    comm_allreduce_sum_f64(w->comm, &flag, 1);
-    return flag > 0;
+typedef enum { GO_ON, GO_SNAPSHOT, GO_STOP } StepDecision;
+
+/* All ranks agree, at the same step, whether to stop (a signal reaches them at
+ * different steps) and whether to take a snapshot (rank 0's clock and writer
+ * decide): one small all-reduce, every step (every 16th on NCCL, where a host
+ * round trip costs more than a step). */
+static StepDecision agree_next(Worker *w, int64_t step) {
+    if (w->env->world_size > 1 && comm_kind(w->comm) == COMM_NCCL && step % 16 != 0) return GO_ON;
+    double flags[2] = {g_train_stop_signal ? 1.0 : 0.0, snapshot_due_by_time(w) ? 1.0 : 0.0};
+    if (w->env->world_size > 1) comm_allreduce_sum_f64(w->comm, flags, 2);
+    return flags[0] > 0 ? GO_STOP : flags[1] > 0 ? GO_SNAPSHOT : GO_ON;
 }
 
 static void run_test_hooks(Worker *w) {
@@ -402,6 +483,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     char label[64];
     snprintf(label, sizeof label, "epoch %" PRId64 "/%d", epoch + 1, o->epochs);
     progress_begin(&bar, label, w->per_rank * world, "img");
+    w->compute_seconds = 0;
     double t0 = now_seconds() - w->progress.partial_seconds;
     for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
         int64_t first = s * o->batch_size;
@@ -412,6 +494,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
         float lr = (float)train_lr_at(o, pos);
         int correct = 0;
+        double t_step = now_seconds(), in_collectives = comm_seconds_in_collectives(w->comm);
         float loss = w->engine->ops->train_step(w->engine, w->mine + first, n, epoch,
                                                 w->progress.step, lr, &correct);
         if (!isfinite(loss))
@@ -430,14 +513,59 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
             snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
             progress_update(&bar, (first + n) * world, extra);
         }
-        if (s + 1 < w->steps_per_epoch && agree_stop(w, w->progress.step)) {
+        comm_board_step(w->comm, w->progress.step);
+        if (s + 1 < w->steps_per_epoch) {
+            StepDecision next = agree_next(w, w->progress.step);
             w->progress.partial_seconds = now_seconds() - t0;
-            return EPOCH_STOPPED;
+            if (next == GO_STOP) return EPOCH_STOPPED;
+            if (next == GO_SNAPSHOT || snapshot_due_by_steps(w)) snapshot_start(w);
         }
+        w->compute_seconds += now_seconds() - t_step -
+                              (comm_seconds_in_collectives(w->comm) - in_collectives);
     }
     w->progress.partial_seconds = now_seconds() - t0;
     if (w->env->rank == 0 && !o->quiet) progress_end(&bar, NULL);
     return EPOCH_DONE;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The lower median: with two ranks, the faster one. */
+static double median_of(const double *v, int n) {
+    double *sorted = xmalloc((size_t)n * sizeof *sorted);
+    memcpy(sorted, v, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, compare_doubles);
+    double m = sorted[(n - 1) / 2];
+    free(sorted);
+    return m;
+}
+
+/* Rank 0: a rank more than 20% slower than the median for two epochs running is
+ * named (one epoch could be a hiccup: a page-cache miss, another job's burst). */
+static void stragglers_report(Worker *w, const double *rank_seconds) {
+    int world = w->env->world_size;
+    if (world < 2) return;
+    double median = median_of(rank_seconds, world);
+    for (int r = 0; r < world; r++) {
+        int slow = median > 0 && rank_seconds[r] > 1.2 * median;
+        w->slow_epochs[r] = slow ? w->slow_epochs[r] + 1 : 0;
+        if (w->slow_epochs[r] >= 2)
+            log_warn("straggler: rank %d's steps took %.2f s of compute this epoch, %.0f%% more than "
+                     "the median rank's %.2f s, for %d epochs running ---> HINT: every rank waits for "
+                     "it in each all-reduce; look at that rank's host (other jobs, thermal throttling, "
+                     "a slower device)",
+                     r, rank_seconds[r], 100 * (rank_seconds[r] / median - 1), median, w->slow_epochs[r]);
+    }
+}
+
+static int slowest_of(const double *v, int n) {
+    int k = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[k]) k = i;
+    return k;
 }
 
 /* Returns 1 when the epoch's validation accuracy is the best so far (always 0
@@ -464,7 +592,13 @@ static int finish_epoch(Worker *w, int64_t epoch, double lr) {
         w->progress.best_val_acc = m.val_acc;
         w->progress.best_epoch = epoch + 1;
     }
-    m.world_size = w->env->world_size;
+    int world = w->env->world_size;
+    double *rank_seconds = xcalloc((size_t)world, sizeof *rank_seconds);
+    rank_seconds[w->env->rank] = w->compute_seconds;
+    comm_allreduce_sum_f64(w->comm, rank_seconds, (size_t)world);
+    m.rank_seconds = rank_seconds;
+    m.slowest_rank = slowest_of(rank_seconds, world);
+    m.world_size = world;
     m.restarts = w->env->restart_count;
     m.device = w->engine->ops->name;
     m.comm = comm_kind_name(comm_kind(w->comm));
@@ -474,6 +608,7 @@ static int finish_epoch(Worker *w, int64_t epoch, double lr) {
     w->progress.partial_seen = w->progress.partial_seconds = 0;
     if (w->env->rank == 0) {
         metrics_append(w->o->run_dir, &m);
+        stragglers_report(w, rank_seconds);
         char val[96] = "";
         if (m.has_val)
             snprintf(val, sizeof val, " | val loss %.4f acc %.2f%%%s", m.val_loss, 100 * m.val_acc,
@@ -483,6 +618,7 @@ static int finish_epoch(Worker *w, int64_t epoch, double lr) {
                  m.epoch, w->o->epochs, m.train_loss, 100 * m.train_acc, m.test_loss,
                  100 * m.test_acc, val, m.images_per_s, m.seconds);
     }
+    free(rank_seconds);
     return best;
 }
 
@@ -521,15 +657,31 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
                                      env->rank == 0);
     w->comm = device_comm_create(w->engine, env, o->comm);
     holdout_agree(&w->data, w->comm, env->rank);
+    comm_board_open(w->comm, o->run_dir, env->run_id);
+    w->slow_epochs = xcalloc((size_t)env->world_size, sizeof *w->slow_epochs);
     train_state_alloc(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
     w->perm = xmalloc((size_t)w->data.train.count * sizeof(int64_t));
     w->mine = xmalloc((size_t)sampler_per_rank(w->data.train.count, env->world_size) * sizeof(int64_t));
     w->steps_per_epoch = steps_per_epoch(w);
     w->hooks = test_hooks_from_env();
+    w->writer = snapshot_writer_create();
+    if (!w->engine->ops->state_stage) train_state_alloc(&w->staging, &w->model);
+    /* Absolute, so cifar-eval finds the data from any folder. */
+    w->dataset_abs = realpath(o->data_path, NULL);
+    CheckpointInfo *info = &w->snapshot_info;
+    info->dataset_path = w->dataset_abs ? w->dataset_abs : (char *)o->data_path;
+    memcpy(info->mean, w->mean, sizeof info->mean);
+    memcpy(info->std, w->std, sizeof info->std);
+    info->options_json = w->options_json;
+    info->classes = w->data.info.classes; /* the dataset's: not freed here */
 }
 
 static void worker_free(Worker *w) {
+    snapshot_writer_free(w->writer); /* before the engine: a job reads its staging */
+    if (!w->engine->ops->state_stage) train_state_free(&w->staging);
+    free(w->dataset_abs);
+    free(w->slow_epochs);
     w->engine->ops->destroy(w->engine);
     comm_destroy(w->comm);
     train_state_free(&w->state);
@@ -557,6 +709,7 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
     int stopped = 0;
     double lr = 0;
     int early = early_stop_due(&w);
+    w.last_snapshot_time = snapshot_clock(&w);
     for (int64_t epoch = w.progress.epochs; epoch < o->epochs && !stopped && !early; epoch++) {
         if (run_epoch(&w, epoch, &lr) == EPOCH_STOPPED) {
             stopped = 1;
@@ -565,12 +718,18 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
         if (finish_epoch(&w, epoch, lr)) write_best(&w);
         early = early_stop_due(&w);
         int last = epoch + 1 == o->epochs;
-        if (last || early || (epoch + 1) % o->save_every == 0) write_snapshot(&w, path, sizeof path);
-        if (early && env->rank == 0)
-            log_info("early stop: no better val_acc in %d epochs (best %.2f%% at epoch %" PRId64 ", "
-                     "kept as %s/best.safetensors)",
-                     o->early_stop, 100 * w.progress.best_val_acc, w.progress.best_epoch, o->run_dir);
-        if (!last && !early && agree_stop(&w, 0)) stopped = 1;
+        if (last || early) {
+            write_snapshot(&w, path, sizeof path);
+            if (early && env->rank == 0)
+                log_info("early stop: no better val_acc in %d epochs (best %.2f%% at epoch %" PRId64 ", "
+                         "kept as %s/best.safetensors)",
+                         o->early_stop, 100 * w.progress.best_val_acc, w.progress.best_epoch, o->run_dir);
+            break;
+        }
+        StepDecision next = agree_next(&w, 0);
+        if (next == GO_STOP) stopped = 1;
+        else if (next == GO_SNAPSHOT || snapshot_due_by_steps(&w) || (epoch + 1) % o->save_every == 0)
+            snapshot_start(&w);
     }
     if (stopped) {
         write_snapshot(&w, path, sizeof path);

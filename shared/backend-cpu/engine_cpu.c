@@ -107,6 +107,8 @@ static const EngineOps cpu_engine_ops = {
     cpu_state_from_host,
     cpu_broadcast_buffers,
     cpu_destroy,
+    NULL, /* state_stage: state_to_host is a memcpy already */
+    NULL,
 };
 
 /* 1 for every parameter weight decay applies to (the tensor table says which). */

@@ -22,8 +22,10 @@ extern "C" {
 
 /* Also guards engine.h's EngineOps, which the library hands back: 4 since the
  * prefetch entry was inserted after eval_batch (a library of an older build would
- * have its state_to_host called as prefetch); 5 since eval_batch returns logits. */
-#define CUDA_HOST_API_VERSION 5
+ * have its state_to_host called as prefetch); 5 since eval_batch returns logits; 6
+ * since state_stage and state_staged were added at its end (an older library's
+ * table is shorter). */
+#define CUDA_HOST_API_VERSION 6
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 
@@ -50,6 +52,7 @@ typedef struct {
     void (*comm_broadcast_on_stream)(Comm *c, void *dev_buf, size_t bytes, int root,
                                      void *cuda_stream);
     int (*dist_env_read)(DistEnv *env, char *err, size_t errlen);
+    void (*comm_blame_laggard)(char *buf, size_t len); /* version 6 */
     /* engine.h */
     AugmentSpec (*engine_augment_spec)(const Engine *e, int64_t epoch, int train);
 } CudaHostApi;

@@ -82,6 +82,7 @@ static const CudaHostApi g_host_api = {
     .comm_allreduce_mean_on_stream = comm_allreduce_mean_on_stream,
     .comm_broadcast_on_stream = comm_broadcast_on_stream,
     .dist_env_read = dist_env_read,
+    .comm_blame_laggard = comm_blame_laggard,
     .engine_augment_spec = engine_augment_spec,
 };
 

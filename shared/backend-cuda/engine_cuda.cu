@@ -118,6 +118,11 @@ typedef struct {
     float *h_loss;
     int *h_correct;
     float *h_scratch; /* num_params floats, for non-NCCL communicators */
+    /* background snapshots (state_stage): params, momentum (PyTorch layout) and
+     * buffers, on the device and in pinned host memory; made at the first use */
+    float *snap_dev, *snap_host;
+    cudaStream_t snap_stream;
+    cudaEvent_t snap_exported, snap_copied;
     /* CUDA graph of the full-batch step */
     int graph_enabled, graph_fused_sgd, full_steps;
     long graph_replays; /* steps run by cudaGraphLaunch (engine_cuda_graph_replays) */
@@ -463,6 +468,62 @@ static void cuda_state_from_host(Engine *e, const float *params, const float *bu
     cuda_ctx_sync(g->ctx);
 }
 
+static void *host_pinned(size_t bytes);
+
+/* The snapshot staging: params, momentum and buffers, one after the other. */
+static size_t snap_floats(const Model *m) { return 2 * m->num_params + m->num_buffers; }
+
+static void snap_stage_create(const Engine *e, GpuEngine *g) {
+    size_t bytes = snap_floats(e->cfg.model) * sizeof(float);
+    g->snap_dev = (float *)cuda_alloc(bytes);
+    g->snap_host = (float *)host_pinned(bytes);
+    CHECK_CUDA(cudaStreamCreateWithFlags(&g->snap_stream, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreateWithFlags(&g->snap_exported, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreateWithFlags(&g->snap_copied, cudaEventDisableTiming));
+}
+
+/* On the engine's stream, after the step: the state into the snapshot's own device
+ * buffer (the next steps may change params while it is copied out); on the side
+ * stream, once that is done: the device-to-host copy, overlapping the next steps. */
+static void cuda_state_stage(Engine *e) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    const Model *m = e->cfg.model;
+    if (!g->snap_dev) snap_stage_create(e, g);
+    cudaStream_t s = (cudaStream_t)cuda_ctx_stream(g->ctx);
+    cuda_deferred_flush(g->ctx);
+    net_params_export(g->net, g->params, g->snap_dev);
+    net_params_export(g->net, g->momentum, g->snap_dev + m->num_params);
+    cuda_copy_d2d_async(g->ctx, g->snap_dev + 2 * m->num_params, g->buffers,
+                        m->num_buffers * sizeof(float));
+    CHECK_CUDA(cudaEventRecord(g->snap_exported, s));
+    CHECK_CUDA(cudaStreamWaitEvent(g->snap_stream, g->snap_exported, 0));
+    CHECK_CUDA(cudaMemcpyAsync(g->snap_host, g->snap_dev, snap_floats(m) * sizeof(float),
+                               cudaMemcpyDeviceToHost, g->snap_stream));
+    CHECK_CUDA(cudaEventRecord(g->snap_copied, g->snap_stream));
+}
+
+/* Called by the snapshot writer's thread: the device is per thread. */
+static void cuda_state_staged(Engine *e, const float **params, const float **buffers,
+                              const float **momentum) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    size_t np = e->cfg.model->num_params;
+    CHECK_CUDA(cudaSetDevice(e->cfg.device));
+    CHECK_CUDA(cudaEventSynchronize(g->snap_copied));
+    *params = g->snap_host;
+    *momentum = g->snap_host + np;
+    *buffers = g->snap_host + 2 * np;
+}
+
+static void snap_stage_free(GpuEngine *g) {
+    if (!g->snap_dev) return;
+    CHECK_CUDA(cudaStreamSynchronize(g->snap_stream));
+    CHECK_CUDA(cudaEventDestroy(g->snap_exported));
+    CHECK_CUDA(cudaEventDestroy(g->snap_copied));
+    CHECK_CUDA(cudaStreamDestroy(g->snap_stream));
+    cuda_free(g->snap_dev);
+    CHECK_CUDA(cudaFreeHost(g->snap_host));
+}
+
 static void cuda_broadcast_buffers(Engine *e, int root) {
     GpuEngine *g = (GpuEngine *)e->impl;
     Comm *c = e->cfg.comm;
@@ -512,6 +573,7 @@ static void cuda_destroy(Engine *e) {
     CHECK_CUDA(cudaFreeHost(g->h_loss));
     CHECK_CUDA(cudaFreeHost(g->h_correct));
     free(g->h_scratch);
+    snap_stage_free(g);
     cuda_ctx_free(g->ctx);
     free(g);
     free(e);
@@ -700,6 +762,8 @@ static const EngineOps cuda_engine_ops = {
     cuda_state_from_host,
     cuda_broadcast_buffers,
     cuda_destroy,
+    cuda_state_stage,
+    cuda_state_staged,
 };
 
 extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t errlen) {

@@ -146,6 +146,7 @@ void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda
 void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream) {
     host()->comm_broadcast_on_stream(c, dev_buf, bytes, root, cuda_stream);
 }
+void comm_blame_laggard(char *buf, size_t len) { host()->comm_blame_laggard(buf, len); }
 int dist_env_read(DistEnv *env, char *err, size_t errlen) {
     return host()->dist_env_read(env, err, errlen);
 }

@@ -49,6 +49,7 @@
 #include "comm/comm_mpi.h"
 #include "comm/sha256.h"
 #include "core/check.h"
+#include "core/fsutil.h"
 #ifdef CIFAR_CUDA
 #include "comm/comm_nccl.h"
 #endif
@@ -295,6 +296,13 @@ struct Comm {
 #ifdef CIFAR_CUDA
     CommNccl *nccl;
 #endif
+    /* every transport: time inside collectives, and the progress board */
+    double seconds_in_collectives;
+    uint64_t entered;  /* collectives entered */
+    int64_t step;      /* the last step reported (comm_board_step) */
+    int board_fd;      /* RUN_DIR/ranks/rank-R, -1 none */
+    char board_dir[4096], host[64], run_id[64];
+    int pid;
 };
 
 static const char *const comm_kind_names[] = {"single", "shm", "nccl", "mpi"};
@@ -322,6 +330,161 @@ static void sleep_seconds(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
+
+/* ------------------------------------------------------------ progress board
+ *
+ * RUN_DIR/ranks/rank-R: one line per rank, rewritten in place at every collective
+ * it enters (BOARD_BYTES, space-padded):
+ *     cifar-rank v1 run=<run id> rank=R pid=P host=H step=S entered=N
+ * A rank whose collective times out reads the others' lines and names the one that
+ * entered the fewest (it has not reached the collective the others wait in): rank,
+ * host, pid and the last step it reported. The run folder is shared by every node
+ * (the other ranks read rank 0's snapshots there), so this works on shm, MPI and
+ * NCCL alike. Diagnostics only: a board that cannot be written is given up with one
+ * warning. */
+
+#define BOARD_BYTES 256
+
+static Comm *g_board_comm; /* the process's communicator with a board, for comm_blame_laggard */
+
+static void board_record(const Comm *c, char *line) {
+    int n = snprintf(line, BOARD_BYTES, "cifar-rank v1 run=%s rank=%d pid=%d host=%s step=%lld entered=%llu",
+                     c->run_id, c->rank, c->pid, c->host, (long long)c->step,
+                     (unsigned long long)c->entered);
+    if (n < 0) n = 0;
+    if (n > BOARD_BYTES - 1) n = BOARD_BYTES - 1;
+    memset(line + n, ' ', (size_t)(BOARD_BYTES - 1 - n));
+    line[BOARD_BYTES - 1] = '\n';
+}
+
+static void board_write(Comm *c) {
+    if (c->board_fd < 0) return;
+    char line[BOARD_BYTES];
+    board_record(c, line);
+    if (pwrite(c->board_fd, line, BOARD_BYTES, 0) != BOARD_BYTES) {
+        log_warn("%s/rank-%d: cannot record this rank's progress (%s): a timeout will not name "
+                 "the rank it waited for", c->board_dir, c->rank, strerror(errno));
+        close(c->board_fd);
+        c->board_fd = -1;
+    }
+}
+
+void comm_board_open(Comm *c, const char *run_dir, const char *run_id) {
+    c->board_fd = -1;
+    if (c->world_size == 1) return;
+    snprintf(c->board_dir, sizeof c->board_dir, "%s/ranks", run_dir);
+    snprintf(c->run_id, sizeof c->run_id, "%s", run_id);
+    c->pid = (int)getpid();
+    if (gethostname(c->host, sizeof c->host - 1) != 0) snprintf(c->host, sizeof c->host, "?");
+    c->host[sizeof c->host - 1] = '\0';
+    for (char *p = c->host; *p; p++)
+        if (*p == ' ') *p = '_';
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rank-%d", c->board_dir, c->rank);
+    if (fs_mkdirs(c->board_dir, 0755) != 0) { /* the run folder too: rank 0 may not be there yet */
+        log_warn("%s: cannot create the progress board (%s): a timeout will not name the rank it "
+                 "waited for", c->board_dir, strerror(errno));
+        return;
+    }
+    c->board_fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (c->board_fd < 0)
+        log_warn("%s: cannot record this rank's progress (%s)", path, strerror(errno));
+    board_write(c);
+    g_board_comm = c;
+}
+
+void comm_board_step(Comm *c, int64_t step) {
+    c->step = step;
+    board_write(c);
+}
+
+/* Rank r's line: 1 and its fields, 0 when it has none for this run. */
+static int board_read(const Comm *c, int r, int *pid, char *host, long long *step,
+                      unsigned long long *entered) {
+    char path[4200], line[BOARD_BYTES + 1], run[64];
+    snprintf(path, sizeof path, "%s/rank-%d", c->board_dir, r);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = pread(fd, line, BOARD_BYTES, 0);
+    close(fd);
+    if (n != BOARD_BYTES) return 0;
+    line[BOARD_BYTES] = '\0';
+    int rank;
+    if (sscanf(line, "cifar-rank v1 run=%63s rank=%d pid=%d host=%63s step=%lld entered=%llu", run,
+               &rank, pid, host, step, entered) != 6)
+        return 0;
+    return rank == r && strcmp(run, c->run_id) == 0;
+}
+
+/* "rank R (pid P on host H, last step S)" into buf, 0; -1 when R has not reported. */
+static int board_rank_text(const Comm *c, int r, char *buf, size_t len, unsigned long long *entered) {
+    int pid;
+    char host[64];
+    long long step;
+    if (!board_read(c, r, &pid, host, &step, entered)) return -1;
+    snprintf(buf, len, "rank %d (pid %d on host %s, last step %lld)", r, pid, host, step);
+    return 0;
+}
+
+/* " on host H, last step S" for rank r, or "" without a board. */
+static void board_describe(const Comm *c, int r, char *buf, size_t len) {
+    int pid;
+    char host[64];
+    long long step;
+    unsigned long long entered;
+    buf[0] = '\0';
+    if (c->board_fd < 0) return;
+    if (!board_read(c, r, &pid, host, &step, &entered))
+        snprintf(buf, len, ", which has not reported in %.300s yet", c->board_dir);
+    else
+        snprintf(buf, len, " on host %s, last step %lld", host, step);
+}
+
+void comm_blame_laggard(char *buf, size_t len) {
+    Comm *c = g_board_comm;
+    buf[0] = '\0';
+    if (!c || c->board_fd < 0) return;
+    /* The rank that entered the fewest collectives has not reached this one. */
+    int laggard = -1;
+    unsigned long long fewest = c->entered, entered;
+    char text[160], lag_text[160] = "";
+    for (int r = 0; r < c->world_size; r++) {
+        if (r == c->rank) continue;
+        if (board_rank_text(c, r, text, sizeof text, &entered) != 0) {
+            snprintf(buf, len, "\nrank %d has not reported in %.300s (not started, or another run)", r,
+                     c->board_dir);
+            return;
+        }
+        if (entered < fewest) {
+            laggard = r, fewest = entered;
+            snprintf(lag_text, sizeof lag_text, "%s", text);
+        }
+    }
+    if (laggard >= 0) {
+        snprintf(buf, len, "\nwaiting for %s: it has not entered this collective (%llu entered, this "
+                 "rank %llu)", lag_text, fewest, (unsigned long long)c->entered);
+        return;
+    }
+    /* Every rank entered it (the transport may start a collective before all arrive):
+     * one is stopped or stuck inside; the board says where each one was. */
+    size_t off = (size_t)snprintf(buf, len, "\nevery rank entered this collective; one is stopped or "
+                                  "stuck inside it:");
+    for (int r = 0; r < c->world_size && r < 16 && off < len; r++) {
+        if (r == c->rank || board_rank_text(c, r, text, sizeof text, &entered) != 0) continue;
+        off += (size_t)snprintf(buf + off, len - off, " %s", text);
+    }
+}
+
+/* Every collective, on entry: counted and recorded (the board), timed. */
+static double collective_begin(Comm *c) {
+    c->entered++;
+    board_write(c);
+    return now_seconds();
+}
+
+static void collective_end(Comm *c, double t0) { c->seconds_in_collectives += now_seconds() - t0; }
+
+double comm_seconds_in_collectives(const Comm *c) { return c->seconds_in_collectives; }
 
 static void shm_name_for(const char *run_id, char *buf, size_t len) {
     snprintf(buf, len, "/cifar-%s", run_id);
@@ -397,9 +560,11 @@ static void shm_die_timeout(Comm *c) {
     if (laggard < 0) laggard = c->rank == 0 ? 1 : 0;
     pid_t pid = atomic_load(&h->pid[laggard]);
     shm_unlink_if_linked(c);
-    die("rank %d: collective timed out after %g s waiting for rank %d (pid %d)\n"
+    char who[512];
+    board_describe(c, laggard, who, sizeof who);
+    die("rank %d: collective timed out after %g s waiting for rank %d (pid %d%s)\n"
         "---> HINT: rank %d is stopped or stuck; raise CIFAR_COMM_TIMEOUT if it is only slow",
-        c->rank, c->timeout_s, laggard, (int)pid, laggard);
+        c->rank, c->timeout_s, laggard, (int)pid, who, laggard);
 }
 
 static void shm_barrier(Comm *c) {
@@ -635,6 +800,7 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
     if (kind == COMM_SINGLE && env->world_size != 1)
         die("a single-process communicator cannot serve world size %d", env->world_size);
     Comm *c = xcalloc(1, sizeof *c);
+    c->board_fd = -1;
     c->rank = env->rank;
     c->world_size = env->world_size;
     c->timeout_s = comm_timeout_seconds();
@@ -649,6 +815,8 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
 
 void comm_destroy(Comm *c) {
     if (c == NULL) return;
+    if (c->board_fd >= 0) close(c->board_fd);
+    if (g_board_comm == c) g_board_comm = NULL;
     if (c->kind == COMM_SHM && c->base) munmap(c->base, c->map_bytes);
     if (c->kind == COMM_MPI) comm_mpi_destroy(c->mpi);
 #ifdef CIFAR_CUDA
@@ -662,9 +830,14 @@ int comm_rank(const Comm *c) { return c->rank; }
 int comm_world_size(const Comm *c) { return c->world_size; }
 
 void comm_allreduce_mean(Comm *c, float *buf, size_t n) {
+    if (c->kind == COMM_NCCL) {
+        comm_allreduce_mean_on_stream(c, buf, n, NULL); /* timed there */
+        return;
+    }
+    double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_allreduce_mean(c, buf, n);
     if (c->kind == COMM_MPI) comm_mpi_allreduce_mean(c->mpi, buf, n);
-    if (c->kind == COMM_NCCL) comm_allreduce_mean_on_stream(c, buf, n, NULL);
+    collective_end(c, t0);
 }
 
 static void comm_check_device_memory(const Comm *c, const char *what) {
@@ -676,18 +849,22 @@ static void comm_check_device_memory(const Comm *c, const char *what) {
 void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
     comm_check_device_memory(c, "all-reduce");
 #ifdef CIFAR_CUDA
+    double t0 = collective_begin(c);
     if (c->kind == COMM_NCCL) comm_nccl_allreduce_mean(c->nccl, dev_buf, n, cuda_stream);
+    collective_end(c, t0);
 #else
     (void)dev_buf, (void)n, (void)cuda_stream;
 #endif
 }
 
 void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
+    double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_allreduce_sum_f64(c, buf, n);
     if (c->kind == COMM_MPI) comm_mpi_allreduce_sum_f64(c->mpi, buf, n);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_allreduce_sum_f64(c->nccl, buf, n);
 #endif
+    collective_end(c, t0);
 }
 
 static void comm_check_root(const Comm *c, int root) {
@@ -697,16 +874,23 @@ static void comm_check_root(const Comm *c, int root) {
 
 void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     comm_check_root(c, root);
+    if (c->kind == COMM_NCCL) {
+        comm_broadcast_on_stream(c, buf, bytes, root, NULL); /* timed there */
+        return;
+    }
+    double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
     if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
-    if (c->kind == COMM_NCCL) comm_broadcast_on_stream(c, buf, bytes, root, NULL);
+    collective_end(c, t0);
 }
 
 void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, void *cuda_stream) {
     comm_check_root(c, root);
     comm_check_device_memory(c, "broadcast");
 #ifdef CIFAR_CUDA
+    double t0 = collective_begin(c);
     if (c->kind == COMM_NCCL) comm_nccl_broadcast(c->nccl, dev_buf, bytes, root, cuda_stream);
+    collective_end(c, t0);
 #else
     (void)dev_buf, (void)bytes, (void)cuda_stream;
 #endif
@@ -714,17 +898,21 @@ void comm_broadcast_on_stream(Comm *c, void *dev_buf, size_t bytes, int root, vo
 
 void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root) {
     comm_check_root(c, root);
+    double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
     if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_broadcast_host(c->nccl, buf, bytes, root);
 #endif
+    collective_end(c, t0);
 }
 
 void comm_barrier(Comm *c) {
+    double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_barrier(c);
     if (c->kind == COMM_MPI) comm_mpi_barrier(c->mpi);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_barrier(c->nccl);
 #endif
+    collective_end(c, t0);
 }

@@ -94,6 +94,23 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root);
 void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root);
 void comm_barrier(Comm *c);
 
+/* Seconds this process spent inside collectives (waiting for the others included;
+ * on NCCL the host's view: an all-reduce enqueued after the backward also waits for
+ * it). The epoch loop subtracts it from a step's time: its compute time. */
+double comm_seconds_in_collectives(const Comm *c);
+
+/* The progress board (RUN_DIR/ranks/rank-R, comm.c): every rank records its pid,
+ * host, last step and the collectives it entered, so that a rank whose collective
+ * times out names the one that has not entered it. comm_board_open starts it
+ * (nothing with world size 1; a board that cannot be written only warns);
+ * comm_board_step records the step. */
+void comm_board_open(Comm *c, const char *run_dir, const char *run_id);
+void comm_board_step(Comm *c, int64_t step);
+/* For a timeout message of any transport: "\nwaiting for rank R (pid P on host H,
+ * last step S): it has not entered this collective ..." from the board of this
+ * process's communicator, or "" when there is none or every rank entered. */
+void comm_blame_laggard(char *buf, size_t len);
+
 /* Remove the shared-memory segment of a run ("/cifar-<run_id>") if it is still
  * there (a rank died before rank 0 unlinked it). The launcher calls it after
  * reaping a group; harmless when the segment is gone. */

@@ -38,6 +38,10 @@ static CommMpiDieFn g_host_die;
 
 void comm_mpi_set_die(CommMpiDieFn fn) { g_host_die = fn; }
 
+static CommMpiBlameFn g_host_blame;
+
+void comm_mpi_set_blame(CommMpiBlameFn fn) { g_host_blame = fn; }
+
 __attribute__((noreturn, format(printf, 1, 2))) static void mpi_die(const char *fmt, ...) {
     char message[2048];
     va_list ap;
@@ -87,10 +91,13 @@ static void mpi_wait(CommMpi *m, MPI_Request *req, const char *what) {
         if (done) return;
         if ((polls & 1023) != 0) continue;
         double waited = mpi_now() - start;
-        if (waited > m->timeout_s)
-            mpi_die("rank %d: collective timed out after %g s (MPI %s)\n"
+        if (waited > m->timeout_s) {
+            char who[512] = "";
+            if (g_host_blame) g_host_blame(who, sizeof who);
+            mpi_die("rank %d: collective timed out after %g s (MPI %s)%s\n"
                 "---> HINT: a peer is stopped, stuck or dead; raise CIFAR_COMM_TIMEOUT if it is only slow",
-                m->rank, m->timeout_s, what);
+                m->rank, m->timeout_s, what, who);
+        }
         if (waited > 0.05) usleep(50); /* a slow peer: stop burning its core */
     }
 }

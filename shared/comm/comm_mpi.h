@@ -23,6 +23,9 @@ typedef struct CommMpi CommMpi;
  * and log prefix apply. mpi_loader.c hands it over right after dlopen. */
 typedef void (*CommMpiDieFn)(int status, const char *message);
 void comm_mpi_set_die(CommMpiDieFn fn);
+/* The host's comm_blame_laggard (comm.h), appended to a timeout's message. */
+typedef void (*CommMpiBlameFn)(char *buf, size_t len);
+void comm_mpi_set_blame(CommMpiBlameFn fn);
 
 /* MPI_Init (once) and a duplicate of MPI_COMM_WORLD; dies unless MPI's rank and
  * size are env's (ranks not started by mpirun/srun --mpi=pmix are singletons). */

@@ -87,8 +87,12 @@ static void nccl_result_fail(CommNccl *nc, const char *file, int line, const cha
 static void nccl_settle(CommNccl *nc, ncclResult_t r, const char *what, double deadline,
                         const char *file, int line) {
     while (r == ncclInProgress) {
-        if (nccl_now() > deadline)
-            nccl_abort_fail(nc, file, line, what, "timed out", NCCL_TIMEOUT_HINT);
+        if (nccl_now() > deadline) {
+            char reason[600], who[512];
+            comm_blame_laggard(who, sizeof who);
+            snprintf(reason, sizeof reason, "timed out%s", who);
+            nccl_abort_fail(nc, file, line, what, reason, NCCL_TIMEOUT_HINT);
+        }
         usleep(100);
         ncclResult_t async = ncclSuccess;
         ncclResult_t q = ncclCommGetAsyncError(nc->comm, &async);
@@ -113,8 +117,9 @@ static void nccl_wait_stream(CommNccl *nc, cudaStream_t stream, const char *what
         if (async != ncclSuccess && async != ncclInProgress)
             nccl_result_fail(nc, file, line, what, async);
         if (nccl_now() > deadline) {
-            char reason[128];
-            snprintf(reason, sizeof reason, "collective timed out after %g s", nc->timeout_s);
+            char reason[640], who[512];
+            comm_blame_laggard(who, sizeof who);
+            snprintf(reason, sizeof reason, "collective timed out after %g s%s", nc->timeout_s, who);
             nccl_abort_fail(nc, file, line, what, reason, NCCL_TIMEOUT_HINT);
         }
         usleep(50);

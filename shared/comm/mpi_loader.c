@@ -72,6 +72,8 @@ static void mpi_library_open(void) {
         return;
     }
     set_die(mpi_host_die);
+    void (*set_blame)(CommMpiBlameFn) = (void (*)(CommMpiBlameFn))dlsym(g_mpi_lib, "comm_mpi_set_blame");
+    if (set_blame) set_blame(comm_blame_laggard); /* an older library only names no rank */
 }
 
 const char *comm_mpi_library_error(void) {

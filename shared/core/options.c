@@ -38,6 +38,18 @@ double option_real(const char *opt, const char *text, double lo, double hi) {
     return v;
 }
 
+double option_duration(const char *opt, const char *text, double hi) {
+    char *end;
+    double v = strtod(text, &end);
+    double unit = *end == 's' ? 1 : *end == 'm' ? 60 : *end == 'h' ? 3600 : *end == '\0' ? 1 : 0;
+    int ok = end != text && unit > 0 && (*end == '\0' || end[1] == '\0') && isfinite(v) && v >= 0 &&
+             v * unit <= hi;
+    if (!ok)
+        die_usage("--%s: expected a duration such as 90s, 10m or 1h (0 = off, at most %gh), got '%s'",
+                  opt, hi / 3600, text);
+    return v * unit;
+}
+
 int option_choice(const char *opt, const char *text, const char *const *names, int n) {
     for (int i = 0; i < n; i++)
         if (strcmp(text, names[i]) == 0) return i;

@@ -22,6 +22,10 @@ long long option_int(const char *opt, const char *text, long long lo, long long 
 /* A finite number in [lo, hi]; exits 2 with a message otherwise. */
 double option_real(const char *opt, const char *text, double lo, double hi);
 
+/* A duration: a number of seconds with an optional unit s, m or h ("90s", "10m",
+ * "1.5h", "30" = 30 s), in [0, hi] seconds; exits 2 with a message otherwise. */
+double option_duration(const char *opt, const char *text, double hi);
+
 /* The index of `text` in names[0..n); exits 2 naming the choices otherwise. */
 int option_choice(const char *opt, const char *text, const char *const *names, int n);
 

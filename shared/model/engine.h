@@ -71,6 +71,15 @@ typedef struct {
     /* BN running statistics from rank `root` to every rank (DDP's broadcast_buffers). */
     void (*broadcast_buffers)(Engine *e, int root);
     void (*destroy)(Engine *e);
+    /* Optional (both NULL: the caller copies with state_to_host): a snapshot of the
+     * state without stopping the device. state_stage enqueues a copy of the state
+     * as it is after the work queued so far into host staging memory the engine
+     * owns, and returns at once; training may go on. state_staged waits for that
+     * copy (from any thread) and gives the host buffers (PyTorch layout, as
+     * state_to_host), valid until the next state_stage or destroy. */
+    void (*state_stage)(Engine *e);
+    void (*state_staged)(Engine *e, const float **params, const float **buffers,
+                         const float **momentum);
 } EngineOps;
 
 struct Engine {

@@ -9,6 +9,8 @@
 #   4. 2 CPU ranks over MPI (TCP) beside 2 over shared memory (bench_mpi.sh)
 #   5. peak private memory and epoch speed, records read in place against the
 #      in-memory copy (bench_memory.sh; BENCH_MEMORY=0 skips its several minutes)
+#   6. background snapshots: throughput with --save-interval 5s against off, work
+#      lost per SIGKILL over 20 random kills (bench_snapshots.sh)
 # Each timed pair runs alternately, RUNS times (default 3), so that other work on the
 # machine falls on both alike; every run is printed, then the range.
 # Environment: BIN (commands), BENCH_TRAIN (bench_train program), PREP_FLOOR (prep_floor program), PYTHON_TORCH.
@@ -122,3 +124,7 @@ if [ "${BENCH_MEMORY:-1}" = 1 ]; then
 else
   echo "== 5. memory: skipped (BENCH_MEMORY=0)"
 fi
+
+echo
+echo "== 6. snapshots written in the background (bench_snapshots.sh)"
+"$here/bench_snapshots.sh"
