@@ -31,6 +31,7 @@
  * engine entry points still go through cuda_loader.c (as in the commands), pointed
  * at that very library. */
 #define _GNU_SOURCE /* dladdr */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -1008,6 +1009,78 @@ static void test_engine_stream(void) {
     free(px); free(lab); free(recs); free(recs_t); free(lab_t); free(rev); free(params); free(buffers);
 }
 
+/* engine.h's state_stage / state_staged (background snapshots): the state staged
+ * after the steps queued so far, read on another thread (the snapshot writer's,
+ * which sets its device) while a later step (a CUDA graph replay, then the SGD)
+ * changes the params, is bit for bit what state_to_host gave at the stage; and a
+ * second stage after more steps gives the new state. fp32 and bf16 (fp32 master
+ * weights), resident and streamed data. */
+typedef struct {
+    Engine *e;
+    const float *params, *buffers, *momentum;
+} StagedRead;
+
+static void *staged_read_thread(void *p) {
+    StagedRead *r = p;
+    r->e->ops->state_staged(r->e, &r->params, &r->buffers, &r->momentum);
+    return NULL;
+}
+
+static int staged_equal(const StagedRead *r, const HostState *want, const Model *m) {
+    return memcmp(r->params, want->params, m->num_params * sizeof(float)) == 0 &&
+           memcmp(r->buffers, want->buffers, m->num_buffers * sizeof(float)) == 0 &&
+           memcmp(r->momentum, want->momentum, m->num_params * sizeof(float)) == 0;
+}
+
+static void test_engine_stage(Precision prec, const char *data_mode) {
+    Model m;
+    engine_test_model(&m, 0);
+    uint8_t *px;
+    int32_t *lab;
+    engine_test_data(&px, &lab);
+    Comm *comm = engine_test_comm();
+    EngineConfig ec;
+    engine_test_config(&ec, &m, (HostSplit){.pixels = px, .labels = lab, .count = ENGINE_COUNT}, comm,
+                       prec);
+    Engine *e = engine_with_data_mode(&ec, data_mode);
+    const char *pn = prec == PRECISION_BF16 ? "bf16" : "fp32";
+    char name[200];
+    expect_true("engine: the CUDA engine stages snapshots", e->ops->state_stage && e->ops->state_staged);
+    float *params = xmalloc(m.num_params * sizeof(float)), *buffers = xmalloc(m.num_buffers * sizeof(float));
+    model_init(&m, params, buffers, 5);
+    e->ops->state_from_host(e, params, buffers, NULL);
+    int64_t idx[ENGINE_BATCH];
+    for (int round = 0; round < 2; round++) {
+        /* round 0: steps 0..2 (eager, captured, replayed); round 1: step 3 (partial) */
+        for (int s = round ? 3 : 0; s < (round ? 4 : 3); s++) {
+            engine_step_idx(s, idx);
+            e->ops->train_step(e, idx, engine_step_sizes[s], 1, s, 0.05f * (float)(s + 1), NULL);
+        }
+        HostState want = engine_state(e, &m);
+        e->ops->state_stage(e);
+        engine_step_idx(round, idx); /* a full step right after: replayed, it changes the params */
+        e->ops->train_step(e, idx, ENGINE_BATCH, 2, 10 + round, 0.1f, NULL);
+        StagedRead r = {e, NULL, NULL, NULL};
+        pthread_t t;
+        if (pthread_create(&t, NULL, staged_read_thread, &r) != 0) die("pthread_create failed");
+        pthread_join(t, NULL);
+        snprintf(name, sizeof name, "engine %s %s stage %d: params, BN buffers and momentum read on "
+                 "another thread after a later step are those of the stage", pn, data_mode, round);
+        expect_true(name, staged_equal(&r, &want, &m));
+        HostState now = engine_state(e, &m);
+        snprintf(name, sizeof name, "engine %s %s stage %d: the later step changed the params", pn,
+                 data_mode, round);
+        expect_true(name, memcmp(now.params, want.params, m.num_params * sizeof(float)) != 0);
+        host_state_free(&want);
+        host_state_free(&now);
+    }
+    e->ops->state_stage(e); /* destroyed with a copy maybe in flight: waited for there */
+    e->ops->destroy(e);
+    comm_destroy(comm);
+    model_free(&m);
+    free(px); free(lab); free(params); free(buffers);
+}
+
 /* The engine functions of this program are cuda_loader.c's forwarders (libcifar.a
  * defines them too): point the loader at the library this test is linked with, so
  * it finds it already loaded. */
@@ -1060,6 +1133,8 @@ int main(int argc, char **argv) {
     test_engine(0, PRECISION_FP32, 2e-3f);
     test_engine(1, PRECISION_TF32, 5e-2f);
     test_engine_stream();
+    test_engine_stage(PRECISION_FP32, "resident");
+    test_engine_stage(PRECISION_FP32, "stream:3");
 
     /* bf16 last: a cuDNN refusal there (which exits) leaves the results above intact */
     if (bf16_device_ok()) {
@@ -1077,6 +1152,7 @@ int main(int argc, char **argv) {
         cuda_ctx_free(b16);
         test_engine(1, PRECISION_BF16, 0.15f);
         test_engine(0, PRECISION_BF16, 0.15f);
+        test_engine_stage(PRECISION_BF16, "resident");
     }
     return unit_report("test_ops_cuda");
 }
