@@ -306,13 +306,20 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
 }
 
 /* Mean of the gradients over the processes. NCCL: on device memory, enqueued on
- * the engine's own stream after the backward already queued there (no host
- * synchronisation; comm_allreduce_mean_on_stream returns once it is done, under the
- * collective timeout). Other communicators work on host memory. */
+ * the engine's own stream after the backward (comm_allreduce_mean_on_stream returns
+ * once it is done, under the collective timeout). The stream is drained first: the
+ * communicator times its collectives on the host and counts them as entered
+ * (comm.h, the stragglers and the progress board), so this rank's own forward and
+ * backward must be over when it enters, else its GPU time would count as time in
+ * the all-reduce on every rank alike and a slow GPU would never be named. The cost
+ * is the NCCL launch after the drain, a few microseconds per step; the host already
+ * waits for the all-reduce before it enqueues the SGD. Other communicators work on
+ * host memory (the download waits for the backward too). */
 static void grads_allreduce(Engine *e, GpuEngine *g) {
     Comm *c = e->cfg.comm;
     size_t np = e->cfg.model->num_params;
     if (comm_kind(c) == COMM_NCCL) {
+        cuda_ctx_sync(g->ctx);
         comm_allreduce_mean_on_stream(c, g->grads, np, cuda_ctx_stream(g->ctx));
     } else {
         cuda_download(g->ctx, g->h_scratch, g->grads, np * sizeof(float));

@@ -95,8 +95,10 @@ void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root);
 void comm_barrier(Comm *c);
 
 /* Seconds this process spent inside collectives (waiting for the others included;
- * on NCCL the host's view: an all-reduce enqueued after the backward also waits for
- * it). The epoch loop subtracts it from a step's time: its compute time. */
+ * on NCCL the host's view, from the enqueue to the end of the collective: the CUDA
+ * engine drains its stream before it calls the gradient all-reduce, so its own
+ * forward and backward are not in it). The epoch loop subtracts it from a step's
+ * time: its compute time. */
 double comm_seconds_in_collectives(const Comm *c);
 
 /* The progress board (RUN_DIR/ranks/rank-R, comm.c): every rank records its pid,
