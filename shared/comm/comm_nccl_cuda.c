@@ -64,7 +64,7 @@ static void nccl_abort_fail(CommNccl *nc, const char *file, int line, const char
                             const char *reason, const char *hint) __attribute__((noreturn));
 static void nccl_abort_fail(CommNccl *nc, const char *file, int line, const char *what,
                             const char *reason, const char *hint) {
-    char msg[512];
+    char msg[1024]; /* a timeout's reason holds comm_blame_laggard's text (up to 512) */
     snprintf(msg, sizeof msg, "rank %d: %s", nc->rank, reason);
     if (nc->comm != NULL) ncclCommAbort(nc->comm);
     nc->comm = NULL;
