@@ -24,7 +24,9 @@ extern "C" {
  * prefetch entry was inserted after eval_batch (a library of an older build would
  * have its state_to_host called as prefetch); 5 since eval_batch returns logits; 6
  * since state_stage and state_staged were added at its end (an older library's
- * table is shorter). */
+ * table is shorter) and comm_blame_laggard was inserted in this table before
+ * engine_augment_spec. Both sides require the same version (cifar_cuda_init,
+ * cuda_loader.c), so an entry may go anywhere as long as the version moves. */
 #define CUDA_HOST_API_VERSION 6
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;

@@ -514,6 +514,7 @@ static void cuda_state_staged(Engine *e, const float **params, const float **buf
                               const float **momentum) {
     GpuEngine *g = (GpuEngine *)e->impl;
     size_t np = e->cfg.model->num_params;
+    if (!g->snap_dev) die("cuda engine: state_staged before any state_stage (internal error)");
     CHECK_CUDA(cudaSetDevice(e->cfg.device));
     CHECK_CUDA(cudaEventSynchronize(g->snap_copied));
     *params = g->snap_host;
