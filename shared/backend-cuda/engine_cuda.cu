@@ -486,7 +486,9 @@ static void snap_stage_create(const Engine *e, GpuEngine *g) {
     g->snap_host = (float *)host_pinned(bytes);
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->snap_stream, cudaStreamNonBlocking));
     CHECK_CUDA(cudaEventCreateWithFlags(&g->snap_exported, cudaEventDisableTiming));
-    CHECK_CUDA(cudaEventCreateWithFlags(&g->snap_copied, cudaEventDisableTiming));
+    /* the writer thread sleeps in cudaEventSynchronize instead of busy-waiting on a
+     * core the training and loader threads need (cudaEventBlockingSync) */
+    CHECK_CUDA(cudaEventCreateWithFlags(&g->snap_copied, cudaEventBlockingSync | cudaEventDisableTiming));
 }
 
 /* On the engine's stream, after the step: the state into the snapshot's own device
