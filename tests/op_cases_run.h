@@ -6,16 +6,13 @@
  * Host inputs and outputs are double (OpcRun); a case's inputs are uploaded in the
  * table's type and its outputs downloaded back to double. */
 
-/* A device: its op table and context, host <-> device copies, and a hook run
- * before its ops (e.g. select an instruction set). */
+/* A device: its op table and context, host <-> device copies. */
 typedef struct {
     const char *name;
     const struct OPC_T(NetOps) *ops;
     void *ctx;
     void (*upload)(void *ctx, void *dev, const void *host, size_t bytes);
     void (*download)(void *ctx, void *host, const void *dev, size_t bytes);
-    void (*select)(const void *arg);
-    const void *select_arg;
 } OPC_T(OpBackend);
 
 /* Device copy of host input i (the backend's memory and type). */
@@ -305,7 +302,6 @@ static void OPC_T(opc_run_sgd)(const OpCase *c, const OPC_T(OpBackend) *b, OpcRu
 
 /* Runs case c on backend b from r's inputs, appending its outputs to r. */
 static void OPC_T(opc_run)(const OpCase *c, const OPC_T(OpBackend) *b, OpcRun *r) {
-    if (b->select) b->select(b->select_arg);
     switch (c->op) {
     case OPC_CONV: OPC_T(opc_run_conv)(c, b, r); break;
     case OPC_CONV_BN:

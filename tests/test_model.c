@@ -9,7 +9,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/net.h"
-#include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 #include "core/rng.h"
 
 #include "unit.h"
@@ -341,7 +341,9 @@ static void test_basic_blocks_train(void) {
     float loss = loss0;
     for (int s = 0; s < 10; s++) {
         loss = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, NULL);
-        sgd_update(m.num_params, params, grads, mom, NULL, 0.05f, 0.9f, 5e-4f, 0, s == 0);
+        const float lr = 0.05f;
+        const int32_t first = s == 0;
+        net_cpu_ops()->sgd(NULL, m.num_params, params, grads, mom, NULL, &lr, 0.9f, 5e-4f, 0, &first);
     }
     loss = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, &correct);
     EXPECT(loss < 0.5f * loss0, "loss %g after 10 steps (start %g)", loss, loss0);
@@ -381,8 +383,8 @@ static void test_net_inference_only(void) {
           *x = xmalloc((size_t)n * 12 * 12 * 3 * sizeof(float));
     model_init(&m, params, buffers, 5);
     for (size_t i = 0; i < (size_t)n * 12 * 12 * 3; i++) x[i] = rng_uniform(9, 1, i) - 0.5f;
-    Net *full = net_create(&m, &net_cpu_ops, NULL, 4, 1);
-    Net *infer = net_create(&m, &net_cpu_ops, NULL, 4, 0);
+    Net *full = net_create(&m, net_cpu_ops(), NULL, 4, 1);
+    Net *infer = net_create(&m, net_cpu_ops(), NULL, 4, 0);
     /* Forward-only memory: a few buffers of the largest layer (net_impl.h's pool),
      * not every activation of 18 blocks (measured here: 5.4x less). */
     EXPECT(net_arena_bytes(infer) * 4 < net_arena_bytes(full),
@@ -486,15 +488,15 @@ static void test_threads_bit_identical(void) {
     build_seed_cifar(&m);
     const int n = 37, steps = 2;
     StepIn in = step_inputs(&m, n, 11, 5, 7);
-    NetOps per_op = net_cpu_ops;
+    NetOps per_op = *net_cpu_ops();
     per_op.team = NULL;
     struct {
         const char *name;
         const NetOps *ops;
         int threads;
-    } runs[] = {{"team, 1 thread", &net_cpu_ops, 1},
-                {"team, 2 threads", &net_cpu_ops, 2},
-                {"team, 3 threads", &net_cpu_ops, 3},
+    } runs[] = {{"team, 1 thread", net_cpu_ops(), 1},
+                {"team, 2 threads", net_cpu_ops(), 2},
+                {"team, 3 threads", net_cpu_ops(), 3},
                 {"per-op regions, 2 threads", &per_op, 2}};
     enum { RUNS = sizeof runs / sizeof runs[0] };
     StepOut out[RUNS];
@@ -536,7 +538,7 @@ static int g_folded_n, g_folded_keep_calls, g_folded_acc_calls;
 
 static void *folded_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
                               int need_dx) {
-    void *p = net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
+    void *p = net_cpu_ops()->conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
     if (g_folded_n >= FOLDED_MAX_PLANS) die("test_model: more than %d conv plans", FOLDED_MAX_PLANS);
     g_folded_plans[g_folded_n].plan = p;
     g_folded_plans[g_folded_n++].x_per_image = (size_t)h * w * cs->cin;
@@ -554,8 +556,8 @@ static void folded_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const 
                                          const float *invstd, float *dy, float *dx, float *dgamma,
                                          float *dbeta) {
     g_folded_keep_calls++;
-    net_cpu_ops.relu_backward(ctx, (size_t)n * hw * c, y, dy, dy);
-    net_cpu_ops.bn_backward(ctx, n, hw, c, x, gamma, mean, invstd, dy, dx, dgamma, dbeta);
+    net_cpu_ops()->relu_backward(ctx, (size_t)n * hw * c, y, dy, dy);
+    net_cpu_ops()->bn_backward(ctx, n, hw, c, x, gamma, mean, invstd, dy, dx, dgamma, dbeta);
 }
 
 static void folded_conv_backward_acc(void *ctx, void *plan, int n, const float *x,
@@ -564,8 +566,8 @@ static void folded_conv_backward_acc(void *ctx, void *plan, int n, const float *
     g_folded_acc_calls++;
     size_t count = (size_t)n * folded_x_per_image(plan);
     float *tmp = xmalloc(count * sizeof(float));
-    net_cpu_ops.conv_backward(ctx, plan, n, x, weight, dy, tmp, dweight, dbias, ws, ws_bytes);
-    net_cpu_ops.add(ctx, count, dx, tmp, dx);
+    net_cpu_ops()->conv_backward(ctx, plan, n, x, weight, dy, tmp, dweight, dbias, ws, ws_bytes);
+    net_cpu_ops()->add(ctx, count, dx, tmp, dx);
     free(tmp);
 }
 
@@ -574,7 +576,7 @@ static void test_folded_block_backward(void) {
     build_seed_cifar(&m);
     const int n = 13, steps = 2;
     StepIn in = step_inputs(&m, n, 12, 6, 3);
-    NetOps plain = net_cpu_ops, folded = net_cpu_ops;
+    NetOps plain = *net_cpu_ops(), folded = *net_cpu_ops();
     plain.team = folded.team = NULL; /* the wrappers allocate: one caller at a time */
     folded.conv_plan = folded_conv_plan;
     folded.bn_relu_backward_keep = folded_bn_relu_backward_keep;
@@ -626,7 +628,7 @@ static void *recording_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h
     g_recorded[g_recorded_n].cin = cs->cin;
     g_recorded[g_recorded_n].backward = backward;
     g_recorded[g_recorded_n++].need_dx = need_dx;
-    return net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
+    return net_cpu_ops()->conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
 }
 
 /* Planned convs of one executor: how many, and how many of them ask for a dx. */
@@ -643,7 +645,7 @@ static void recorded_flags(int *convs, int *backward, int *need_dx, int *stem_ne
 static void test_plan_need_dx(void) {
     Model m;
     build_seed_cifar(&m);
-    NetOps rec = net_cpu_ops;
+    NetOps rec = *net_cpu_ops();
     rec.team = NULL;
     rec.conv_plan = recording_conv_plan;
     int convs, backward, need_dx, stem;

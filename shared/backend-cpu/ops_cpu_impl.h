@@ -1,12 +1,17 @@
-/* ops_cpu_impl.h: the bodies of the CPU ops (ops.h), written once over a scalar type.
+/* ops_cpu_impl.h: the CPU's op table (net_ops.h's NetOps), written once over a scalar
+ * type: every entry is a function of this file with the table's signature, named
+ * cpu_<entry> (cpu_conv_forward, cpu_bn_train, ...); op bodies are opsi_*.
  *
- * ops_cpu.c includes it with OPS_REAL float (the library's ops, on cblas_sgemm);
- * tests/test_ops.c includes it with OPS_REAL double under a name prefix, so the
- * finite-difference gradient checks run in double precision over the very same code.
- * Define before including (once per translation unit):
- *   OPS_REAL       float or double
- *   OPS_FN(name)   the external name of op `name` (e.g. name, or ops_d_##name)
+ * Compiled once per instruction set (ops_cpu.c baseline x86-64, ops_cpu_avx2.c,
+ * ops_cpu_avx512.c: the tables net_cpu_ops_generic / _avx2 / _avx512, one picked at
+ * start by net_cpu_ops()), and in double by tests/cpu_double.h (net_cpu_opsD), so
+ * the finite-difference gradient checks run in double precision over the very same
+ * code. Define before including (once per translation unit), after the NetOps type
+ * of the instance is declared (model/net.h for float, model/net_ops.h for double):
+ *   NET_REAL       float or double
+ *   NET_T(name)    the instance's name of a type (name, or name##D), as for net_ops.h
  *   OPS_GEMM       cblas_sgemm or cblas_dgemm
+ *   OPS_CPU_TABLE  the name of the table this file defines, OPS_CPU_NAME its .name
  *
  * Determinism: every reduction runs over blocks of rows whose boundaries depend on
  * the problem size only; per-block partial sums (in double) are combined in block
@@ -14,11 +19,12 @@
  * schedules. The only reductions left to BLAS are GEMM inner products, which OpenBLAS
  * does not split across threads.
  *
- * Threads: every public op runs its body on a team (OPSI_TEAM): the team of the
- * network walk when the caller runs one (ops_team_run: one parallel region per walk),
- * else a parallel region of its own. Bodies share work with orphaned `omp for` loops
- * and do serial parts in `omp single`; their scratch comes from ops_team_scratch, and
- * every body ends on a barrier (the scratch is the next op's after it).
+ * Threads: every entry runs its body on a team (OPSI_TEAM): the team of the network
+ * walk when the caller runs one (the table's team entry, ops_team_run: one parallel
+ * region per walk), else a parallel region of its own. Bodies share work with
+ * orphaned `omp for` loops and do serial parts in `omp single`; their scratch comes
+ * from ops_team_scratch, and every body ends on a barrier (the scratch is the next
+ * op's after it).
  *
  * Convolution: NHWC activations; im2col columns are ordered (kh, kw, ci) so each
  * (kh, kw) tap copies `cin` contiguous floats, and the PyTorch weight
@@ -33,9 +39,10 @@
 
 #include "core/check.h"
 #include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 #include "model/xent_row.h"
 
-typedef OPS_REAL real_t;
+typedef NET_REAL real_t;
 
 /* Rows per reduction block and the cap on blocks: fixed, so the partition of a
  * reduction depends only on its size. */
@@ -182,10 +189,54 @@ static OpsiConvPlan opsi_conv_plan(const ConvSpec *cs, int n, int h, int w) {
     return p;
 }
 
-size_t OPS_FN(conv2d_workspace_floats)(const ConvSpec *cs, int n, int h, int w) {
-    OpsiConvPlan p = opsi_conv_plan(cs, n, h, w);
-    /* the dW partials */
-    return (size_t)p.nparts * p.part_len;
+/* The table's conv plan: the layer's spec and largest input (weights stay in
+ * PyTorch's layout); the tiling (OpsiConvPlan) follows from it per call. */
+typedef struct {
+    ConvSpec cs;
+    int max_n, h, w;
+    int need_dx; /* net_ops.h: 0 when the backward gets no dx */
+} CpuConvPlan;
+
+static void *cpu_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                           int need_dx) {
+    (void)ctx;
+    (void)backward;
+    CpuConvPlan *p = xcalloc(1, sizeof *p);
+    p->cs = *cs;
+    p->need_dx = need_dx;
+    p->max_n = max_n;
+    p->h = h;
+    p->w = w;
+    return p;
+}
+
+static void cpu_conv_plan_free(void *ctx, void *plan) {
+    (void)ctx;
+    free(plan);
+}
+
+/* Nothing to settle: the tiling is a function of the call's shapes. */
+static void cpu_conv_prepare(void *ctx, void *plan, int n, size_t ws_bytes) {
+    (void)ctx;
+    (void)plan;
+    (void)n;
+    (void)ws_bytes;
+}
+
+/* The dW partials of the largest batch. */
+static size_t cpu_conv_workspace_bytes(void *ctx, void *plan) {
+    (void)ctx;
+    const CpuConvPlan *cp = plan;
+    OpsiConvPlan p = opsi_conv_plan(&cp->cs, cp->max_n, cp->h, cp->w);
+    return (size_t)p.nparts * p.part_len * sizeof(real_t);
+}
+
+/* Weights stay in PyTorch's layout: export and import are copies. */
+static void cpu_conv_weight_copy(void *ctx, void *plan, const real_t *src, real_t *dst) {
+    (void)ctx;
+    const CpuConvPlan *p = plan;
+    size_t n = (size_t)p->cs.cout * p->cs.cin * p->cs.k * p->cs.k;
+    if (dst != src) memmove(dst, src, n * sizeof(real_t));
 }
 
 /* Per-thread im2col buffer, grown on demand and kept for the thread's lifetime
@@ -607,10 +658,12 @@ static void opsi_conv_forward(const ConvSpec *cs, int n, int h, int w, const rea
     for (int t = 0; t < p.nwork; t++) opsi_conv_forward_tile(cs, &p, n, h, w, x, wmat, bias, y, t);
 }
 
-void OPS_FN(conv2d_forward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
-                            const real_t *weight, const real_t *bias, real_t *y,
-                            real_t *workspace) {
-    OPSI_TEAM(opsi_conv_forward(cs, n, h, w, x, weight, bias, y, workspace));
+static void cpu_conv_forward(void *ctx, void *plan, int n, const real_t *x, const real_t *weight,
+                             const real_t *bias, real_t *y, void *ws, size_t ws_bytes) {
+    (void)ctx;
+    (void)ws_bytes;
+    const CpuConvPlan *p = plan;
+    OPSI_TEAM(opsi_conv_forward(&p->cs, n, p->h, p->w, x, weight, bias, y, ws));
 }
 
 /* The input gradient of a stride-1 conv is the direct conv of dy with the flipped,
@@ -761,10 +814,15 @@ static void opsi_conv_backward(const ConvSpec *cs, int n, int h, int w, const re
         }
 }
 
-void OPS_FN(conv2d_backward)(const ConvSpec *cs, int n, int h, int w, const real_t *x,
-                             const real_t *weight, const real_t *dy, real_t *dx,
-                             real_t *dweight, real_t *dbias, real_t *workspace) {
-    OPSI_TEAM(opsi_conv_backward(cs, n, h, w, x, weight, dy, dx, dweight, dbias, workspace));
+static void cpu_conv_backward(void *ctx, void *plan, int n, const real_t *x, const real_t *weight,
+                              const real_t *dy, real_t *dx, real_t *dweight, real_t *dbias,
+                              void *ws, size_t ws_bytes) {
+    (void)ctx;
+    (void)ws_bytes;
+    const CpuConvPlan *p = plan;
+    /* the contract the GPU's plans rely on (no backward-data algorithm planned) */
+    if (dx && !p->need_dx) die("model: conv backward with a dx on a plan made without need_dx (internal error)");
+    OPSI_TEAM(opsi_conv_backward(&p->cs, n, p->h, p->w, x, weight, dy, dx, dweight, dbias, ws));
 }
 
 /* ------------------------------------------------------------- batchnorm */
@@ -857,28 +915,32 @@ static void opsi_bn_forward_train(int rows, int c, const real_t *x, const real_t
     opsi_channel_affine(rows, c, x, aff, relu, z, y);
 }
 
-void OPS_FN(batchnorm2d_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
-                                       const real_t *beta, real_t *y, real_t *save_mean,
-                                       real_t *save_invstd, real_t *running_mean,
-                                       real_t *running_var, real_t momentum, real_t eps) {
-    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+static void cpu_bn_train(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
+                         const real_t *beta, real_t *y, real_t *save_mean, real_t *save_invstd,
+                         real_t *running_mean, real_t *running_var, float momentum, float eps) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_forward_train(n * hw, c, x, gamma, beta, y, save_mean, save_invstd,
                                     running_mean, running_var, momentum, eps, 0, NULL));
 }
 
-void OPS_FN(batchnorm2d_relu_forward_train)(int rows, int c, const real_t *x, const real_t *gamma,
-                                            const real_t *beta, real_t *y, real_t *save_mean,
-                                            real_t *save_invstd, real_t *running_mean,
-                                            real_t *running_var, real_t momentum, real_t eps) {
-    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+static void cpu_bn_relu_train(void *ctx, int n, int hw, int c, const real_t *x,
+                              const real_t *gamma, const real_t *beta, real_t *y,
+                              real_t *save_mean, real_t *save_invstd, real_t *running_mean,
+                              real_t *running_var, float momentum, float eps) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_forward_train(n * hw, c, x, gamma, beta, y, save_mean, save_invstd,
                                     running_mean, running_var, momentum, eps, 1, NULL));
 }
 
-void OPS_FN(batchnorm2d_add_relu_forward_train)(int rows, int c, const real_t *x,
-                                                const real_t *gamma, const real_t *beta,
-                                                const real_t *z, real_t *y, real_t *save_mean,
-                                                real_t *save_invstd, real_t *running_mean,
-                                                real_t *running_var, real_t momentum, real_t eps) {
-    OPSI_TEAM(opsi_bn_forward_train(rows, c, x, gamma, beta, y, save_mean, save_invstd,
+/* One pass: tmp (the BN output before the add) is never needed. */
+static void cpu_bn_add_relu_train(void *ctx, int n, int hw, int c, const real_t *x,
+                                  const real_t *gamma, const real_t *beta, const real_t *z,
+                                  real_t *tmp, real_t *y, real_t *save_mean, real_t *save_invstd,
+                                  real_t *running_mean, real_t *running_var, float momentum,
+                                  float eps) {
+    (void)ctx;
+    (void)tmp;
+    OPSI_TEAM(opsi_bn_forward_train(n * hw, c, x, gamma, beta, y, save_mean, save_invstd,
                                     running_mean, running_var, momentum, eps, 1, z));
 }
 
@@ -894,10 +956,11 @@ static void opsi_bn_forward_eval(int rows, int c, const real_t *x, const real_t 
     opsi_channel_affine(rows, c, x, aff, 0, NULL, y);
 }
 
-void OPS_FN(batchnorm2d_forward_eval)(int rows, int c, const real_t *x, const real_t *gamma,
-                                      const real_t *beta, const real_t *running_mean,
-                                      const real_t *running_var, real_t eps, real_t *y) {
-    OPSI_TEAM(opsi_bn_forward_eval(rows, c, x, gamma, beta, running_mean, running_var, eps, y));
+static void cpu_bn_eval(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
+                        const real_t *beta, const real_t *running_mean, const real_t *running_var,
+                        float eps, real_t *y) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_forward_eval(n * hw, c, x, gamma, beta, running_mean, running_var, eps, y));
 }
 
 /* From the per-block partial sums part[b*2cs + 0..c) = sum dy, part[b*2cs + cs..cs+c) =
@@ -998,18 +1061,20 @@ static void opsi_bn_relu_backward(int rows, int c, const real_t *x, const real_t
 #pragma GCC pop_options
 #endif
 
-void OPS_FN(batchnorm2d_backward)(int rows, int c, const real_t *x, const real_t *gamma,
-                                  const real_t *save_mean, const real_t *save_invstd,
-                                  const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
-    OPSI_TEAM(opsi_bn_backward_plain(rows, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
+static void cpu_bn_backward(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
+                            const real_t *save_mean, const real_t *save_invstd, const real_t *dy,
+                            real_t *dx, real_t *dgamma, real_t *dbeta) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_backward_plain(n * hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
                                      dbeta));
 }
 
-void OPS_FN(batchnorm2d_relu_backward)(int rows, int c, const real_t *x, const real_t *y,
-                                       const real_t *gamma, const real_t *save_mean,
-                                       const real_t *save_invstd, const real_t *dy, real_t *dx,
-                                       real_t *dgamma, real_t *dbeta) {
-    OPSI_TEAM(opsi_bn_relu_backward(rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma,
+static void cpu_bn_relu_backward(void *ctx, int n, int hw, int c, const real_t *x, const real_t *y,
+                                 const real_t *gamma, const real_t *save_mean,
+                                 const real_t *save_invstd, real_t *dy, real_t *dx, real_t *dgamma,
+                                 real_t *dbeta) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_relu_backward(n * hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma,
                                     dbeta));
 }
 
@@ -1038,20 +1103,25 @@ static void opsi_add_relu_forward(size_t n, const real_t *a, const real_t *b, re
     }
 }
 
-void OPS_FN(relu_forward)(size_t n, const real_t *x, real_t *y) {
-    OPSI_TEAM(opsi_relu_forward(n, x, y));
+static void cpu_relu_forward(void *ctx, size_t count, const real_t *x, real_t *y) {
+    (void)ctx;
+    OPSI_TEAM(opsi_relu_forward(count, x, y));
 }
 
-void OPS_FN(relu_backward)(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
-    OPSI_TEAM(opsi_relu_backward(n, y, dy, dx));
+static void cpu_relu_backward(void *ctx, size_t count, const real_t *y, const real_t *dy,
+                              real_t *dx) {
+    (void)ctx;
+    OPSI_TEAM(opsi_relu_backward(count, y, dy, dx));
 }
 
-void OPS_FN(add_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
-    OPSI_TEAM(opsi_add_forward(n, a, b, y));
+static void cpu_add(void *ctx, size_t count, const real_t *a, const real_t *b, real_t *y) {
+    (void)ctx;
+    OPSI_TEAM(opsi_add_forward(count, a, b, y));
 }
 
-void OPS_FN(add_relu_forward)(size_t n, const real_t *a, const real_t *b, real_t *y) {
-    OPSI_TEAM(opsi_add_relu_forward(n, a, b, y));
+static void cpu_add_relu(void *ctx, size_t count, const real_t *a, const real_t *b, real_t *y) {
+    (void)ctx;
+    OPSI_TEAM(opsi_add_relu_forward(count, a, b, y));
 }
 
 /* --------------------------------------------------------------- pooling */
@@ -1077,11 +1147,13 @@ static void opsi_meanpool_backward(int n, int hw, int c, const real_t *dy, real_
                 dx[((size_t)i * hw + j) * c + ch] = dy[(size_t)i * c + ch] * inv;
 }
 
-void OPS_FN(meanpool_forward)(int n, int hw, int c, const real_t *x, real_t *y) {
+static void cpu_meanpool_forward(void *ctx, int n, int hw, int c, const real_t *x, real_t *y) {
+    (void)ctx;
     OPSI_TEAM(opsi_meanpool_forward(n, hw, c, x, y));
 }
 
-void OPS_FN(meanpool_backward)(int n, int hw, int c, const real_t *dy, real_t *dx) {
+static void cpu_meanpool_backward(void *ctx, int n, int hw, int c, const real_t *dy, real_t *dx) {
+    (void)ctx;
     OPSI_TEAM(opsi_meanpool_backward(n, hw, c, dy, dx));
 }
 
@@ -1108,23 +1180,25 @@ static void opsi_linear_backward(int n, int in, int out, const real_t *x, const 
     if (dbias) opsi_colsums(n, out, dy, dbias);
 }
 
-void OPS_FN(linear_forward)(int n, int in, int out, const real_t *x, const real_t *weight,
-                            const real_t *bias, real_t *y) {
+static void cpu_linear_forward(void *ctx, int n, int in, int out, const real_t *x,
+                               const real_t *weight, const real_t *bias, real_t *y) {
+    (void)ctx;
     OPSI_TEAM(opsi_linear_forward(n, in, out, x, weight, bias, y));
 }
 
-void OPS_FN(linear_backward)(int n, int in, int out, const real_t *x, const real_t *weight,
-                             const real_t *dy, real_t *dx, real_t *dweight, real_t *dbias) {
+static void cpu_linear_backward(void *ctx, int n, int in, int out, const real_t *x,
+                                const real_t *weight, const real_t *dy, real_t *dx,
+                                real_t *dweight, real_t *dbias) {
+    (void)ctx;
     OPSI_TEAM(opsi_linear_backward(n, in, out, x, weight, dy, dx, dweight, dbias));
 }
 
 /* ------------------------------------------------------------------ loss */
 
-XENT_ROW_DEFINE(OPS_FN(xent_row), real_t, static inline)
+XENT_ROW_DEFINE(opsi_xent_row, real_t, static inline)
 
-real_t OPS_FN(softmax_xent_forward_backward)(int n, int k, const real_t *logits,
-                                             const int32_t *labels, real_t smoothing,
-                                             real_t *dlogits, int *correct) {
+static real_t opsi_xent(int n, int k, const real_t *logits, const int32_t *labels,
+                        real_t smoothing, real_t *dlogits, int *correct) {
     double loss = 0.0;
     int hits = 0;
     const double off = (double)smoothing / k, on = 1.0 - (double)smoothing + off;
@@ -1132,12 +1206,20 @@ real_t OPS_FN(softmax_xent_forward_backward)(int n, int k, const real_t *logits,
         int y = labels[i];
         if (y < 0 || y >= k) die("softmax_xent: label %d of row %d outside [0, %d)", y, i, k);
         int arg;
-        loss += OPS_FN(xent_row)(logits + (size_t)i * k, k, y, on, off, n,
-                                 dlogits ? dlogits + (size_t)i * k : NULL, &arg);
+        loss += opsi_xent_row(logits + (size_t)i * k, k, y, on, off, n,
+                              dlogits ? dlogits + (size_t)i * k : NULL, &arg);
         hits += arg == y;
     }
     if (correct) *correct = hits;
     return (real_t)(loss / n);
+}
+
+/* Serial: on one worker of the team (a barrier after), or on the caller outside one. */
+static void cpu_xent(void *ctx, int n, int k, const real_t *logits, const int32_t *labels,
+                     real_t smoothing, real_t *dlogits, real_t *loss, int *correct) {
+    (void)ctx;
+#pragma omp single
+    *loss = opsi_xent(n, k, logits, labels, smoothing, dlogits, correct);
 }
 
 /* ------------------------------------------------------------- optimizer */
@@ -1155,9 +1237,72 @@ static void opsi_sgd_update(size_t n, real_t *param, const real_t *grad, real_t 
     }
 }
 
-void OPS_FN(sgd_update)(size_t n, real_t *param, const real_t *grad, real_t *momentum_buf,
-                        const uint8_t *decay_mask, real_t lr, real_t momentum,
-                        real_t weight_decay, int nesterov, int first_step) {
-    OPSI_TEAM(opsi_sgd_update(n, param, grad, momentum_buf, decay_mask, lr, momentum,
-                              weight_decay, nesterov, first_step));
+static void cpu_sgd(void *ctx, size_t count, real_t *param, const real_t *grad,
+                    real_t *momentum_buf, const uint8_t *decay_mask, const float *lr,
+                    float momentum, float weight_decay, int nesterov, const int32_t *first_step) {
+    (void)ctx;
+    OPSI_TEAM(opsi_sgd_update(count, param, grad, momentum_buf, decay_mask, *lr, momentum,
+                              weight_decay, nesterov, *first_step));
 }
+
+/* --------------------------------------------------------------- the table */
+
+/* 16-element alignment: 64 bytes for float, as every CPU buffer. */
+#define OPSI_ALIGN (16 * sizeof(real_t))
+
+static void *cpu_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return xmalloc_aligned(bytes);
+}
+
+static void cpu_release(void *ctx, void *ptr) {
+    (void)ctx;
+    free(ptr);
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    if (dst != src) memmove(dst, src, bytes);
+}
+
+static void cpu_team(void *ctx, void (*body)(void *arg), void *arg) {
+    (void)ctx;
+    ops_team_run(body, arg);
+}
+
+/* The optional folded block backward (bn_relu_backward_keep, conv_backward_acc) is
+ * left NULL: the walk runs the plain block backward on the CPU. */
+const struct NET_T(NetOps) OPS_CPU_TABLE = {
+    .name = OPS_CPU_NAME,
+    .align = OPSI_ALIGN,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .copy = cpu_copy,
+    .team = cpu_team,
+    .conv_plan = cpu_conv_plan,
+    .conv_workspace_bytes = cpu_conv_workspace_bytes,
+    .conv_plan_free = cpu_conv_plan_free,
+    .conv_prepare = cpu_conv_prepare,
+    .conv_forward = cpu_conv_forward,
+    .conv_backward = cpu_conv_backward,
+    .conv_weight_export = cpu_conv_weight_copy,
+    .conv_weight_import = cpu_conv_weight_copy,
+    .bn_train = cpu_bn_train,
+    .bn_relu_train = cpu_bn_relu_train,
+    .bn_add_relu_train = cpu_bn_add_relu_train,
+    .bn_eval = cpu_bn_eval,
+    .bn_backward = cpu_bn_backward,
+    .bn_relu_backward = cpu_bn_relu_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
+    .add = cpu_add,
+    .add_relu = cpu_add_relu,
+    .meanpool_forward = cpu_meanpool_forward,
+    .meanpool_backward = cpu_meanpool_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .xent = cpu_xent,
+    .sgd = cpu_sgd,
+};
+
+#undef OPSI_ALIGN

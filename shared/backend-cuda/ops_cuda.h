@@ -1,5 +1,5 @@
-/* ops_cuda.h: the CUDA twins of ops.h (same names with a _cuda suffix, same
- * contracts, device pointers), plus the few GPU-only pieces the CUDA engine needs.
+/* ops_cuda.h: the CUDA twins of the ops of net_ops.h (ops.h's former names with a
+ * _cuda suffix, the same contracts, device pointers), plus the few GPU-only pieces the CUDA engine needs.
  *
  * Every op takes a CudaCtx first: the device, one stream, the cuDNN and cuBLAS
  * handles (bound to that stream), the math mode (fp32 or tf32) and whether only
@@ -27,7 +27,6 @@
 #include "backend-cuda/bf16_layout.h"
 #include "data/augment.h"
 #include "model/ops.h"
-#include "model/ops_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -250,17 +249,22 @@ void cuda_deferred_flush(CudaCtx *ctx);
 void cuda_deferred_drop(CudaCtx *ctx);
 
 /* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
- * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers
- * (sgd_update_cuda's decay_mask a device array or NULL): relu_forward_cuda,
- * relu_backward_cuda, add_forward_cuda, add_relu_forward_cuda, meanpool_forward_cuda,
- * meanpool_backward_cuda, linear_forward_cuda, linear_backward_cuda, sgd_update_cuda. */
-#define OPS_CUDA_WITH_CTX(...) (CudaCtx *ctx, __VA_ARGS__)
-#define OPS_CUDA_DECLARE_VOID(name, params, args) void name##_cuda OPS_CUDA_WITH_CTX params;
-#define OPS_CUDA_DECLARE_RET(type, name, params, args) type name##_cuda OPS_CUDA_WITH_CTX params;
-OPS_LIST_SHARED(OPS_CUDA_DECLARE_VOID, OPS_CUDA_DECLARE_RET, float)
-#undef OPS_CUDA_DECLARE_VOID
-#undef OPS_CUDA_DECLARE_RET
-#undef OPS_CUDA_WITH_CTX
+ * net_ops.h's contracts with a CudaCtx first, device pointers (sgd_update_cuda's
+ * decay_mask a device array or NULL). */
+void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y);
+void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy, float *dx);
+void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
+void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
+void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y);
+void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy, float *dx);
+void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                         const float *weight, const float *bias, float *y);
+void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                          const float *weight, const float *dy, float *dx, float *dweight,
+                          float *dbias);
+void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad,
+                     float *momentum_buf, const uint8_t *decay_mask, float lr, float momentum,
+                     float weight_decay, int nesterov, int first_step);
 
 /* ---- loss ---- */
 

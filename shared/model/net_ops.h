@@ -1,21 +1,67 @@
-/* net_ops.h: the op table a device hands to the network executor (net.h), written
- * once over a scalar type. No include guard: a translation unit includes it once per
- * instance, after defining
+/* net_ops.h: the op contract: the table of ops a device hands to the network
+ * executor (net.h), the one definition every backend implements (CPU:
+ * backend-cpu/ops_cpu_impl.h, cpu_<entry>; CUDA: backend-cuda/net_cuda.cu) and that
+ * tests/op_cases.h checks on each. Written once over a scalar type. No include
+ * guard: a translation unit includes it once per instance, after defining
  *   NET_REAL      float or double
  *   NET_T(name)   the instance's name of type or function `name` (name, or name##D)
  * net.h instantiates it for float (NetOps: the CPU and CUDA tables); the gradient
  * tests instantiate it for double (NetOpsD: the CPU ops in double).
  *
+ * Layout: activations are NHWC (rows = N*H*W, channels innermost), so a 1x1
+ * convolution is one GEMM over the whole batch and batch norm reduces over rows.
  * Every op gets the table's ctx first (NULL for the CPU, the CudaCtx for CUDA); all
- * pointers are in the device's memory. Contracts are ops.h's, with these additions:
- *   - batch norm takes the real shape (n images of hw pixels, c channels): rows = n*hw;
- *   - a conv is called through the plan its table made for the layer (cuDNN
- *     descriptors and algorithms, or the CPU's spec and sizes); its weight is in the
- *     layout the table keeps on the device (conv_weight_export converts to PyTorch's);
- *   - bn_relu_backward may overwrite dy (the executor never reads it again);
- *   - xent writes the mean loss and the hit count to device memory (loss, correct)
- *     so a GPU step needs no synchronisation; correct may be NULL;
- *   - sgd reads lr and first_step from device memory when it runs (graph replays). */
+ * pointers are in the device's memory.
+ *
+ * Conventions for every backward:
+ *   - parameter gradients (dweight, dbias, dgamma, dbeta) are OVERWRITTEN, not
+ *     accumulated: every parameter is used once per step;
+ *   - dx is overwritten; a NULL dx skips the input gradient (the stem conv);
+ *   - results are bit-identical for any thread count (reductions over partitions
+ *     fixed by the shapes, combined in a fixed order).
+ *
+ * The ops:
+ *   conv_forward: y[n,oh,ow,cout] = conv(x[n,h,w,cin], weight) + bias, through the
+ *     plan its table made for the layer (cuDNN descriptors and algorithms, or the
+ *     CPU's spec and sizes); the weight is in the layout the table keeps on the
+ *     device (conv_weight_export converts to PyTorch's [Cout][Cin][K][K]).
+ *   conv_backward: from dy[n,oh,ow,cout]: dweight, dbias (overwritten), dx
+ *     (overwritten unless NULL).
+ *   bn_train: batch norm over the real shape (n images of hw pixels, c channels:
+ *     rows = n*hw), training mode: normalises with the batch mean and biased
+ *     variance, saves mean and 1/sqrt(var+eps) per channel for backward, and updates
+ *     the running statistics as PyTorch does:
+ *       running_mean = (1-momentum)*running_mean + momentum*mean
+ *       running_var  = (1-momentum)*running_var  + momentum*var*rows/(rows-1)  (unbiased)
+ *   bn_eval: inference mode: uses the running statistics.
+ *   bn_backward: dx, dgamma, dbeta from dy and the saved statistics.
+ *   bn_relu_train: bn_train then relu_forward in one pass over y (bit-identical
+ *     results; NaN passes), for the bn -> relu pairs.
+ *   bn_add_relu_train: y = max(bn_train(x) + z, 0) in one pass over y (bit-identical
+ *     to the BN then add_relu; NaN passes), for the residual add that ends a block.
+ *   bn_relu_backward: relu_backward (y: the ReLU's output, dy: its output gradient)
+ *     then bn_backward (x: the BN's input), without materialising the masked
+ *     gradient; bit-identical to the two ops. dx may equal dy; NULL dx skips it; dy
+ *     may be overwritten (the executor never reads it again).
+ *   xent: mean softmax cross-entropy over n rows of k logits with label smoothing
+ *     (PyTorch's CrossEntropyLoss(label_smoothing=eps)). Writes dlogits (the gradient
+ *     of the MEAN loss, i.e. already divided by n) when non-NULL, the rows whose
+ *     arg-max equals the label into *correct when non-NULL, the mean loss into *loss;
+ *     both in device memory, so a GPU step needs no synchronisation. Labels must be
+ *     in [0, k).
+ *   relu_forward: y = max(x, 0), NaN passes; in place allowed (y == x).
+ *   relu_backward: dx = dy where y > 0 else 0; in place allowed (dx == dy).
+ *   add: y = a + b; in place allowed. (Backward of an add is the identity.)
+ *   add_relu: y = max(a + b, 0): the residual add fused with the block's ReLU.
+ *   meanpool_forward / meanpool_backward: global mean pool x[n, hw, c] -> y[n, c].
+ *   linear_forward: y[n, out] = x[n, in] * weight[out, in]^T + bias.
+ *   linear_backward: dx (unless NULL), dweight, dbias from dy.
+ *   sgd: SGD with momentum and weight decay over a flat buffer, PyTorch's rule:
+ *       g = grad + weight_decay * param      (decay_mask[i] == 0 -> no decay)
+ *       buf = momentum * buf + g             (the first step: buf = g)
+ *       param -= lr * (nesterov ? g + momentum * buf : buf)
+ *     decay_mask may be NULL (decay everything); lr and first_step are read from
+ *     device memory when it runs (graph replays). */
 #include <stddef.h>
 #include <stdint.h>
 
