@@ -5,7 +5,8 @@
  *     differences (opc_fd_all), and every CPU instruction-set variant against the
  *     baseline;
  *   - test_ops_cuda.c: the CUDA table against the CPU table (the conv -> BN pairs
- *     exercise the CUDA table's deferred conv bias and its folded gradient).
+ *     run the CUDA table's fused entries, conv_bn_forward and bn_conv_backward,
+ *     against the CPU table's composition of the plain entries).
  * Each case builds its inputs once on the host (fixed pseudo-random values, float
  * values held in double). Two backends: each runs the case and every output is
  * compared with |got - want| <= atol + rtol*|want|. Finite differences (cases with
@@ -41,15 +42,16 @@ typedef enum {
     OPC_LINEAR,        /* forward and backward */
     OPC_XENT,          /* loss, hits, dlogits */
     OPC_SGD,           /* param, momentum */
-    OPC_CONV_BN,       /* conv -> bn+relu train -> bn+relu backward -> conv backward (the
-                        * executor's pairing: the CUDA table's deferred conv bias) */
-    OPC_CONV_BN_EVAL,  /* conv -> bn eval */
+    OPC_CONV_BN,       /* conv -> bn train -> bn backward -> conv backward, as the executor
+                        * pairs them (c: 0 bn+relu, 1 bn, 2 bn+add+relu): the table's fused
+                        * entries, e.g. the CUDA table's conv bias inside the BN */
+    OPC_CONV_BN_EVAL,  /* conv -> bn eval (fused: conv_bn_forward) */
 } OpKind;
 #define OPC_KINDS (OPC_CONV_BN_EVAL + 1)
 
 static const char *const opc_kind_names[OPC_KINDS] = {
     "conv", "bn train", "bn+relu train", "bn+add+relu train", "bn eval", "bn backward",
-    "bn+relu backward", "relu", "add_relu", "meanpool", "linear", "xent", "sgd", "conv->bn+relu",
+    "bn+relu backward", "relu", "add_relu", "meanpool", "linear", "xent", "sgd", "conv->bn train",
     "conv->bn eval"};
 
 typedef struct {
@@ -129,6 +131,10 @@ static void opc_make_inputs(const OpCase *c, OpcRun *r) {
         opc_host_rand(r, (size_t)s->cout, -0.5f, 0.5f);                        /* beta */
         opc_host_rand(r, (size_t)s->cout, -0.2f, 0.2f);                        /* running mean */
         opc_host_rand(r, (size_t)s->cout, 0.5f, 1.5f);                         /* running var */
+        if (c->op == OPC_CONV_BN && c->c == 2) {                              /* the residual form: */
+            opc_host_rand(r, (size_t)c->n * oh * ow * s->cout, -1, 1);         /* z */
+            opc_host_rand(r, (size_t)c->n * c->hw * c->k * s->cin, -1, 1);     /* dx accumulated into */
+        }
         break;
     }
     case OPC_BN_TRAIN:
@@ -268,9 +274,13 @@ static const OpCase opc_cases[] = {
     {OPC_SGD, 1, 1000, 3, 1, {0}, 1e-7f, 1e-6f, 0, "sgd nesterov"},
     /* conv bias gradient in front of a training BN: rounding noise around 0 on both
      * (finite differences on the small pair only: the 40-channel one costs a second) */
-    {OPC_CONV_BN, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn+relu (bias deferred)"},
-    {OPC_CONV_BN, 2, 9, 0, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv stem -> bn+relu (bias deferred)"},
-    {OPC_CONV_BN_EVAL, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn eval (bias deferred)"},
+    {OPC_CONV_BN, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn+relu (fused)"},
+    {OPC_CONV_BN, 2, 9, 0, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv stem -> bn+relu (fused)"},
+    {OPC_CONV_BN, 2, 9, 1, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv stem -> bn (fused)"},
+    {OPC_CONV_BN, 3, 8, 1, 8, {8, 40, 1, 2, 0}, 1e-4f, 1e-3f, 0, "conv 1x1/2 projection -> bn (fused)"},
+    {OPC_CONV_BN, 3, 8, 2, 8, {8, 40, 1, 1, 0}, 1e-4f, 1e-3f, 0,
+     "conv 1x1 -> bn+add+relu, folded backward (fused)"},
+    {OPC_CONV_BN_EVAL, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn eval (fused)"},
 };
 
 /* The CPU backend's copies (host memory both sides). */

@@ -571,40 +571,101 @@ static void folded_conv_backward_acc(void *ctx, void *plan, int n, const float *
     free(tmp);
 }
 
-static void test_folded_block_backward(void) {
+/* The fused entries (net_ops.h: conv_bn_forward, bn_conv_backward) as a table might
+ * give them: here the composition of the CPU's plain entries, counted; the walk must
+ * call them (one per conv and pass) and get the plain walk's results bit for bit. */
+static const NetOps *g_fused_base; /* the table under test, for the plain entries */
+static int g_fused_fwd_calls, g_fused_bwd_calls;
+
+static void fused_conv_bn_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                                  const float *bias, float *conv_out, void *ws, size_t ws_bytes,
+                                  const NetBnForward *bn) {
+    g_fused_fwd_calls++;
+    g_fused_base->conv_forward(ctx, plan, n, x, weight, bias, conv_out, ws, ws_bytes);
+    net_ops_bn_forward(g_fused_base, ctx, n, conv_out, bn);
+}
+
+static void fused_bn_conv_backward(void *ctx, const NetBnBackward *bn, void *plan, int n,
+                                   const float *x, const float *weight, float *dx, float *dweight,
+                                   float *dbias, void *ws, size_t ws_bytes, int acc) {
+    g_fused_bwd_calls++;
+    net_ops_bn_backward(g_fused_base, ctx, n, bn);
+    (acc ? g_fused_base->conv_backward_acc : g_fused_base->conv_backward)(
+        ctx, plan, n, x, weight, bn->dx, dx, dweight, dbias, ws, ws_bytes);
+}
+
+/* The plain CPU table against the same table with the folded block backward, with the
+ * fused entries, and with both: the same loss, gradients, weights and statistics
+ * after training steps, the same logits in inference, and each optional entry called
+ * as often as the walk has places for it. */
+static void test_optional_entries(void) {
     Model m;
     build_seed_cifar(&m);
     const int n = 13, steps = 2;
     StepIn in = step_inputs(&m, n, 12, 6, 3);
-    NetOps plain = *net_cpu_ops(), folded = *net_cpu_ops();
-    plain.team = folded.team = NULL; /* the wrappers allocate: one caller at a time */
-    folded.conv_plan = folded_conv_plan;
-    folded.bn_relu_backward_keep = folded_bn_relu_backward_keep;
-    folded.conv_backward_acc = folded_conv_backward_acc;
-    StepOut out[2];
-    const NetOps *tables[2] = {&plain, &folded};
-    for (int r = 0; r < 2; r++) {
-        step_out_alloc(&m, &out[r]);
-        g_folded_n = 0;
-        train_steps(&m, tables[r], 2, in.params, in.buffers, in.x, in.labels, n, steps, &out[r]);
+    int n_proj = 0, n_convs = 1;
+    for (int i = 0; i < m.n_blocks; i++) {
+        n_proj += m.blocks[i].has_projection;
+        n_convs += model_block_n_convs(&m.blocks[i]) + m.blocks[i].has_projection;
     }
-    int n_proj = 0;
-    for (int i = 0; i < m.n_blocks; i++) n_proj += m.blocks[i].has_projection;
-    /* per step and block: the last main BN, and the projection's BN */
-    EXPECT(g_folded_keep_calls == steps * (m.n_blocks + n_proj) && g_folded_acc_calls == steps * m.n_blocks,
-           "folded ops called %d and %d times, want %d and %d", g_folded_keep_calls,
-           g_folded_acc_calls, steps * (m.n_blocks + n_proj), steps * m.n_blocks);
-    EXPECT(isfinite(out[0].loss) && out[1].loss == out[0].loss, "folded loss %.9g, plain %.9g",
-           out[1].loss, out[0].loss);
-    EXPECT(memcmp(out[1].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
-           "folded block backward: gradients differ from the plain path");
-    EXPECT(memcmp(out[1].params, out[0].params, m.num_params * sizeof(float)) == 0,
-           "folded block backward: weights differ from the plain path");
-    EXPECT(memcmp(out[1].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
-           "folded block backward: BN statistics differ from the plain path");
-    printf("%s folded block backward (%d blocks, %d projections) = plain path, bit for bit\n",
-           g_failures ? "FAIL" : "ok  ", m.n_blocks, n_proj);
-    for (int r = 0; r < 2; r++) step_out_free(&out[r]);
+    NetOps t[4];
+    static const char *names[4] = {"plain", "folded block backward", "fused entries",
+                                   "fused entries + folded"};
+    for (int r = 0; r < 4; r++) {
+        t[r] = *net_cpu_ops();
+        t[r].team = NULL; /* the wrappers allocate and count: one caller at a time */
+        if (r & 1) {
+            t[r].conv_plan = folded_conv_plan;
+            t[r].bn_relu_backward_keep = folded_bn_relu_backward_keep;
+            t[r].conv_backward_acc = folded_conv_backward_acc;
+        }
+        if (r & 2) {
+            t[r].conv_bn_forward = fused_conv_bn_forward;
+            t[r].bn_conv_backward = fused_bn_conv_backward;
+        }
+    }
+    StepOut out[4];
+    float *logits[4];
+    for (int r = 0; r < 4; r++) {
+        step_out_alloc(&m, &out[r]);
+        g_folded_n = g_folded_keep_calls = g_folded_acc_calls = 0;
+        g_fused_fwd_calls = g_fused_bwd_calls = 0;
+        g_fused_base = &t[r];
+        train_steps(&m, &t[r], 2, in.params, in.buffers, in.x, in.labels, n, steps, &out[r]);
+        g_folded_n = 0; /* the training executor's plans are gone */
+        Net *infer = net_create(&m, &t[r], NULL, n, 0);
+        net_forward(infer, out[r].params, out[r].buffers, 0, in.x, n);
+        logits[r] = xmalloc((size_t)n * m.fc_out * sizeof(float));
+        memcpy(logits[r], net_logits(infer), (size_t)n * m.fc_out * sizeof(float));
+        net_free(infer);
+        /* per step and block: the last main BN, and the projection's BN */
+        int keep = r & 1 ? steps * (m.n_blocks + n_proj) : 0, acc = r & 1 ? steps * m.n_blocks : 0;
+        EXPECT(g_folded_keep_calls == keep && g_folded_acc_calls == acc,
+               "%s: folded ops called %d and %d times, want %d and %d", names[r],
+               g_folded_keep_calls, g_folded_acc_calls, keep, acc);
+        int fwd = r & 2 ? (steps + 1) * n_convs : 0, bwd = r & 2 ? steps * n_convs : 0;
+        EXPECT(g_fused_fwd_calls == fwd && g_fused_bwd_calls == bwd,
+               "%s: fused entries called %d and %d times, want %d and %d", names[r],
+               g_fused_fwd_calls, g_fused_bwd_calls, fwd, bwd);
+    }
+    for (int r = 1; r < 4; r++) {
+        EXPECT(isfinite(out[0].loss) && out[r].loss == out[0].loss, "%s: loss %.9g, plain %.9g",
+               names[r], out[r].loss, out[0].loss);
+        EXPECT(memcmp(out[r].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
+               "%s: gradients differ from the plain path", names[r]);
+        EXPECT(memcmp(out[r].params, out[0].params, m.num_params * sizeof(float)) == 0,
+               "%s: weights differ from the plain path", names[r]);
+        EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
+               "%s: BN statistics differ from the plain path", names[r]);
+        EXPECT(memcmp(logits[r], logits[0], (size_t)n * m.fc_out * sizeof(float)) == 0,
+               "%s: inference logits differ from the plain path", names[r]);
+        printf("%s %s (%d blocks, %d projections, %d convs) = plain path, bit for bit\n",
+               g_failures ? "FAIL" : "ok  ", names[r], m.n_blocks, n_proj, n_convs);
+    }
+    for (int r = 0; r < 4; r++) {
+        step_out_free(&out[r]);
+        free(logits[r]);
+    }
     step_inputs_free(&in);
     model_free(&m);
 }
@@ -689,7 +750,7 @@ int main(void) {
     test_basic_blocks_train();
     test_net_inference_only();
     test_threads_bit_identical();
-    test_folded_block_backward();
+    test_optional_entries();
     test_plan_need_dx();
     return unit_report("test_model");
 }

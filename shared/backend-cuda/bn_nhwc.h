@@ -136,7 +136,7 @@ BN_HD float bn_masked_dy(const float *y, const float *dy, int64_t i, int bf16) {
 /* v as the activation type holds it (the identity for floats). */
 BN_HD float act_round(float v, int bf16) { return bf16 ? bf16_to_float(bf16_from_float(v)) : v; }
 
-/* x as the BN sees it: plus the deferred conv bias of its channel, when there is one
+/* x as the BN sees it: plus the conv bias of its channel (a fused conv + BN), when there is one
  * (rounded to the activation type: what the element-wise pass writes back). */
 BN_HD float bn_in(const float *x, const float *bias, int64_t i, int ch, int bf16) {
     float v = act_load(x, i, bf16);
@@ -247,7 +247,7 @@ BN_HD void bn_bwd_final(int64_t rows, int c, int ch, const double *s, const floa
     dsum[ch] = (float)((double)f1 * sdy + (double)f2 * (sxm + rows * mean) + (double)rows * f3);
 }
 
-/* Forward element i: v = x (+ deferred bias, written back into x), then the affine,
+/* Forward element i: v = x (+ the fused conv bias, written back into x), then the affine,
  * then by mode nothing, ReLU, or + z and ReLU. */
 BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const float *aff,
                         const float *z, int mode, float *y, int bf16) {

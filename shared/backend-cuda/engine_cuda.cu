@@ -175,7 +175,6 @@ static void sgd_step(Engine *e, GpuEngine *g) {
 /* Phase boundary i (0 .. PHASE_COUNT) of an eager step, when phases are timed. */
 static void phase_mark(GpuEngine *g, int i) {
     if (!g->phases) return;
-    cuda_deferred_flush(g->ctx); /* the phase's own deferred work belongs to it */
     CHECK_CUDA(cudaEventRecord(g->ev[i], (cudaStream_t)cuda_ctx_stream(g->ctx)));
 }
 
@@ -217,7 +216,6 @@ static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     if (g->bf16) cuda_bf16_grads_collect(g->ctx); /* before the all-reduce and the SGD */
     phase_mark(g, PHASE_UPDATE);
     if (fuse_sgd) sgd_step(e, g);
-    cuda_deferred_flush(g->ctx); /* nothing deferred may outlive a captured step */
 }
 
 typedef struct {
@@ -296,7 +294,6 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     }
     if (why[0]) {
         (void)cudaGetLastError(); /* capture errors are not sticky: clear them */
-        cuda_deferred_drop(g->ctx); /* deferred work of the discarded capture */
         log_warn("cuda engine: CUDA graph capture failed (%s); running every step eagerly", why);
         g->graph_enabled = 0;
         return 0;
@@ -418,7 +415,6 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
                        g->batch_y, NULL, g->test_src.staged);
     if (g->bf16) cuda_bf16_weights_refresh(g->ctx);
     net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
-    cuda_deferred_flush(g->ctx);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
                             g->correct, predictions ? g->pred : NULL);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));

@@ -14,8 +14,8 @@
  * returned). C++ allows a longjmp over frames whose automatic objects all have
  * trivial destructors ([csetjmp.syn]); the .cu files hold only such objects (plain
  * structs, dim3, pointers: keep it so, no RAII on the host side of a .cu file). What
- * a failed capture leaves behind is discarded by the engine: the captured graph, the
- * deferred conv bias (cuda_deferred_drop), and the sticky-free capture error. */
+ * a failed capture leaves behind is discarded by the engine: the captured graph and
+ * the sticky-free capture error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>

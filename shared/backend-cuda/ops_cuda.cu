@@ -41,14 +41,6 @@
 /* cuBLAS needs a fixed workspace to be captured into a CUDA graph. */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
-/* A batch-norm backward waiting to be launched (cuda_bn_backward_defer). */
-typedef struct {
-    int active, n, hw, c;
-    const float *x, *y, *gamma, *save_mean, *save_invstd, *dy;
-    float *dx, *dgamma, *dbeta;
-    int keep; /* bn_relu_backward_keep: the masked dy written back into dy */
-} BnBwdPending;
-
 struct CudaCtx {
     int device, tf32, deterministic;
     int bf16; /* activations (and the convs' data) in bfloat16 */
@@ -73,14 +65,6 @@ struct CudaCtx {
     float *bn_aff;           /* 3 x BN_MAX_C: affine or backward coefficients */
     float *bn_dsum;          /* BN_MAX_C: column sum of a BN backward's dx, when no conv wants it */
     float *colsum_scratch;   /* COLSUM_SCRATCH_FLOATS */
-    /* The op table's deferred work (ops_cuda.h, "deferred conv bias"): a conv output
-     * still without its bias, and a BN backward not yet launched (it waits for the
-     * conv backward that follows, to write that conv's bias gradient directly). */
-    float *pend_y;
-    const float *pend_bias;
-    size_t pend_rows;
-    int pend_c;
-    BnBwdPending pend_bwd;
     /* One cooperative kernel per training batch norm (bn_coop_run): the largest
      * co-resident grid of each kernel, 0 where the device cannot (the two-kernel
      * path then); decided once at creation, before any graph capture. */
@@ -162,7 +146,6 @@ extern "C" int cuda_ctx_device(const CudaCtx *ctx) { return ctx->device; }
 extern "C" int cuda_ctx_deterministic(const CudaCtx *ctx) { return ctx->deterministic; }
 extern "C" void *cuda_ctx_stream(const CudaCtx *ctx) { return (void *)ctx->stream; }
 extern "C" void cuda_ctx_sync(CudaCtx *ctx) {
-    cuda_deferred_flush(ctx);
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
 }
 
@@ -178,14 +161,12 @@ extern "C" void cuda_free(void *ptr) {
 }
 
 extern "C" void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes) {
-    cuda_deferred_flush(ctx);
     if (bytes == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
 }
 
 extern "C" void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes) {
-    cuda_deferred_flush(ctx);
     if (bytes == 0) return;
     CHECK_CUDA(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
@@ -338,89 +319,6 @@ static void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, floa
     size_t total = rows * (size_t)c;
     if (!total) return;
     ACT_LAUNCH(ctx, bf16, bias_kernel, grid_for(total), OPS_CUDA_BLOCK, total, c, bias, y, add);
-}
-
-/* ------------------------------------------------------ deferred conv bias */
-
-static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
-                            const float *gamma, const float *save_mean, const float *save_invstd,
-                            const float *dy, float *dx, float *dgamma, float *dbeta, float *dsum,
-                            int keep);
-
-/* Launch the deferred BN backward; its dx column sum goes to dsum (a conv bias
- * gradient) or, NULL, to the context's scratch. */
-static void bn_backward_launch(CudaCtx *ctx, float *dsum) {
-    BnBwdPending b = ctx->pend_bwd;
-    ctx->pend_bwd.active = 0;
-    /* keep: dy is the table's writable gradient (cuda_bn_relu_backward_keep_defer) */
-    bn_backward_run(ctx, b.n, b.hw, b.c, b.x, b.y, b.gamma, b.save_mean, b.save_invstd, b.dy, b.dx,
-                    b.dgamma, b.dbeta, dsum ? dsum : ctx->bn_dsum, b.keep);
-}
-
-extern "C" void cuda_deferred_flush(CudaCtx *ctx) {
-    if (ctx->pend_bwd.active) bn_backward_launch(ctx, NULL);
-    if (!ctx->pend_y) return;
-    float *y = ctx->pend_y;
-    ctx->pend_y = NULL;
-    bias_apply(ctx, ctx->pend_rows, ctx->pend_c, ctx->pend_bias, y, 1, ctx->bf16);
-}
-
-extern "C" void cuda_deferred_drop(CudaCtx *ctx) {
-    ctx->pend_y = NULL;
-    ctx->pend_bwd.active = 0;
-}
-
-extern "C" void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c) {
-    cuda_deferred_flush(ctx);
-    if (!bias) return;
-    ctx->pend_y = y;
-    ctx->pend_bias = bias;
-    ctx->pend_rows = rows;
-    ctx->pend_c = c;
-}
-
-extern "C" const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c) {
-    if (ctx->pend_y && ctx->pend_y == x && ctx->pend_rows == rows && ctx->pend_c == c &&
-        !ctx->pend_bwd.active) {
-        ctx->pend_y = NULL;
-        return ctx->pend_bias;
-    }
-    cuda_deferred_flush(ctx);
-    return NULL;
-}
-
-extern "C" void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                       const float *y, const float *gamma, const float *save_mean,
-                                       const float *save_invstd, const float *dy, float *dx,
-                                       float *dgamma, float *dbeta) {
-    cuda_deferred_flush(ctx);
-    BnBwdPending b = {1, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 0};
-    ctx->pend_bwd = b;
-}
-
-/* The keep form's contract: the ReLU output y, and a dx that is not dy. */
-static void bn_keep_check(const float *y, const float *dy, const float *dx) {
-    if (!y || !dx || dx == dy)
-        die("batch norm backward keeping the masked dy: needs y and a dx other than dy "
-            "(internal error)");
-}
-
-extern "C" void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                                 const float *y, const float *gamma,
-                                                 const float *save_mean, const float *save_invstd,
-                                                 float *dy, float *dx, float *dgamma, float *dbeta) {
-    bn_keep_check(y, dy, dx);
-    cuda_bn_backward_defer(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta);
-    ctx->pend_bwd.keep = 1;
-}
-
-extern "C" int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias) {
-    if (ctx->pend_bwd.active && ctx->pend_bwd.dx == dy && ctx->pend_bwd.c == c && !ctx->pend_y) {
-        bn_backward_launch(ctx, dbias);
-        return 1;
-    }
-    cuda_deferred_flush(ctx);
-    return 0;
 }
 
 /* ----------------------------------------------------------------- mean pool */
@@ -600,7 +498,7 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
 
 /* Our own NHWC kernels (bn_nhwc.h has the arithmetic and the reduction order): two
  * launches per batch norm, forward or backward, any number of rows, deterministic,
- * ReLU / residual add / a deferred conv bias fused in. The reduction's last block per
+ * ReLU / residual add / the conv bias of a fused conv + BN (net_cuda.cu) fused in. The reduction's last block per
  * channel tile finalises the statistics: the blocks of a tile count themselves in
  * ctx->bn_counters (one unsigned per tile, atomicInc back to 0 by the tile's last
  * block, so graph replays start clean) after a __threadfence() that makes their
@@ -930,8 +828,9 @@ static int bn_coop_launch(CudaCtx *ctx, unsigned blocks, void (*kernel)(Params..
     ((ctx)->bf16 ? bn_coop_launch(ctx, blocks, kernel<1>, __VA_ARGS__)                         \
                  : bn_coop_launch(ctx, blocks, kernel<0>, __VA_ARGS__))
 
-/* Training forward: the reduction, then y by mode (x_bias: a deferred conv bias,
- * added to x as it is read and written back into x). */
+/* Training forward: the reduction, then y by mode (x_bias: the bias of the conv whose
+ * output x is, not yet added (net_cuda.cu's conv_bn_forward): added to x as it is read
+ * and written back into x). */
 static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *x_bias,
                          const float *gamma, const float *beta, const float *z, int mode, float *y,
                          float *save_mean, float *save_invstd, float *running_mean,
@@ -1033,6 +932,13 @@ static void bn_backward_run(CudaCtx *ctx, int n, int hw, int c, const float *x, 
                    total, c, x, y, dy, (const float *)ctx->bn_aff, dx);
 }
 
+/* The keep form's contract: the ReLU output y, and a dx that is not dy. */
+static void bn_keep_check(const float *y, const float *dy, const float *dx) {
+    if (!y || !dx || dx == dy)
+        die("batch norm backward keeping the masked dy: needs y and a dx other than dy "
+            "(internal error)");
+}
+
 extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c,
                                                     const float *x, const float *y,
                                                     const float *gamma, const float *save_mean,
@@ -1060,6 +966,15 @@ extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int 
                     ctx->bn_dsum, 0);
 }
 
+extern "C" void batchnorm2d_backward_bias_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                               const float *y, const float *gamma,
+                                               const float *save_mean, const float *save_invstd,
+                                               float *dy, float *dx, float *dgamma, float *dbeta,
+                                               float *dbias, int keep) {
+    if (keep) bn_keep_check(y, dy, dx);
+    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
+                    dbias ? dbias : ctx->bn_dsum, keep);
+}
 
 /* --------------------------------------------------------------- convolution */
 

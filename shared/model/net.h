@@ -32,6 +32,8 @@ extern "C" {
 #undef NET_T
 
 typedef struct NetOps NetOps;
+typedef struct NetBnForward NetBnForward;
+typedef struct NetBnBackward NetBnBackward;
 typedef struct Net Net;
 
 /* The executor of m for batches of up to max_batch on the device of ops/ctx;

@@ -28,6 +28,8 @@ typedef NET_REAL real_t;
  * functions and types keep their names for grep, ctags and debuggers. */
 typedef struct NET_T(Net) NetR;
 typedef struct NET_T(NetOps) NetOpsR;
+typedef struct NET_T(NetBnForward) NetBnForwardR;
+typedef struct NET_T(NetBnBackward) NetBnBackwardR;
 
 #define NET_BLOCK_MAX_CONVS 3
 #define NET_GRAD_BUFFERS 4
@@ -236,53 +238,26 @@ void NET_T(net_prepare)(NetR *net, int n) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* Arguments every BN call shares: the layer's parameters and statistics. */
-#define NET_BN_PARAMS(l) params + (l)->gamma, params + (l)->beta
-#define NET_BN_STATS(l) buffers + (l)->running_mean, buffers + (l)->running_var
-
-static void net_conv_fwd(NetR *net, int id, const real_t *params, int n,
-                                const real_t *x, real_t *y) {
-    const ConvLayer *l = net->convs[id].layer;
-    net->ops->conv_forward(net->ctx, net->convs[id].plan, n, x, params + l->weight, params + l->bias,
-                           y, net->workspace, net->ws_bytes);
-}
-
-/* BN (no ReLU after it): training mode saves the statistics and updates the
- * running ones; inference mode reads them. */
-static void net_bn_fwd(NetR *net, const BNLayer *l, const real_t *params,
-                              real_t *buffers, int train, int n, int hw, const real_t *x, real_t *y,
-                              real_t *mean, real_t *invstd) {
-    if (train)
-        net->ops->bn_train(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), y, mean, invstd,
-                           NET_BN_STATS(l), MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    else
-        net->ops->bn_eval(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), NET_BN_STATS(l), MODEL_BN_EPS, y);
-}
-
-static void net_bn_relu_fwd(NetR *net, const BNLayer *l, const real_t *params,
-                                   real_t *buffers, int train, int n, int hw, const real_t *x,
-                                   real_t *y, real_t *mean, real_t *invstd) {
-    if (train) {
-        net->ops->bn_relu_train(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), y, mean, invstd,
-                                NET_BN_STATS(l), MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    } else {
-        net_bn_fwd(net, l, params, buffers, 0, n, hw, x, y, mean, invstd);
-        net->ops->relu_forward(net->ctx, (size_t)n * hw * l->c, y, y);
-    }
-}
-
-/* y = relu(bn(x) + z), through tmp. */
-static void net_bn_add_relu_fwd(NetR *net, const BNLayer *l,
-                                       const real_t *params, real_t *buffers, int train, int n,
-                                       int hw, const real_t *x, const real_t *z, real_t *y,
-                                       real_t *mean, real_t *invstd) {
-    if (train) {
-        net->ops->bn_add_relu_train(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), z, net->tmp_main, y,
-                                    mean, invstd, NET_BN_STATS(l), MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    } else {
-        net_bn_fwd(net, l, params, buffers, 0, n, hw, x, net->tmp_main, mean, invstd);
-        net->ops->add_relu(net->ctx, (size_t)n * hw * l->c, net->tmp_main, z, y);
-    }
+/* Conv id on x into conv_out, then its batch norm l into y (one call: the table's
+ * conv_bn_forward, or its composition), as kind says in training; in inference the
+ * BN uses the running statistics and the ReLU (and the residual z) of the training
+ * kind follows as an op of its own. */
+static void net_conv_bn_fwd(NetR *net, int id, const BNLayer *l, const real_t *params,
+                            real_t *buffers, int train, NetBnForwardKind kind, const real_t *z,
+                            int n, int hw, const real_t *x, real_t *conv_out, real_t *y,
+                            real_t *mean, real_t *invstd) {
+    const ConvLayer *cl = net->convs[id].layer;
+    int eval_add = !train && kind == NET_BN_TRAIN_ADD_RELU; /* the BN output before the add */
+    NetBnForwardR bn = {train ? kind : NET_BN_EVAL, hw, l->c, params + l->gamma, params + l->beta,
+                        z, net->tmp_main, eval_add ? net->tmp_main : y, mean, invstd,
+                        buffers + l->running_mean, buffers + l->running_var, MODEL_BN_MOMENTUM,
+                        MODEL_BN_EPS};
+    NET_T(net_ops_conv_bn_forward)(net->ops, net->ctx, net->convs[id].plan, n, x,
+                                   params + cl->weight, params + cl->bias, conv_out, net->workspace,
+                                   net->ws_bytes, &bn);
+    size_t count = (size_t)n * hw * l->c;
+    if (!train && kind == NET_BN_TRAIN_RELU) net->ops->relu_forward(net->ctx, count, y, y);
+    if (eval_add) net->ops->add_relu(net->ctx, count, net->tmp_main, z, y);
 }
 
 static void net_block_forward(NetR *net, const Block *b, NetBlock *a,
@@ -291,9 +266,9 @@ static void net_block_forward(NetR *net, const Block *b, NetBlock *a,
     int nc = model_block_n_convs(b);
     const real_t *shortcut = x;
     if (b->has_projection) {
-        net_conv_fwd(net, a->proj, params, n, x, a->proj_out);
-        net_bn_fwd(net, &b->proj_bn, params, buffers, train, n, b->out_h * b->out_w,
-                          a->proj_out, net->tmp_short, a->proj_mean, a->proj_invstd);
+        net_conv_bn_fwd(net, a->proj, &b->proj_bn, params, buffers, train, NET_BN_TRAIN, NULL, n,
+                        b->out_h * b->out_w, x, a->proj_out, net->tmp_short, a->proj_mean,
+                        a->proj_invstd);
         shortcut = net->tmp_short;
     }
     const real_t *in = x;
@@ -302,14 +277,13 @@ static void net_block_forward(NetR *net, const Block *b, NetBlock *a,
         model_block_conv_input(b, j, &h, &w);
         const ConvSpec *s = &model_block_conv(b, j)->spec;
         int hw = conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
-        net_conv_fwd(net, a->conv[j], params, n, in, a->conv_out[j]);
         const BNLayer *bl = model_block_bn(b, j);
         if (j < nc - 1)
-            net_bn_relu_fwd(net, bl, params, buffers, train, n, hw, a->conv_out[j], a->act[j],
-                                   a->mean[j], a->invstd[j]);
+            net_conv_bn_fwd(net, a->conv[j], bl, params, buffers, train, NET_BN_TRAIN_RELU, NULL, n,
+                            hw, in, a->conv_out[j], a->act[j], a->mean[j], a->invstd[j]);
         else /* the last BN goes into the residual add */
-            net_bn_add_relu_fwd(net, bl, params, buffers, train, n, hw, a->conv_out[j],
-                                       shortcut, a->out, a->mean[j], a->invstd[j]);
+            net_conv_bn_fwd(net, a->conv[j], bl, params, buffers, train, NET_BN_TRAIN_ADD_RELU,
+                            shortcut, n, hw, in, a->conv_out[j], a->out, a->mean[j], a->invstd[j]);
         in = a->act[j];
     }
 }
@@ -337,10 +311,9 @@ static void net_forward_walk(void *arg) {
     int train = f->train, n = f->n;
     const Model *m = net->m;
     const real_t *x = net->x;
-    net_conv_fwd(net, net->stem_conv, params, n, x, net->stem_out);
-    net_bn_fwd(net, &m->stem_bn, params, buffers, train, n, m->stem_h * m->stem_w,
-                      net->stem_out, net->stem_bn_out, net->stem_mean,
-                      net->stem_invstd); /* the seed has no ReLU after the stem */
+    net_conv_bn_fwd(net, net->stem_conv, &m->stem_bn, params, buffers, train, NET_BN_TRAIN, NULL, n,
+                    m->stem_h * m->stem_w, x, net->stem_out, net->stem_bn_out, net->stem_mean,
+                    net->stem_invstd); /* the seed has no ReLU after the stem */
     const real_t *in = net->stem_bn_out;
     for (int i = 0; i < m->n_blocks; i++) {
         net_block_forward(net, &m->blocks[i], &net->blocks[i], params, buffers, train, n, in);
@@ -370,20 +343,26 @@ static real_t *net_grad_pick(NetR *net, const real_t *busy1, const real_t *busy2
     die("model: no free gradient buffer (internal error)");
 }
 
-/* acc: dx += the gradient of x (the table's conv_backward_acc), else dx = it. */
-static void net_conv_bwd(NetR *net, int id, const real_t *params, real_t *grads,
-                                int n, const real_t *x, const real_t *dy, real_t *dx, int acc) {
-    const ConvLayer *l = net->convs[id].layer;
-    (acc ? net->ops->conv_backward_acc : net->ops->conv_backward)(
-        net->ctx, net->convs[id].plan, n, x, params + l->weight, dy, dx, grads + l->weight,
-        grads + l->bias, net->workspace, net->ws_bytes);
+/* The gradient bn (the batch-norm backward of kind through layer l, dx its result)
+ * of the BN that read x (y: the ReLU output of the ReLU kinds). */
+static NetBnBackwardR net_bn_grad(NetBnBackwardKind kind, const BNLayer *l, const real_t *params,
+                                  real_t *grads, int hw, const real_t *x, const real_t *y,
+                                  const real_t *mean, const real_t *invstd, real_t *dy,
+                                  real_t *dx) {
+    NetBnBackwardR bn = {kind, hw,  l->c, x,  y, params + l->gamma, mean, invstd,
+                         dy,   dx, grads + l->gamma, grads + l->beta};
+    return bn;
 }
 
-static void net_bn_bwd(NetR *net, const BNLayer *l, const real_t *params,
-                              real_t *grads, int n, int hw, const real_t *x, const real_t *mean,
-                              const real_t *invstd, const real_t *dy, real_t *dx) {
-    net->ops->bn_backward(net->ctx, n, hw, l->c, x, params + l->gamma, mean, invstd, dy, dx,
-                          grads + l->gamma, grads + l->beta);
+/* The batch-norm backward bn, then the backward of conv id (input x) from bn->dx (one
+ * call: the table's bn_conv_backward, or its composition); acc: dx += the gradient of
+ * x (conv_backward_acc), else dx = it. */
+static void net_bn_conv_bwd(NetR *net, const NetBnBackwardR *bn, int id, const real_t *params,
+                            real_t *grads, int n, const real_t *x, real_t *dx, int acc) {
+    const ConvLayer *l = net->convs[id].layer;
+    NET_T(net_ops_bn_conv_backward)(net->ops, net->ctx, bn, net->convs[id].plan, n, x,
+                                    params + l->weight, dx, grads + l->weight, grads + l->bias,
+                                    net->workspace, net->ws_bytes, acc);
 }
 
 /* Output pixels of a block's main conv j. */
@@ -392,21 +371,6 @@ static int net_block_conv_out_hw(const Block *b, int j) {
     int h, w;
     model_block_conv_input(b, j, &h, &w);
     return conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
-}
-
-/* The BN backward of a BN whose output reaches the block's output ReLU (the last main
- * conv's, the projection's). With the table's folded ops (net_ops.h) it reads that
- * ReLU's mask (a->out > 0) itself and writes the masked dout back into dout
- * (bn_relu_backward_keep); without them dout is masked already (a ReLU backward pass). */
-static void net_bn_out_bwd(NetR *net, const BNLayer *l, const NetBlock *a,
-                                  const real_t *params, real_t *grads, int n, int hw,
-                                  const real_t *x, const real_t *mean, const real_t *invstd,
-                                  real_t *dout, real_t *dx) {
-    if (net->ops->bn_relu_backward_keep)
-        net->ops->bn_relu_backward_keep(net->ctx, n, hw, l->c, x, a->out, params + l->gamma, mean,
-                                        invstd, dout, dx, grads + l->gamma, grads + l->beta);
-    else
-        net_bn_bwd(net, l, params, grads, n, hw, x, mean, invstd, dout, dx);
 }
 
 /* dout: gradient of the block's output (one of net->grad, overwritten). Returns the
@@ -423,39 +387,38 @@ static void net_bn_out_bwd(NetR *net, const BNLayer *l, const NetBlock *a,
  * the activation type, so in bf16 the GPU sum is rounded once where the plain path
  * rounds the conv's dx first (not bit for bit there: the folded sum is the correctly
  * rounded one). */
-static real_t *net_block_backward(NetR *net, const Block *b,
-                                         const NetBlock *a, const real_t *params,
-                                         real_t *grads, int n, const real_t *x, real_t *dout) {
+static real_t *net_block_backward(NetR *net, const Block *b, const NetBlock *a,
+                                  const real_t *params, real_t *grads, int n, const real_t *x,
+                                  real_t *dout) {
     int folded = net->ops->conv_backward_acc != NULL; /* net_create: both folded ops or neither */
+    /* a BN whose output reaches the block's output ReLU (the last main conv's, the
+     * projection's): folded, it reads that ReLU's mask (a->out > 0) itself and writes
+     * the masked dout back into dout; else dout is masked already (a ReLU pass) */
+    NetBnBackwardKind out_kind = folded ? NET_BN_RELU_BACKWARD_KEEP : NET_BN_BACKWARD;
     int hw_out = b->out_h * b->out_w, nc = model_block_n_convs(b);
     if (!folded) net->ops->relu_backward(net->ctx, (size_t)n * hw_out * b->cout, a->out, dout, dout);
     real_t *dshort = dout; /* identity shortcut: the (masked) gradient passes through */
     if (b->has_projection) {
         real_t *dp = net_grad_pick(net, dout, NULL);
-        net_bn_out_bwd(net, &b->proj_bn, a, params, grads, n, hw_out, a->proj_out,
-                              a->proj_mean, a->proj_invstd, dout, dp);
         dshort = net_grad_pick(net, dout, dp);
-        net_conv_bwd(net, a->proj, params, grads, n, x, dp, dshort, 0);
+        NetBnBackwardR bn = net_bn_grad(out_kind, &b->proj_bn, params, grads, hw_out, a->proj_out,
+                                        a->out, a->proj_mean, a->proj_invstd, dout, dp);
+        net_bn_conv_bwd(net, &bn, a->proj, params, grads, n, x, dshort, 0);
     }
     real_t *cur = dout;
     for (int j = nc - 1; j >= 0; j--) {
-        int hw = net_block_conv_out_hw(b, j);
+        int last = j == nc - 1; /* its output goes through the residual add and the output ReLU */
         real_t *dc = net_grad_pick(net, cur, dshort);
-        const BNLayer *bl = model_block_bn(b, j);
-        if (j < nc - 1) /* bn -> relu: mask and BN backward in one op */
-            net->ops->bn_relu_backward(net->ctx, n, hw, bl->c, a->conv_out[j], a->act[j],
-                                       params + bl->gamma, a->mean[j], a->invstd[j], cur, dc,
-                                       grads + bl->gamma, grads + bl->beta);
-        else /* its output goes through the residual add and the output ReLU */
-            net_bn_out_bwd(net, bl, a, params, grads, n, hw, a->conv_out[j], a->mean[j],
-                                  a->invstd[j], cur, dc);
+        NetBnBackwardR bn = net_bn_grad(last ? out_kind : NET_BN_RELU_BACKWARD, model_block_bn(b, j),
+                                        params, grads, net_block_conv_out_hw(b, j), a->conv_out[j],
+                                        last ? a->out : a->act[j], a->mean[j], a->invstd[j], cur, dc);
         const real_t *xin = j == 0 ? x : a->act[j - 1];
         if (j == 0 && folded) { /* the residual add: dx accumulates into dshort */
-            net_conv_bwd(net, a->conv[j], params, grads, n, xin, dc, dshort, 1);
+            net_bn_conv_bwd(net, &bn, a->conv[j], params, grads, n, xin, dshort, 1);
             return dshort;
         }
         real_t *din = net_grad_pick(net, dc, dshort);
-        net_conv_bwd(net, a->conv[j], params, grads, n, xin, dc, din, 0);
+        net_bn_conv_bwd(net, &bn, a->conv[j], params, grads, n, xin, din, 0);
         cur = din;
     }
     net->ops->add(net->ctx, (size_t)n * b->in_h * b->in_w * b->cin, cur, dshort, cur);
@@ -493,9 +456,10 @@ static void net_backward_walk(void *arg) {
         g = net_block_backward(net, &m->blocks[i], &net->blocks[i], params, grads, n, in, g);
     }
     real_t *dc = net_grad_pick(net, g, NULL);
-    net_bn_bwd(net, &m->stem_bn, params, grads, n, m->stem_h * m->stem_w, net->stem_out,
-                      net->stem_mean, net->stem_invstd, g, dc);
-    net_conv_bwd(net, net->stem_conv, params, grads, n, net->x, dc, NULL, 0);
+    NetBnBackwardR bn = net_bn_grad(NET_BN_BACKWARD, &m->stem_bn, params, grads,
+                                    m->stem_h * m->stem_w, net->stem_out, NULL, net->stem_mean,
+                                    net->stem_invstd, g, dc);
+    net_bn_conv_bwd(net, &bn, net->stem_conv, params, grads, n, net->x, NULL, 0);
 }
 
 void NET_T(net_backward)(NetR *net, const real_t *params, const int32_t *labels, int n,
@@ -530,5 +494,3 @@ void NET_T(net_params_import)(NetR *net, const real_t *torch_layout, real_t *dev
     }
 }
 
-#undef NET_BN_PARAMS
-#undef NET_BN_STATS

@@ -67,6 +67,27 @@
 
 #include "model/ops.h"
 
+/* The batch norm of a fused conv + BN forward (conv_bn_forward), on n images (the
+ * conv's) of hw pixels and c channels; the fields its kind's entry takes. */
+struct NET_T(NetBnForward) {
+    NetBnForwardKind kind;
+    int hw, c;
+    const NET_REAL *gamma, *beta;
+    const NET_REAL *z; /* NET_BN_TRAIN_ADD_RELU: the residual */
+    NET_REAL *tmp;     /* NET_BN_TRAIN_ADD_RELU: may hold the BN output */
+    NET_REAL *y, *save_mean, *save_invstd, *running_mean, *running_var;
+    float momentum, eps;
+};
+
+/* The batch norm of a fused BN + conv backward (bn_conv_backward): its input x, the
+ * ReLU output y (the ReLU kinds), the gradients; dx is the conv's dy. */
+struct NET_T(NetBnBackward) {
+    NetBnBackwardKind kind;
+    int hw, c;
+    const NET_REAL *x, *y, *gamma, *save_mean, *save_invstd;
+    NET_REAL *dy, *dx, *dgamma, *dbeta;
+};
+
 struct NET_T(NetOps) {
     const char *name;
     size_t align; /* bytes every planned buffer is aligned to */
@@ -142,6 +163,25 @@ struct NET_T(NetOps) {
                               const NET_REAL *weight, const NET_REAL *dy, NET_REAL *dx,
                               NET_REAL *dweight, NET_REAL *dbias, void *ws, size_t ws_bytes);
 
+    /* Optional fusions (NULL: composed from the plain entries, by
+     * net_ops_conv_bn_forward and net_ops_bn_conv_backward below, which the walk
+     * calls): a table's fused entry gives the composition's results (op_cases.h's
+     * conv -> BN cases check it against the CPU's composition).
+     *   conv_bn_forward: conv_forward of x into conv_out, then the batch norm bn of
+     *     conv_out. The CUDA table leaves the conv bias to the BN's read of conv_out
+     *     (no bias pass; conv_out holds conv + bias after it).
+     *   bn_conv_backward: the batch-norm backward bn (bn->dx: the conv's dy), then the
+     *     conv_backward (acc: conv_backward_acc) of the conv whose output the BN read.
+     *     The CUDA table's BN kernels write the conv's bias gradient (the column sum of
+     *     bn->dx) themselves (no column sum in the conv backward). */
+    void (*conv_bn_forward)(void *ctx, void *plan, int n, const NET_REAL *x,
+                            const NET_REAL *weight, const NET_REAL *bias, NET_REAL *conv_out,
+                            void *ws, size_t ws_bytes, const struct NET_T(NetBnForward) *bn);
+    void (*bn_conv_backward)(void *ctx, const struct NET_T(NetBnBackward) *bn, void *plan, int n,
+                             const NET_REAL *x, const NET_REAL *weight, NET_REAL *dx,
+                             NET_REAL *dweight, NET_REAL *dbias, void *ws, size_t ws_bytes,
+                             int acc);
+
     void (*relu_forward)(void *ctx, size_t count, const NET_REAL *x, NET_REAL *y);
     void (*relu_backward)(void *ctx, size_t count, const NET_REAL *y, const NET_REAL *dy,
                           NET_REAL *dx);
@@ -160,3 +200,78 @@ struct NET_T(NetOps) {
                 NET_REAL *momentum_buf, const uint8_t *decay_mask, const float *lr,
                 float momentum, float weight_decay, int nesterov, const int32_t *first_step);
 };
+
+/* The batch norm bn of x through the plain entry of its kind. */
+static inline void NET_T(net_ops_bn_forward)(const struct NET_T(NetOps) *o, void *ctx, int n,
+                                             const NET_REAL *x,
+                                             const struct NET_T(NetBnForward) *bn) {
+    switch (bn->kind) {
+    case NET_BN_EVAL:
+        o->bn_eval(ctx, n, bn->hw, bn->c, x, bn->gamma, bn->beta, bn->running_mean,
+                   bn->running_var, bn->eps, bn->y);
+        break;
+    case NET_BN_TRAIN:
+        o->bn_train(ctx, n, bn->hw, bn->c, x, bn->gamma, bn->beta, bn->y, bn->save_mean,
+                    bn->save_invstd, bn->running_mean, bn->running_var, bn->momentum, bn->eps);
+        break;
+    case NET_BN_TRAIN_RELU:
+        o->bn_relu_train(ctx, n, bn->hw, bn->c, x, bn->gamma, bn->beta, bn->y, bn->save_mean,
+                         bn->save_invstd, bn->running_mean, bn->running_var, bn->momentum,
+                         bn->eps);
+        break;
+    case NET_BN_TRAIN_ADD_RELU:
+        o->bn_add_relu_train(ctx, n, bn->hw, bn->c, x, bn->gamma, bn->beta, bn->z, bn->tmp, bn->y,
+                             bn->save_mean, bn->save_invstd, bn->running_mean, bn->running_var,
+                             bn->momentum, bn->eps);
+        break;
+    }
+}
+
+/* conv_bn_forward, or its composition. */
+static inline void NET_T(net_ops_conv_bn_forward)(const struct NET_T(NetOps) *o, void *ctx,
+                                                  void *plan, int n, const NET_REAL *x,
+                                                  const NET_REAL *weight, const NET_REAL *bias,
+                                                  NET_REAL *conv_out, void *ws, size_t ws_bytes,
+                                                  const struct NET_T(NetBnForward) *bn) {
+    if (o->conv_bn_forward) {
+        o->conv_bn_forward(ctx, plan, n, x, weight, bias, conv_out, ws, ws_bytes, bn);
+        return;
+    }
+    o->conv_forward(ctx, plan, n, x, weight, bias, conv_out, ws, ws_bytes);
+    NET_T(net_ops_bn_forward)(o, ctx, n, conv_out, bn);
+}
+
+/* The batch-norm backward bn through the plain entry of its kind. */
+static inline void NET_T(net_ops_bn_backward)(const struct NET_T(NetOps) *o, void *ctx, int n,
+                                              const struct NET_T(NetBnBackward) *bn) {
+    switch (bn->kind) {
+    case NET_BN_BACKWARD:
+        o->bn_backward(ctx, n, bn->hw, bn->c, bn->x, bn->gamma, bn->save_mean, bn->save_invstd,
+                       bn->dy, bn->dx, bn->dgamma, bn->dbeta);
+        break;
+    case NET_BN_RELU_BACKWARD:
+        o->bn_relu_backward(ctx, n, bn->hw, bn->c, bn->x, bn->y, bn->gamma, bn->save_mean,
+                            bn->save_invstd, bn->dy, bn->dx, bn->dgamma, bn->dbeta);
+        break;
+    case NET_BN_RELU_BACKWARD_KEEP:
+        o->bn_relu_backward_keep(ctx, n, bn->hw, bn->c, bn->x, bn->y, bn->gamma, bn->save_mean,
+                                 bn->save_invstd, bn->dy, bn->dx, bn->dgamma, bn->dbeta);
+        break;
+    }
+}
+
+/* bn_conv_backward, or its composition. */
+static inline void NET_T(net_ops_bn_conv_backward)(const struct NET_T(NetOps) *o, void *ctx,
+                                                   const struct NET_T(NetBnBackward) *bn,
+                                                   void *plan, int n, const NET_REAL *x,
+                                                   const NET_REAL *weight, NET_REAL *dx,
+                                                   NET_REAL *dweight, NET_REAL *dbias, void *ws,
+                                                   size_t ws_bytes, int acc) {
+    if (o->bn_conv_backward) {
+        o->bn_conv_backward(ctx, bn, plan, n, x, weight, dx, dweight, dbias, ws, ws_bytes, acc);
+        return;
+    }
+    NET_T(net_ops_bn_backward)(o, ctx, n, bn);
+    (acc ? o->conv_backward_acc : o->conv_backward)(ctx, plan, n, x, weight, bn->dx, dx, dweight,
+                                                    dbias, ws, ws_bytes);
+}
