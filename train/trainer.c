@@ -485,6 +485,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     progress_begin(&bar, label, w->per_rank * world, "img");
     w->compute_seconds = 0;
     double t0 = now_seconds() - w->progress.partial_seconds;
+    const LrSchedule sched = train_lr_schedule(o);
     for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
         int64_t first = s * o->batch_size;
         int n = step_images(w, s);
@@ -492,7 +493,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         if (s + 1 < w->steps_per_epoch)
             engine_prefetch(w->engine, w->mine + (s + 1) * o->batch_size, step_images(w, s + 1), 1);
         double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
-        float lr = (float)train_lr_at(o, pos);
+        float lr = (float)lr_schedule_at(&sched, pos);
         int correct = 0;
         double t_step = now_seconds(), in_collectives = comm_seconds_in_collectives(w->comm);
         float loss = w->engine->ops->train_step(w->engine, w->mine + first, n, epoch,
