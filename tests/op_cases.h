@@ -1,6 +1,33 @@
-/* op_cases.h: one table of op cases (op, shapes, tolerances) run through the
- * executor's op tables (net_ops.h), so that "this op is right on that device" is
- * written once:
+/* op_cases.h: the op cases of every backend.
+ *
+ * Quick start for adding a new op (ggml's test-backend-ops has the same opening):
+ *   1. its contract: a field of struct NetOps with what it reads, overwrites and
+ *      allows (NULL, in place), in shared/model/net_ops.h (the one op contract);
+ *   2. its CPU function: static cpu_<field>(void *ctx, ...) with the field's
+ *      signature, in the file of its family (shared/backend-cpu/cpu_conv.h,
+ *      cpu_bn.h, cpu_elementwise.h, cpu_head.h, cpu_sgd.h), its body an opsi_*
+ *      function run on the team (OPSI_TEAM), and one line in the table at the end of
+ *      shared/backend-cpu/ops_cpu_impl.h (every ISA and the double tests get it);
+ *   3. its CUDA function: the kernel and <op>_cuda(CudaCtx *ctx, ...) in
+ *      shared/backend-cuda/ops_cuda.cu, declared in ops_cuda.h, and its table entry
+ *      nc_<field> in shared/backend-cuda/net_cuda.cu;
+ *   4. its case here: an OpKind, its name in opc_kind_names, its inputs in
+ *      opc_make_inputs, a row of opc_cases (shapes, tolerances, fd_tol > 0 for the
+ *      finite differences) and, with a backward, its opc_fd_spec; how it runs on a
+ *      table in op_cases_run.h (once, for every backend and scalar type);
+ *   5. its place in the walk: shared/model/net_impl.h (and its buffers there; its
+ *      parameters in shared/model/model.c when it has any).
+ * A fusion is an optional field (NULL: the walk composes it from the plain entries,
+ * net_ops.h's net_ops_* helpers): steps 1 and 3 and a case that runs it through the
+ * helper, so that the fused entry is checked against the CPU's composition.
+ * Files touched: 9 (net_ops.h, one cpu_<family>.h, ops_cpu_impl.h, ops_cuda.cu,
+ * ops_cuda.h, net_cuda.cu, op_cases.h, op_cases_run.h, net_impl.h), 11 with model.[ch];
+ * before NetOps was the only contract it was 11 (the X-macro list ops_list.h, the CPU
+ * contract ops.h and the forwarding table net_cpu_impl.h, but one CPU body file), 13
+ * with model.[ch].
+ *
+ * One table of op cases (op, shapes, tolerances) run through the executor's op
+ * tables (net_ops.h), so that "this op is right on that device" is written once:
  *   - test_ops.c: every backward on the CPU table in double against central finite
  *     differences (opc_fd_all), and every CPU instruction-set variant against the
  *     baseline;
