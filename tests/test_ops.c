@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/check.h"
+#include "core/settings.h"
 #include "backend-cpu/ops_cpu.h"
 #include "unit.h"
 #include "model/net.h"
@@ -64,7 +65,9 @@ static int isa_env_child_status(const char *value) {
     if (pid == 0) {
         if (!freopen("/dev/null", "w", stderr)) _exit(99);
         setenv("CIFAR_CPU_ISA", value, 1);
-        net_cpu_ops_pick(cpu_isa_from_env()); /* afresh: the parent's pick came with the fork */
+        Settings settings; /* afresh: the parent's pick came with the fork */
+        settings_from_env(&settings);
+        net_cpu_ops_pick(settings.cpu_isa);
         _exit(0);
     }
     int status;

@@ -755,6 +755,7 @@ static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data,
      * deterministic bf16 algorithm would stop the test) */
     ec->deterministic = prec != PRECISION_BF16;
     ec->comm = comm;
+    settings_from_env(&ec->settings);
 }
 
 static Engine *engine_test_cuda(const EngineConfig *ec) {
@@ -906,10 +907,11 @@ static void host_state_free(HostState *st) {
 }
 
 static Engine *engine_with_data_mode(const EngineConfig *ec, const char *mode) {
+    EngineConfig with = *ec;
     setenv("CIFAR_CUDA_DATA", mode, 1);
-    Engine *e = engine_test_cuda(ec);
+    settings_from_env(&with.settings);
     unsetenv("CIFAR_CUDA_DATA");
-    return e;
+    return engine_test_cuda(&with);
 }
 
 /* What engine e is told before step s of test_engine_stream: step s+1's indices
@@ -1048,7 +1050,7 @@ int main(int argc, char **argv) {
     if (engine_cuda_device_count() == 0)
         return skip(argc, argv, "no usable CUDA device (no driver or no GPU)");
     ops_set_threads(2);
-    CudaCtx *ctx = cuda_ctx_create(0, 0, 1);
+    CudaCtx *ctx = cuda_ctx_create(0, 0, 1, 1);
     test_conv(ctx, (ConvSpec){16, 32, 3, 2, 1}, 4, 8, 8, 1e-4f, "3x3/2 (ops.h contract form)");
     test_op_cases(ctx);
     test_elementwise(ctx);
@@ -1063,7 +1065,7 @@ int main(int argc, char **argv) {
     test_augment(ctx, 3, 0, 0);
     cuda_ctx_free(ctx);
 
-    CudaCtx *t32 = cuda_ctx_create(0, 1, 0);
+    CudaCtx *t32 = cuda_ctx_create(0, 1, 0, 1);
     test_conv(t32, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 2e-2f, "tf32");
     cuda_ctx_free(t32);
 
@@ -1074,7 +1076,7 @@ int main(int argc, char **argv) {
 
     /* bf16 last: a cuDNN refusal there (which exits) leaves the results above intact */
     if (bf16_device_ok()) {
-        CudaCtx *b16 = cuda_ctx_create(0, 0, 0);
+        CudaCtx *b16 = cuda_ctx_create(0, 0, 0, 1);
         cuda_ctx_use_bf16(b16);
         test_elementwise(b16);
         test_bn_pool_bf16(b16);

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/fsutil.h"
 #include "core/options.h"
+#include "core/settings.h"
 #include "train.h"
 
 static const char *usage_text =
@@ -78,10 +79,7 @@ static const char *usage_text =
     "\n"
     "  --quiet                no progress output\n"
     "  -h, --help             this help\n"
-    "\n"
-    "Environment:\n"
-    "  CIFAR_CPU_ISA=V        the CPU ops' instruction-set variant: generic | avx2 | avx512\n"
-    "                         (default: the best this CPU runs; one it lacks exits 2)\n"
+    "\n" SETTINGS_HELP
     "\n"
     "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
     "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N of\n"

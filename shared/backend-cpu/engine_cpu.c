@@ -131,6 +131,7 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     e->ops = &cpu_engine_ops;
     e->cfg = *cfg;
     e->impl = c;
+    net_cpu_ops_pick(cfg->settings.cpu_isa); /* CIFAR_CPU_ISA's variant, else the best */
     ops_set_threads(cfg->threads);
     size_t img = (size_t)mc->img_height * mc->img_width * mc->img_channels;
     c->params = xmalloc_aligned(m->num_params * sizeof(float));

@@ -15,6 +15,7 @@
 
 #include "backend-cpu/ops_cpu.h"
 #include "core/check.h"
+#include "core/settings.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
@@ -56,17 +57,6 @@ const NetOps *net_cpu_ops_isa(int isa) {
     return &net_cpu_ops_generic;
 }
 
-static const char *const cpu_isa_names[CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
-
-/* Tests and CI run every variant on one machine this way (ops_cpu.h). */
-int cpu_isa_from_env(void) {
-    const char *want = getenv("CIFAR_CPU_ISA");
-    if (!want || !want[0]) return -1;
-    for (int isa = 0; isa < CPU_ISA_COUNT; isa++)
-        if (strcmp(want, cpu_isa_names[isa]) == 0) return isa;
-    die_usage("CIFAR_CPU_ISA=%s: unknown variant (generic, avx2, avx512)", want);
-}
-
 /* The table net_cpu_ops() returns from now on (NULL until one is picked). */
 static const NetOps *cpu_picked;
 
@@ -77,8 +67,8 @@ const NetOps *net_cpu_ops_pick(int isa) {
     if (isa >= CPU_ISA_COUNT || isa > best)
         die_usage("CIFAR_CPU_ISA=%s: this CPU (or build) runs at most the %s variant of the CPU "
                   "ops: unset it or pick one up to %s",
-                  isa < CPU_ISA_COUNT ? cpu_isa_names[isa] : "?", cpu_isa_names[best],
-                  cpu_isa_names[best]);
+                  isa < CPU_ISA_COUNT ? settings_cpu_isa_names[isa] : "?", settings_cpu_isa_names[best],
+                  settings_cpu_isa_names[best]);
     const NetOps *t = net_cpu_ops_isa(isa);
     __atomic_store_n(&cpu_picked, t, __ATOMIC_RELEASE);
     return t;
@@ -86,7 +76,10 @@ const NetOps *net_cpu_ops_pick(int isa) {
 
 const NetOps *net_cpu_ops(void) {
     const NetOps *t = __atomic_load_n(&cpu_picked, __ATOMIC_ACQUIRE);
-    return t ? t : net_cpu_ops_pick(cpu_isa_from_env());
+    if (t) return t;
+    Settings settings; /* no pick at start (tests, benchmarks): CIFAR_CPU_ISA's, else the best */
+    settings_from_env(&settings);
+    return net_cpu_ops_pick(settings.cpu_isa);
 }
 
 /* ------------------------------------------------------------- threads */
@@ -100,7 +93,7 @@ static int ops_thread_count; /* 0 until ops_set_threads: OpenMP's default applie
 void ops_set_threads(int threads) {
     if (threads < 1) threads = 1;
     ops_thread_count = threads;
-    (void)net_cpu_ops(); /* CIFAR_CPU_ISA is read here, on one thread, not inside an op's team */
+    (void)net_cpu_ops(); /* picked here at the latest, on one thread, not inside an op's team */
     omp_set_num_threads(threads);
     openblas_set_num_threads(1);
 }

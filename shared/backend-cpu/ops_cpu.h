@@ -34,13 +34,11 @@ CpuIsa cpu_isa_best(void);
  * and benchmarks; net_cpu_ops() (net.h: the best variant, picked once) is the one
  * the commands use. */
 const NetOps *net_cpu_ops_isa(int isa);
-/* The variant CIFAR_CPU_ISA=generic|avx2|avx512 forces, -1 when unset or empty; an
- * unknown name stops the process with exit status 2. */
-int cpu_isa_from_env(void);
 /* Picks the table net_cpu_ops() returns from now on: variant isa, or with -1 the best
  * this CPU runs; a variant the CPU lacks stops the process with exit status 2 (a
- * forced variant never falls back). Without a pick, net_cpu_ops()'s first call picks
- * CIFAR_CPU_ISA's (generic | avx2 | avx512; an unknown name exits 2), else the best. */
+ * forced variant never falls back). The CPU engine picks Settings.cpu_isa
+ * (CIFAR_CPU_ISA) when it starts; without a pick, net_cpu_ops()'s first call picks
+ * CIFAR_CPU_ISA's (core/settings.h), else the best. */
 const NetOps *net_cpu_ops_pick(int isa);
 
 /* Number of threads the CPU ops use (OpenMP and BLAS). */

@@ -92,10 +92,10 @@ extern "C" int ops_cuda_compute_capability(int device) {
     return major * 10 + minor;
 }
 
-static void bn_coop_plan(CudaCtx *ctx);
+static void bn_coop_plan(CudaCtx *ctx, int bn_coop);
 static void bf16_shadow_release(CudaCtx *ctx);
 
-extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
+extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic, int bn_coop) {
     CudaCtx *ctx = (CudaCtx *)xcalloc(1, sizeof *ctx);
     ctx->device = device;
     ctx->tf32 = tf32;
@@ -115,7 +115,7 @@ extern "C" CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic) {
     ctx->bn_dsum = (float *)cuda_alloc((size_t)BN_MAX_C * sizeof(float));
     cuda_memset_async(ctx, ctx->bn_counters, 0, BN_MAX_C / BN_TILE * sizeof(unsigned));
     ctx->colsum_scratch = (float *)cuda_alloc(COLSUM_SCRATCH_FLOATS * sizeof(float));
-    bn_coop_plan(ctx);
+    bn_coop_plan(ctx, bn_coop);
     ctx->loss_dev = (float *)cuda_alloc(sizeof(float));
     ctx->correct_dev = (int *)cuda_alloc(sizeof(int));
     CHECK_CUDA(cudaStreamSynchronize(ctx->stream));
@@ -730,13 +730,13 @@ static int bn_coop_max_blocks(Kernel kernel, int sms) {
     return per_sm * sms;
 }
 
-static void bn_coop_plan(CudaCtx *ctx) {
+/* bn_coop 0: two kernels (CIFAR_CUDA_BN_COOP=0, Settings.cuda_bn_coop). */
+static void bn_coop_plan(CudaCtx *ctx, int bn_coop) {
     static int logged;
     int coop = 0, sms = 0;
     CHECK_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx->device));
     CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
-    const char *env = getenv("CIFAR_CUDA_BN_COOP");
-    int off = env && strcmp(env, "0") == 0;
+    int off = !bn_coop;
     if (coop) {
         /* one grid size for both activation types: the smaller fit */
         ctx->bn_coop_fwd_blocks = imin(bn_coop_max_blocks(bn_fwd_coop_kernel<0>, sms),

@@ -42,8 +42,10 @@ int ops_cuda_compute_capability(int device);
 /* Select `device`, create its stream and handles. tf32: let cuDNN and cuBLAS use
  * TF32 tensor cores for fp32 data (else plain FMA math). deterministic: only
  * algorithms cuDNN reports as deterministic, picked by heuristics rather than by
- * timing, so two runs choose the same ones. Dies with a clear message on failure. */
-CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic);
+ * timing, so two runs choose the same ones. bn_coop: one cooperative kernel per
+ * training batch norm where the device allows (0: two; Settings.cuda_bn_coop). Dies
+ * with a clear message on failure. */
+CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic, int bn_coop);
 void cuda_ctx_free(CudaCtx *ctx);
 int cuda_ctx_device(const CudaCtx *ctx);
 int cuda_ctx_deterministic(const CudaCtx *ctx);
