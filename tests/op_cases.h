@@ -9,7 +9,8 @@
  *      function run on the team (OPSI_TEAM), and one line in the table at the end of
  *      shared/backend-cpu/ops_cpu_impl.h (every ISA and the double tests get it);
  *   3. its CUDA function: the kernel and <op>_cuda(CudaCtx *ctx, ...) in
- *      shared/backend-cuda/ops_cuda.cu, declared in ops_cuda.h, and its table entry
+ *      the file of its family (shared/backend-cuda/cuda_conv.cu, cuda_bn.cu,
+ *      cuda_elementwise.cu, cuda_head.cu, cuda_sgd.cu), declared in ops_cuda.h, and its table entry
  *      nc_<field> in shared/backend-cuda/net_cuda.cu;
  *   4. its case here: an OpKind, its name in opc_kind_names, its inputs in
  *      opc_make_inputs, a row of opc_cases (shapes, tolerances, fd_tol > 0 for the
@@ -20,7 +21,7 @@
  * A fusion is an optional field (NULL: the walk composes it from the plain entries,
  * net_ops.h's net_ops_* helpers): steps 1 and 3 and a case that runs it through the
  * helper, so that the fused entry is checked against the CPU's composition.
- * Files touched: 9 (net_ops.h, one cpu_<family>.h, ops_cpu_impl.h, ops_cuda.cu,
+ * Files touched: 9 (net_ops.h, one cpu_<family>.h, ops_cpu_impl.h, one cuda_<family>.cu,
  * ops_cuda.h, net_cuda.cu, op_cases.h, op_cases_run.h, net_impl.h), 11 with model.[ch];
  * before NetOps was the only contract it was 11 (the X-macro list ops_list.h, the CPU
  * contract ops.h and the forwarding table net_cpu_impl.h, but one CPU body file), 13

@@ -1,7 +1,7 @@
 /* test_bn_nhwc: the CUDA batch-norm arithmetic (shared/backend-cuda/bn_nhwc.h) run on the
  * CPU, against ops.h's batch norm, on every machine (no GPU needed).
  *
- * The kernels of ops_cuda.cu call bn_nhwc.h's functions per thread; this test calls
+ * The kernels of cuda_bn.cu call bn_nhwc.h's functions per thread; this test calls
  * the same functions in the kernels' order (the per-lane sums of each (chunk, channel)
  * block, lanes added in order, then the chunks added lane by lane in the tile's last
  * block, then the element-wise pass), so the indexing, the chunking, the reduction
@@ -152,7 +152,7 @@ static void test_bf16_convert(void) {
 typedef void (*LaneFn)(const void *a, int ch, int p, int lane, double *s);
 typedef void (*FinalFn)(void *a, int ch, const double *t);
 
-/* bn_tile_partial of ops_cuda.cu: block (tile, chunk p), lanes added in order into
+/* bn_tile_partial of cuda_bn.cu: block (tile, chunk p), lanes added in order into
  * partial[p][k][ch]; writes[p * c + ch] counts the writes of each partial. */
 static void emulate_tile_partial(int K, int tile, int p, int c, const void *a, LaneFn lane_fn,
                                  double *partial, int *writes) {
@@ -168,7 +168,7 @@ static void emulate_tile_partial(int K, int tile, int p, int c, const void *a, L
     }
 }
 
-/* bn_tile_final of ops_cuda.cu: lane l adds chunks l, l + BN_LANES, ..., then the
+/* bn_tile_final of cuda_bn.cu: lane l adds chunks l, l + BN_LANES, ..., then the
  * lanes in order; finals[ch] counts the finalisations of each channel. */
 static void emulate_tile_final(int K, int tile, int c, int chunks, const double *partial, void *a,
                                FinalFn fin, int *finals) {

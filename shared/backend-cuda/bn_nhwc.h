@@ -1,5 +1,5 @@
-/* bn_nhwc.h: the arithmetic of the CUDA batch-norm kernels (ops_cuda.cu), written
- * once for the device and the host: ops_cuda.cu launches it, tests/test_bn_nhwc.c
+/* bn_nhwc.h: the arithmetic of the CUDA batch-norm kernels (cuda_bn.cu), written
+ * once for the device and the host: cuda_bn.cu launches it, tests/test_bn_nhwc.c
  * runs the very same functions on the CPU, thread by thread in the kernels' order,
  * against ops.h's batch norm (so the indexing and the formulas are tested on every
  * machine, GPU or not). Plain C, no CUDA header.
@@ -15,7 +15,7 @@
  * last block of a channel tile to finish adds the partials: lane l takes chunks
  * l, l+BN_LANES, ..., then lanes in order. Two kernels per batch norm: this
  * reduction (with the per-channel finalisation fused into its last block) and one
- * element-wise pass; or, where the device allows (ops_cuda.cu), one cooperative
+ * element-wise pass; or, where the device allows (cuda_bn.cu), one cooperative
  * kernel doing the very same sums in the same order (bn_coop_item).
  *
  * Conv bias folding (net_cuda.cu): a conv bias that the CUDA table defers is added

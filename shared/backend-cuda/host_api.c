@@ -9,7 +9,7 @@
  * and run eagerly.
  *
  * Why the longjmp is safe: it crosses only frames of this project's C code and of
- * its nvcc-compiled C++ (engine_cuda.cu, net_cuda.cu, ops_cuda.cu), never a frame of
+ * its nvcc-compiled C++ (engine_cuda.cu, net_cuda.cu, the cuda_*.cu op files), never a frame of
  * cuDNN, cuBLAS, NCCL or the CUDA runtime (a check runs after the library call has
  * returned). C++ allows a longjmp over frames whose automatic objects all have
  * trivial destructors ([csetjmp.syn]); the .cu files hold only such objects (plain
