@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "core/options.h"
 #include "core/progress.h"
+#include "core/settings.h"
 
 static const char *usage_text =
     "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors|RUN_DIR]\n"
@@ -33,10 +34,7 @@ static const char *usage_text =
     "  --threads N        CPU threads (default: all cores)\n"
     "  --quiet            no progress output\n"
     "  -h, --help         this help\n"
-    "\n"
-    "Environment:\n"
-    "  CIFAR_CPU_ISA=V    the CPU ops' instruction-set variant: generic | avx2 | avx512\n"
-    "                     (default: the best this CPU runs; one it lacks exits 2)\n";
+    "\n" SETTINGS_HELP;
 
 typedef struct {
     const char *snapshot;
@@ -220,12 +218,14 @@ int main(int argc, char **argv) {
     const CheckpointInfo *info = &snap.info;
     const char *data;
     Dataset *ds = open_data(&o, &snap.cfg, info, &data);
+    Settings settings;
+    settings_from_env(&settings); /* every CIFAR_* tuning variable, here only */
     HostSplit split;
-    host_split_load(ds, data, o.split, 1, &split); /* in place in the map */
+    host_split_load(ds, data, o.split, 1, settings.data_in_memory, &split); /* in place in the map */
 
     Comm *comm;
     Engine *e = device_inference_engine(o.device, &snap.model, split, info->mean, info->std, o.batch,
-                                        o.threads, snap.state.params, snap.state.buffers, &comm);
+                                        o.threads, snap.state.params, snap.state.buffers, &settings, &comm);
 
     EvalResult r;
     memset(&r, 0, sizeof r);

@@ -22,6 +22,7 @@
 #include "core/omp_env.h"
 #include "core/options.h"
 #include "core/progress.h"
+#include "core/settings.h"
 #include "data/image.h"
 #include "format/checkpoint.h"
 #include "model/device.h"
@@ -53,6 +54,7 @@ static const char *usage_text =
     "  --threads N        CPU threads (default: all cores)\n"
     "  --quiet            no progress output\n"
     "  -h, --help         this help\n"
+    "\n" SETTINGS_HELP
     "\n"
     "Exit status: 0 done, 1 failure (one line naming the file: a snapshot or image\n"
     "that cannot be read, an image of another shape without --resize), 2 bad usage.\n";
@@ -284,10 +286,13 @@ int main(int argc, char **argv) {
     uint8_t *pixels = images_decode(&o, &snap.cfg);
     int32_t *labels = xcalloc((size_t)o.count, sizeof *labels); /* unknown: class 0 */
 
+    Settings settings;
+    settings_from_env(&settings); /* every CIFAR_* tuning variable, here only */
     Comm *comm;
     HostSplit images = {.pixels = pixels, .labels = labels, .count = o.count};
     Engine *e = device_inference_engine(o.device, &snap.model, images, snap.info.mean, snap.info.std,
-                                        o.batch, o.threads, snap.state.params, snap.state.buffers, &comm);
+                                        o.batch, o.threads, snap.state.params, snap.state.buffers,
+                                        &settings, &comm);
 
     predict_all(&o, e, snap.cfg.num_classes, &snap.info.classes);
 

@@ -1,11 +1,40 @@
-/* op_cases.h: one table of op cases (op, shapes, tolerances) run through the
- * executor's op tables (net_ops.h), so that "this op is right on that device" is
- * written once:
+/* op_cases.h: the op cases of every backend.
+ *
+ * Quick start for adding a new op (ggml's test-backend-ops has the same opening):
+ *   1. its contract: a field of struct NetOps with what it reads, overwrites and
+ *      allows (NULL, in place), in shared/model/net_ops.h (the one op contract);
+ *   2. its CPU function: static cpu_<field>(void *ctx, ...) with the field's
+ *      signature, in the file of its family (shared/backend-cpu/cpu_conv.h,
+ *      cpu_bn.h, cpu_elementwise.h, cpu_head.h, cpu_sgd.h), its body an opsi_*
+ *      function run on the team (OPSI_TEAM), and one line in the table at the end of
+ *      shared/backend-cpu/ops_cpu_impl.h (every ISA and the double tests get it);
+ *   3. its CUDA function: the kernel and <op>_cuda(CudaCtx *ctx, ...) in
+ *      the file of its family (shared/backend-cuda/cuda_conv.cu, cuda_bn.cu,
+ *      cuda_elementwise.cu, cuda_head.cu, cuda_sgd.cu), declared in ops_cuda.h, and its table entry
+ *      nc_<field> in shared/backend-cuda/net_cuda.cu;
+ *   4. its case here: an OpKind, its name in opc_kind_names, its inputs in
+ *      opc_make_inputs, a row of opc_cases (shapes, tolerances, fd_tol > 0 for the
+ *      finite differences) and, with a backward, its opc_fd_spec; how it runs on a
+ *      table in op_cases_run.h (once, for every backend and scalar type);
+ *   5. its place in the walk: shared/model/net_impl.h (and its buffers there; its
+ *      parameters in shared/model/model.c when it has any).
+ * A fusion is an optional field (NULL: the walk composes it from the plain entries,
+ * net_ops.h's net_ops_* helpers): steps 1 and 3 and a case that runs it through the
+ * helper, so that the fused entry is checked against the CPU's composition.
+ * Files touched: 9 (net_ops.h, one cpu_<family>.h, ops_cpu_impl.h, one cuda_<family>.cu,
+ * ops_cuda.h, net_cuda.cu, op_cases.h, op_cases_run.h, net_impl.h), 11 with model.[ch];
+ * before NetOps was the only contract it was 11 (the X-macro list ops_list.h, the CPU
+ * contract ops.h and the forwarding table net_cpu_impl.h, but one CPU body file), 13
+ * with model.[ch].
+ *
+ * One table of op cases (op, shapes, tolerances) run through the executor's op
+ * tables (net_ops.h), so that "this op is right on that device" is written once:
  *   - test_ops.c: every backward on the CPU table in double against central finite
  *     differences (opc_fd_all), and every CPU instruction-set variant against the
  *     baseline;
  *   - test_ops_cuda.c: the CUDA table against the CPU table (the conv -> BN pairs
- *     exercise the CUDA table's deferred conv bias and its folded gradient).
+ *     run the CUDA table's fused entries, conv_bn_forward and bn_conv_backward,
+ *     against the CPU table's composition of the plain entries).
  * Each case builds its inputs once on the host (fixed pseudo-random values, float
  * values held in double). Two backends: each runs the case and every output is
  * compared with |got - want| <= atol + rtol*|want|. Finite differences (cases with
@@ -41,15 +70,16 @@ typedef enum {
     OPC_LINEAR,        /* forward and backward */
     OPC_XENT,          /* loss, hits, dlogits */
     OPC_SGD,           /* param, momentum */
-    OPC_CONV_BN,       /* conv -> bn+relu train -> bn+relu backward -> conv backward (the
-                        * executor's pairing: the CUDA table's deferred conv bias) */
-    OPC_CONV_BN_EVAL,  /* conv -> bn eval */
+    OPC_CONV_BN,       /* conv -> bn train -> bn backward -> conv backward, as the executor
+                        * pairs them (c: 0 bn+relu, 1 bn, 2 bn+add+relu): the table's fused
+                        * entries, e.g. the CUDA table's conv bias inside the BN */
+    OPC_CONV_BN_EVAL,  /* conv -> bn eval (fused: conv_bn_forward) */
 } OpKind;
 #define OPC_KINDS (OPC_CONV_BN_EVAL + 1)
 
 static const char *const opc_kind_names[OPC_KINDS] = {
     "conv", "bn train", "bn+relu train", "bn+add+relu train", "bn eval", "bn backward",
-    "bn+relu backward", "relu", "add_relu", "meanpool", "linear", "xent", "sgd", "conv->bn+relu",
+    "bn+relu backward", "relu", "add_relu", "meanpool", "linear", "xent", "sgd", "conv->bn train",
     "conv->bn eval"};
 
 typedef struct {
@@ -129,6 +159,10 @@ static void opc_make_inputs(const OpCase *c, OpcRun *r) {
         opc_host_rand(r, (size_t)s->cout, -0.5f, 0.5f);                        /* beta */
         opc_host_rand(r, (size_t)s->cout, -0.2f, 0.2f);                        /* running mean */
         opc_host_rand(r, (size_t)s->cout, 0.5f, 1.5f);                         /* running var */
+        if (c->op == OPC_CONV_BN && c->c == 2) {                              /* the residual form: */
+            opc_host_rand(r, (size_t)c->n * oh * ow * s->cout, -1, 1);         /* z */
+            opc_host_rand(r, (size_t)c->n * c->hw * c->k * s->cin, -1, 1);     /* dx accumulated into */
+        }
         break;
     }
     case OPC_BN_TRAIN:
@@ -268,9 +302,13 @@ static const OpCase opc_cases[] = {
     {OPC_SGD, 1, 1000, 3, 1, {0}, 1e-7f, 1e-6f, 0, "sgd nesterov"},
     /* conv bias gradient in front of a training BN: rounding noise around 0 on both
      * (finite differences on the small pair only: the 40-channel one costs a second) */
-    {OPC_CONV_BN, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn+relu (bias deferred)"},
-    {OPC_CONV_BN, 2, 9, 0, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv stem -> bn+relu (bias deferred)"},
-    {OPC_CONV_BN_EVAL, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn eval (bias deferred)"},
+    {OPC_CONV_BN, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn+relu (fused)"},
+    {OPC_CONV_BN, 2, 9, 0, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv stem -> bn+relu (fused)"},
+    {OPC_CONV_BN, 2, 9, 1, 9, {3, 8, 3, 2, 1}, 1e-4f, 1e-3f, 1e-6, "conv stem -> bn (fused)"},
+    {OPC_CONV_BN, 3, 8, 1, 8, {8, 40, 1, 2, 0}, 1e-4f, 1e-3f, 0, "conv 1x1/2 projection -> bn (fused)"},
+    {OPC_CONV_BN, 3, 8, 2, 8, {8, 40, 1, 1, 0}, 1e-4f, 1e-3f, 0,
+     "conv 1x1 -> bn+add+relu, folded backward (fused)"},
+    {OPC_CONV_BN_EVAL, 3, 8, 0, 8, {8, 40, 3, 1, 1}, 1e-4f, 1e-3f, 0, "conv 3x3 -> bn eval (fused)"},
 };
 
 /* The CPU backend's copies (host memory both sides). */

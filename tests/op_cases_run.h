@@ -6,16 +6,13 @@
  * Host inputs and outputs are double (OpcRun); a case's inputs are uploaded in the
  * table's type and its outputs downloaded back to double. */
 
-/* A device: its op table and context, host <-> device copies, and a hook run
- * before its ops (e.g. select an instruction set). */
+/* A device: its op table and context, host <-> device copies. */
 typedef struct {
     const char *name;
     const struct OPC_T(NetOps) *ops;
     void *ctx;
     void (*upload)(void *ctx, void *dev, const void *host, size_t bytes);
     void (*download)(void *ctx, void *host, const void *dev, size_t bytes);
-    void (*select)(const void *arg);
-    const void *select_arg;
 } OPC_T(OpBackend);
 
 /* Device copy of host input i (the backend's memory and type). */
@@ -75,38 +72,77 @@ static void OPC_T(opc_run_conv)(const OpCase *c, const OPC_T(OpBackend) *b, OpcR
     b->ops->conv_plan_free(b->ctx, plan);
 }
 
+/* The batch norm a conv -> BN case runs after the conv: c->c picks the executor's
+ * pairing (opc_cases): 0 the inner convs (BN+ReLU), 1 the stem and the projections
+ * (BN alone), 2 a block's last conv (BN + the residual z + ReLU); inference: bn eval. */
+static NetBnForwardKind OPC_T(opc_conv_bn_kind)(const OpCase *c) {
+    if (c->op == OPC_CONV_BN_EVAL) return NET_BN_EVAL;
+    return c->c == 1 ? NET_BN_TRAIN : c->c == 2 ? NET_BN_TRAIN_ADD_RELU : NET_BN_TRAIN_RELU;
+}
+
+/* The training backward of a conv -> BN case from dy: the BN backward of its kind then
+ * the conv backward into dx, as one call (the table's bn_conv_backward, or its
+ * composition). The residual form (c->c 2) goes as the executor's block backward
+ * does: through the table's folded form where it has one (keep: the masked dy left
+ * in dy, the conv's dx ADDED to dx), else the plain path's ReLU pass on dy, BN
+ * backward, conv backward and add; the same results either way. */
+static void OPC_T(opc_conv_bn_backward)(const OpCase *c, const OPC_T(OpBackend) *b, void *plan,
+                                        struct OPC_T(NetBnBackward) *bn, const OPC_REAL *x,
+                                        const OPC_REAL *w, OPC_REAL *dx, OPC_REAL *dwd,
+                                        OPC_REAL *dbias, void *ws, size_t ws_bytes, size_t nx) {
+    const struct OPC_T(NetOps) *o = b->ops;
+    bn->kind = c->c == 1 ? NET_BN_BACKWARD : NET_BN_RELU_BACKWARD;
+    if (c->c != 2) {
+        OPC_T(net_ops_bn_conv_backward)(o, b->ctx, bn, plan, c->n, x, w, dx, dwd, dbias, ws, ws_bytes, 0);
+    } else if (o->bn_relu_backward_keep) {
+        bn->kind = NET_BN_RELU_BACKWARD_KEEP;
+        OPC_T(net_ops_bn_conv_backward)(o, b->ctx, bn, plan, c->n, x, w, dx, dwd, dbias, ws, ws_bytes, 1);
+    } else {
+        OPC_REAL *tmp = OPC_T(opc_dev_zero)(b, nx);
+        size_t ny = (size_t)c->n * bn->hw * bn->c;
+        o->relu_backward(b->ctx, ny, bn->y, bn->dy, bn->dy);
+        bn->kind = NET_BN_BACKWARD;
+        OPC_T(net_ops_bn_conv_backward)(o, b->ctx, bn, plan, c->n, x, w, tmp, dwd, dbias, ws, ws_bytes, 0);
+        o->add(b->ctx, nx, dx, tmp, dx);
+        o->release(b->ctx, tmp);
+    }
+}
+
 /* A conv and the BN that reads its output, forward (training: and backward), as the
- * executor pairs them. */
+ * executor pairs them: through the table's fused entries (conv_bn_forward,
+ * bn_conv_backward) where it has them, else their composition from the plain ones
+ * (net_ops.h), so that a table's fused entries are checked against the CPU's
+ * composition. */
 static void OPC_T(opc_run_conv_bn)(const OpCase *c, const OPC_T(OpBackend) *b, OpcRun *r) {
     const ConvSpec *s = &c->cs;
     const struct OPC_T(NetOps) *o = b->ops;
     int oh = conv_out_size(c->hw, s->k, s->stride, s->pad), ow = conv_out_size(c->k, s->k, s->stride, s->pad);
-    size_t wn = r->in_n[1], ny = r->in_n[3], nc = (size_t)s->cout;
-    void *plan = o->conv_plan(b->ctx, s, c->n, c->hw, c->k, c->op == OPC_CONV_BN, c->op == OPC_CONV_BN);
+    size_t nx = r->in_n[0], wn = r->in_n[1], ny = r->in_n[3], nc = (size_t)s->cout;
+    int train = c->op == OPC_CONV_BN, residual = train && c->c == 2;
+    void *plan = o->conv_plan(b->ctx, s, c->n, c->hw, c->k, train, train);
     size_t ws_bytes = o->conv_workspace_bytes(b->ctx, plan);
     void *ws = o->alloc(b->ctx, ws_bytes ? ws_bytes : 1);
     OPC_REAL *x = OPC_T(opc_dev_in)(b, r, 0), *wk = OPC_T(opc_dev_in)(b, r, 1);
     OPC_REAL *bias = OPC_T(opc_dev_in)(b, r, 2), *dy = OPC_T(opc_dev_in)(b, r, 3);
     OPC_REAL *g = OPC_T(opc_dev_in)(b, r, 4), *be = OPC_T(opc_dev_in)(b, r, 5);
     OPC_REAL *rm = OPC_T(opc_dev_in)(b, r, 6), *rv = OPC_T(opc_dev_in)(b, r, 7);
-    OPC_REAL *w = OPC_T(opc_dev_zero)(b, wn);
+    OPC_REAL *z = residual ? OPC_T(opc_dev_in)(b, r, 8) : NULL;
+    OPC_REAL *w = OPC_T(opc_dev_zero)(b, wn), *tmp = OPC_T(opc_dev_zero)(b, ny);
     OPC_REAL *conv_out = OPC_T(opc_dev_zero)(b, ny), *y = OPC_T(opc_dev_zero)(b, ny);
+    OPC_REAL *mean = OPC_T(opc_dev_zero)(b, nc), *inv = OPC_T(opc_dev_zero)(b, nc);
     o->conv_weight_import(b->ctx, plan, wk, w);
-    o->conv_forward(b->ctx, plan, c->n, x, w, bias, conv_out, ws, ws_bytes);
-    if (c->op == OPC_CONV_BN_EVAL) {
-        o->bn_eval(b->ctx, c->n, oh * ow, s->cout, conv_out, g, be, rm, rv, 1e-5f, y);
-        OPC_T(opc_take)(b, r, "y", y, ny);
-        OPC_T(opc_take)(b, r, "conv out", conv_out, ny);
-    } else {
-        OPC_REAL *mean = OPC_T(opc_dev_zero)(b, nc), *inv = OPC_T(opc_dev_zero)(b, nc);
+    struct OPC_T(NetBnForward) fwd = {OPC_T(opc_conv_bn_kind)(c), oh * ow, s->cout, g, be, z, tmp, y,
+                                      mean, inv, rm, rv, 0.1f, 1e-5f};
+    OPC_T(net_ops_conv_bn_forward)(o, b->ctx, plan, c->n, x, w, bias, conv_out, ws, ws_bytes, &fwd);
+    if (train) {
         OPC_REAL *dc = OPC_T(opc_dev_zero)(b, ny), *dg = OPC_T(opc_dev_zero)(b, nc);
-        OPC_REAL *db = OPC_T(opc_dev_zero)(b, nc), *dx = OPC_T(opc_dev_zero)(b, r->in_n[0]);
-        OPC_REAL *dwd = OPC_T(opc_dev_zero)(b, wn), *dw = OPC_T(opc_dev_zero)(b, wn);
-        OPC_REAL *dbias = OPC_T(opc_dev_zero)(b, nc);
-        o->bn_relu_train(b->ctx, c->n, oh * ow, s->cout, conv_out, g, be, y, mean, inv, rm, rv, 0.1f,
-                         1e-5f);
-        o->bn_relu_backward(b->ctx, c->n, oh * ow, s->cout, conv_out, y, g, mean, inv, dy, dc, dg, db);
-        o->conv_backward(b->ctx, plan, c->n, x, w, dc, dx, dwd, dbias, ws, ws_bytes);
+        OPC_REAL *db = OPC_T(opc_dev_zero)(b, nc), *dwd = OPC_T(opc_dev_zero)(b, wn);
+        OPC_REAL *dw = OPC_T(opc_dev_zero)(b, wn), *dbias = OPC_T(opc_dev_zero)(b, nc);
+        /* the residual form accumulates into dx: start from input 9 */
+        OPC_REAL *dx = residual ? OPC_T(opc_dev_in)(b, r, 9) : OPC_T(opc_dev_zero)(b, nx);
+        struct OPC_T(NetBnBackward) bwd = {NET_BN_BACKWARD, oh * ow, s->cout, conv_out, y, g, mean,
+                                           inv, dy, dc, dg, db};
+        OPC_T(opc_conv_bn_backward)(c, b, plan, &bwd, x, w, dx, dwd, dbias, ws, ws_bytes, nx);
         o->conv_weight_export(b->ctx, plan, dwd, dw);
         OPC_T(opc_take)(b, r, "y", y, ny);
         OPC_T(opc_take)(b, r, "conv out", conv_out, ny);
@@ -117,13 +153,18 @@ static void OPC_T(opc_run_conv_bn)(const OpCase *c, const OPC_T(OpBackend) *b, O
         OPC_T(opc_take)(b, r, "bn dx", dc, ny);
         OPC_T(opc_take)(b, r, "dgamma", dg, nc);
         OPC_T(opc_take)(b, r, "dbeta", db, nc);
-        OPC_T(opc_take)(b, r, "conv dx", dx, r->in_n[0]);
+        OPC_T(opc_take)(b, r, "conv dx", dx, nx);
         OPC_T(opc_take)(b, r, "conv dweight", dw, wn);
         OPC_T(opc_take)(b, r, "conv dbias", dbias, nc);
+        if (residual) OPC_T(opc_take)(b, r, "dz (masked dy)", dy, ny);
         o->release(b->ctx, dwd);
-        rm = rv = NULL;
+        mean = inv = rm = rv = NULL;
+        if (residual) dy = NULL;
+    } else {
+        OPC_T(opc_take)(b, r, "y", y, ny);
+        OPC_T(opc_take)(b, r, "conv out", conv_out, ny);
     }
-    OPC_REAL *dev[] = {x, wk, bias, dy, g, be, w, rm, rv};
+    OPC_REAL *dev[] = {x, wk, bias, dy, g, be, w, rm, rv, z, tmp, mean, inv};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) o->release(b->ctx, dev[i]);
     o->release(b->ctx, ws);
@@ -305,7 +346,6 @@ static void OPC_T(opc_run_sgd)(const OpCase *c, const OPC_T(OpBackend) *b, OpcRu
 
 /* Runs case c on backend b from r's inputs, appending its outputs to r. */
 static void OPC_T(opc_run)(const OpCase *c, const OPC_T(OpBackend) *b, OpcRun *r) {
-    if (b->select) b->select(b->select_arg);
     switch (c->op) {
     case OPC_CONV: OPC_T(opc_run_conv)(c, b, r); break;
     case OPC_CONV_BN:

@@ -1,7 +1,7 @@
 /* test_bn_nhwc: the CUDA batch-norm arithmetic (shared/backend-cuda/bn_nhwc.h) run on the
  * CPU, against ops.h's batch norm, on every machine (no GPU needed).
  *
- * The kernels of ops_cuda.cu call bn_nhwc.h's functions per thread; this test calls
+ * The kernels of cuda_bn.cu call bn_nhwc.h's functions per thread; this test calls
  * the same functions in the kernels' order (the per-lane sums of each (chunk, channel)
  * block, lanes added in order, then the chunks added lane by lane in the tile's last
  * block, then the element-wise pass), so the indexing, the chunking, the reduction
@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "backend-cuda/bn_nhwc.h"
-#include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 #include "core/check.h"
 #include "unit.h"
 
@@ -152,7 +152,7 @@ static void test_bf16_convert(void) {
 typedef void (*LaneFn)(const void *a, int ch, int p, int lane, double *s);
 typedef void (*FinalFn)(void *a, int ch, const double *t);
 
-/* bn_tile_partial of ops_cuda.cu: block (tile, chunk p), lanes added in order into
+/* bn_tile_partial of cuda_bn.cu: block (tile, chunk p), lanes added in order into
  * partial[p][k][ch]; writes[p * c + ch] counts the writes of each partial. */
 static void emulate_tile_partial(int K, int tile, int p, int c, const void *a, LaneFn lane_fn,
                                  double *partial, int *writes) {
@@ -168,7 +168,7 @@ static void emulate_tile_partial(int K, int tile, int p, int c, const void *a, L
     }
 }
 
-/* bn_tile_final of ops_cuda.cu: lane l adds chunks l, l + BN_LANES, ..., then the
+/* bn_tile_final of cuda_bn.cu: lane l adds chunks l, l + BN_LANES, ..., then the
  * lanes in order; finals[ch] counts the finalisations of each channel. */
 static void emulate_tile_final(int K, int tile, int c, int chunks, const double *partial, void *a,
                                FinalFn fin, int *finals) {
@@ -271,10 +271,10 @@ static void test_forward(int64_t rows, int c, int mode, int with_bias, int bf16)
     float *want = xmalloc(nx * sizeof(float)), *wm = xmalloc(c * sizeof(float));
     float *wi = xmalloc(c * sizeof(float)), *wrm = copy_of(rm, c), *wrv = copy_of(rv, c);
     if (mode == BN_RELU) {
-        batchnorm2d_relu_forward_train((int)rows, c, xb, gamma, beta, want, wm, wi, wrm, wrv, 0.1f, 1e-5f);
+        net_cpu_ops()->bn_relu_train(NULL, (int)rows, 1, c, xb, gamma, beta, want, wm, wi, wrm, wrv, 0.1f, 1e-5f);
     } else {
-        batchnorm2d_forward_train((int)rows, c, xb, gamma, beta, want, wm, wi, wrm, wrv, 0.1f, 1e-5f);
-        if (mode == BN_ADD_RELU) add_relu_forward(nx, want, z, want);
+        net_cpu_ops()->bn_train(NULL, (int)rows, 1, c, xb, gamma, beta, want, wm, wi, wrm, wrv, 0.1f, 1e-5f);
+        if (mode == BN_ADD_RELU) net_cpu_ops()->add_relu(NULL, nx, want, z, want);
     }
     /* the kernels' functions */
     float *x = pack(with_bias ? x0 : xb, nx, bf16), *y = xmalloc(nx * sizeof(float));
@@ -320,7 +320,7 @@ static void test_eval(int64_t rows, int c, int with_bias, int bf16) {
     float *xb = copy_of(x0, nx), *want = xmalloc(nx * sizeof(float)), *y = xmalloc(nx * sizeof(float));
     if (with_bias)
         for (size_t i = 0; i < nx; i++) xb[i] = act_round(x0[i] + bias[i % (size_t)c], bf16);
-    batchnorm2d_forward_eval((int)rows, c, xb, gamma, beta, rm, rv, 1e-5f, want);
+    net_cpu_ops()->bn_eval(NULL, (int)rows, 1, c, xb, gamma, beta, rm, rv, 1e-5f, want);
     float *x = pack(with_bias ? x0 : xb, nx, bf16), *aff = xmalloc(2 * c * sizeof(float));
     for (int ch = 0; ch < c; ch++) bn_eval_final(c, ch, gamma, beta, rm, rv, 1e-5f, aff);
     for (size_t i = 0; i < nx; i++)
@@ -357,9 +357,9 @@ static void test_backward(int64_t rows, int c, int relu, int bf16) {
     }
     float *want = xmalloc(nx * sizeof(float)), *wg = xmalloc(c * sizeof(float)), *wb = xmalloc(c * sizeof(float));
     if (relu)
-        batchnorm2d_relu_backward((int)rows, c, x, y, gamma, mean, inv, dy, want, wg, wb);
+        net_cpu_ops()->bn_relu_backward(NULL, (int)rows, 1, c, x, y, gamma, mean, inv, dy, want, wg, wb);
     else
-        batchnorm2d_backward((int)rows, c, x, gamma, mean, inv, dy, want, wg, wb);
+        net_cpu_ops()->bn_backward(NULL, (int)rows, 1, c, x, gamma, mean, inv, dy, want, wg, wb);
     float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
     float *k = xmalloc(3 * c * sizeof(float)), *dsum = xmalloc(c * sizeof(float));
     float *xp = pack(x, nx, bf16), *yp = pack(y, nx, bf16), *dyp = pack(dy, nx, bf16);

@@ -95,7 +95,7 @@ int main(void) {
         printf("test_comm_nccl: SKIP: no usable CUDA device (no driver or no GPU)\n");
         return 77;
     }
-    CudaCtx *ctx = cuda_ctx_create(0, 0, 1); /* selects device 0, as the engine does */
+    CudaCtx *ctx = cuda_ctx_create(0, 0, 1, 1); /* selects device 0, as the engine does */
     DistEnv env;
     memset(&env, 0, sizeof env);
     env.world_size = env.local_world_size = 1;

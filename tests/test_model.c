@@ -9,7 +9,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/net.h"
-#include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 #include "core/rng.h"
 
 #include "unit.h"
@@ -341,7 +341,9 @@ static void test_basic_blocks_train(void) {
     float loss = loss0;
     for (int s = 0; s < 10; s++) {
         loss = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, NULL);
-        sgd_update(m.num_params, params, grads, mom, NULL, 0.05f, 0.9f, 5e-4f, 0, s == 0);
+        const float lr = 0.05f;
+        const int32_t first = s == 0;
+        net_cpu_ops()->sgd(NULL, m.num_params, params, grads, mom, NULL, &lr, 0.9f, 5e-4f, 0, &first);
     }
     loss = model_forward_backward(&m, run, params, buffers, x, labels, n, 0.0f, grads, &correct);
     EXPECT(loss < 0.5f * loss0, "loss %g after 10 steps (start %g)", loss, loss0);
@@ -381,8 +383,8 @@ static void test_net_inference_only(void) {
           *x = xmalloc((size_t)n * 12 * 12 * 3 * sizeof(float));
     model_init(&m, params, buffers, 5);
     for (size_t i = 0; i < (size_t)n * 12 * 12 * 3; i++) x[i] = rng_uniform(9, 1, i) - 0.5f;
-    Net *full = net_create(&m, &net_cpu_ops, NULL, 4, 1);
-    Net *infer = net_create(&m, &net_cpu_ops, NULL, 4, 0);
+    Net *full = net_create(&m, net_cpu_ops(), NULL, 4, 1);
+    Net *infer = net_create(&m, net_cpu_ops(), NULL, 4, 0);
     /* Forward-only memory: a few buffers of the largest layer (net_impl.h's pool),
      * not every activation of 18 blocks (measured here: 5.4x less). */
     EXPECT(net_arena_bytes(infer) * 4 < net_arena_bytes(full),
@@ -486,15 +488,15 @@ static void test_threads_bit_identical(void) {
     build_seed_cifar(&m);
     const int n = 37, steps = 2;
     StepIn in = step_inputs(&m, n, 11, 5, 7);
-    NetOps per_op = net_cpu_ops;
+    NetOps per_op = *net_cpu_ops();
     per_op.team = NULL;
     struct {
         const char *name;
         const NetOps *ops;
         int threads;
-    } runs[] = {{"team, 1 thread", &net_cpu_ops, 1},
-                {"team, 2 threads", &net_cpu_ops, 2},
-                {"team, 3 threads", &net_cpu_ops, 3},
+    } runs[] = {{"team, 1 thread", net_cpu_ops(), 1},
+                {"team, 2 threads", net_cpu_ops(), 2},
+                {"team, 3 threads", net_cpu_ops(), 3},
                 {"per-op regions, 2 threads", &per_op, 2}};
     enum { RUNS = sizeof runs / sizeof runs[0] };
     StepOut out[RUNS];
@@ -536,7 +538,7 @@ static int g_folded_n, g_folded_keep_calls, g_folded_acc_calls;
 
 static void *folded_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
                               int need_dx) {
-    void *p = net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
+    void *p = net_cpu_ops()->conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
     if (g_folded_n >= FOLDED_MAX_PLANS) die("test_model: more than %d conv plans", FOLDED_MAX_PLANS);
     g_folded_plans[g_folded_n].plan = p;
     g_folded_plans[g_folded_n++].x_per_image = (size_t)h * w * cs->cin;
@@ -554,8 +556,8 @@ static void folded_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const 
                                          const float *invstd, float *dy, float *dx, float *dgamma,
                                          float *dbeta) {
     g_folded_keep_calls++;
-    net_cpu_ops.relu_backward(ctx, (size_t)n * hw * c, y, dy, dy);
-    net_cpu_ops.bn_backward(ctx, n, hw, c, x, gamma, mean, invstd, dy, dx, dgamma, dbeta);
+    net_cpu_ops()->relu_backward(ctx, (size_t)n * hw * c, y, dy, dy);
+    net_cpu_ops()->bn_backward(ctx, n, hw, c, x, gamma, mean, invstd, dy, dx, dgamma, dbeta);
 }
 
 static void folded_conv_backward_acc(void *ctx, void *plan, int n, const float *x,
@@ -564,45 +566,106 @@ static void folded_conv_backward_acc(void *ctx, void *plan, int n, const float *
     g_folded_acc_calls++;
     size_t count = (size_t)n * folded_x_per_image(plan);
     float *tmp = xmalloc(count * sizeof(float));
-    net_cpu_ops.conv_backward(ctx, plan, n, x, weight, dy, tmp, dweight, dbias, ws, ws_bytes);
-    net_cpu_ops.add(ctx, count, dx, tmp, dx);
+    net_cpu_ops()->conv_backward(ctx, plan, n, x, weight, dy, tmp, dweight, dbias, ws, ws_bytes);
+    net_cpu_ops()->add(ctx, count, dx, tmp, dx);
     free(tmp);
 }
 
-static void test_folded_block_backward(void) {
+/* The fused entries (net_ops.h: conv_bn_forward, bn_conv_backward) as a table might
+ * give them: here the composition of the CPU's plain entries, counted; the walk must
+ * call them (one per conv and pass) and get the plain walk's results bit for bit. */
+static const NetOps *g_fused_base; /* the table under test, for the plain entries */
+static int g_fused_fwd_calls, g_fused_bwd_calls;
+
+static void fused_conv_bn_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                                  const float *bias, float *conv_out, void *ws, size_t ws_bytes,
+                                  const NetBnForward *bn) {
+    g_fused_fwd_calls++;
+    g_fused_base->conv_forward(ctx, plan, n, x, weight, bias, conv_out, ws, ws_bytes);
+    net_ops_bn_forward(g_fused_base, ctx, n, conv_out, bn);
+}
+
+static void fused_bn_conv_backward(void *ctx, const NetBnBackward *bn, void *plan, int n,
+                                   const float *x, const float *weight, float *dx, float *dweight,
+                                   float *dbias, void *ws, size_t ws_bytes, int acc) {
+    g_fused_bwd_calls++;
+    net_ops_bn_backward(g_fused_base, ctx, n, bn);
+    (acc ? g_fused_base->conv_backward_acc : g_fused_base->conv_backward)(
+        ctx, plan, n, x, weight, bn->dx, dx, dweight, dbias, ws, ws_bytes);
+}
+
+/* The plain CPU table against the same table with the folded block backward, with the
+ * fused entries, and with both: the same loss, gradients, weights and statistics
+ * after training steps, the same logits in inference, and each optional entry called
+ * as often as the walk has places for it. */
+static void test_optional_entries(void) {
     Model m;
     build_seed_cifar(&m);
     const int n = 13, steps = 2;
     StepIn in = step_inputs(&m, n, 12, 6, 3);
-    NetOps plain = net_cpu_ops, folded = net_cpu_ops;
-    plain.team = folded.team = NULL; /* the wrappers allocate: one caller at a time */
-    folded.conv_plan = folded_conv_plan;
-    folded.bn_relu_backward_keep = folded_bn_relu_backward_keep;
-    folded.conv_backward_acc = folded_conv_backward_acc;
-    StepOut out[2];
-    const NetOps *tables[2] = {&plain, &folded};
-    for (int r = 0; r < 2; r++) {
-        step_out_alloc(&m, &out[r]);
-        g_folded_n = 0;
-        train_steps(&m, tables[r], 2, in.params, in.buffers, in.x, in.labels, n, steps, &out[r]);
+    int n_proj = 0, n_convs = 1;
+    for (int i = 0; i < m.n_blocks; i++) {
+        n_proj += m.blocks[i].has_projection;
+        n_convs += model_block_n_convs(&m.blocks[i]) + m.blocks[i].has_projection;
     }
-    int n_proj = 0;
-    for (int i = 0; i < m.n_blocks; i++) n_proj += m.blocks[i].has_projection;
-    /* per step and block: the last main BN, and the projection's BN */
-    EXPECT(g_folded_keep_calls == steps * (m.n_blocks + n_proj) && g_folded_acc_calls == steps * m.n_blocks,
-           "folded ops called %d and %d times, want %d and %d", g_folded_keep_calls,
-           g_folded_acc_calls, steps * (m.n_blocks + n_proj), steps * m.n_blocks);
-    EXPECT(isfinite(out[0].loss) && out[1].loss == out[0].loss, "folded loss %.9g, plain %.9g",
-           out[1].loss, out[0].loss);
-    EXPECT(memcmp(out[1].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
-           "folded block backward: gradients differ from the plain path");
-    EXPECT(memcmp(out[1].params, out[0].params, m.num_params * sizeof(float)) == 0,
-           "folded block backward: weights differ from the plain path");
-    EXPECT(memcmp(out[1].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
-           "folded block backward: BN statistics differ from the plain path");
-    printf("%s folded block backward (%d blocks, %d projections) = plain path, bit for bit\n",
-           g_failures ? "FAIL" : "ok  ", m.n_blocks, n_proj);
-    for (int r = 0; r < 2; r++) step_out_free(&out[r]);
+    NetOps t[4];
+    static const char *names[4] = {"plain", "folded block backward", "fused entries",
+                                   "fused entries + folded"};
+    for (int r = 0; r < 4; r++) {
+        t[r] = *net_cpu_ops();
+        t[r].team = NULL; /* the wrappers allocate and count: one caller at a time */
+        if (r & 1) {
+            t[r].conv_plan = folded_conv_plan;
+            t[r].bn_relu_backward_keep = folded_bn_relu_backward_keep;
+            t[r].conv_backward_acc = folded_conv_backward_acc;
+        }
+        if (r & 2) {
+            t[r].conv_bn_forward = fused_conv_bn_forward;
+            t[r].bn_conv_backward = fused_bn_conv_backward;
+        }
+    }
+    StepOut out[4];
+    float *logits[4];
+    for (int r = 0; r < 4; r++) {
+        step_out_alloc(&m, &out[r]);
+        g_folded_n = g_folded_keep_calls = g_folded_acc_calls = 0;
+        g_fused_fwd_calls = g_fused_bwd_calls = 0;
+        g_fused_base = &t[r];
+        train_steps(&m, &t[r], 2, in.params, in.buffers, in.x, in.labels, n, steps, &out[r]);
+        g_folded_n = 0; /* the training executor's plans are gone */
+        Net *infer = net_create(&m, &t[r], NULL, n, 0);
+        net_forward(infer, out[r].params, out[r].buffers, 0, in.x, n);
+        logits[r] = xmalloc((size_t)n * m.fc_out * sizeof(float));
+        memcpy(logits[r], net_logits(infer), (size_t)n * m.fc_out * sizeof(float));
+        net_free(infer);
+        /* per step and block: the last main BN, and the projection's BN */
+        int keep = r & 1 ? steps * (m.n_blocks + n_proj) : 0, acc = r & 1 ? steps * m.n_blocks : 0;
+        EXPECT(g_folded_keep_calls == keep && g_folded_acc_calls == acc,
+               "%s: folded ops called %d and %d times, want %d and %d", names[r],
+               g_folded_keep_calls, g_folded_acc_calls, keep, acc);
+        int fwd = r & 2 ? (steps + 1) * n_convs : 0, bwd = r & 2 ? steps * n_convs : 0;
+        EXPECT(g_fused_fwd_calls == fwd && g_fused_bwd_calls == bwd,
+               "%s: fused entries called %d and %d times, want %d and %d", names[r],
+               g_fused_fwd_calls, g_fused_bwd_calls, fwd, bwd);
+    }
+    for (int r = 1; r < 4; r++) {
+        EXPECT(isfinite(out[0].loss) && out[r].loss == out[0].loss, "%s: loss %.9g, plain %.9g",
+               names[r], out[r].loss, out[0].loss);
+        EXPECT(memcmp(out[r].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
+               "%s: gradients differ from the plain path", names[r]);
+        EXPECT(memcmp(out[r].params, out[0].params, m.num_params * sizeof(float)) == 0,
+               "%s: weights differ from the plain path", names[r]);
+        EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
+               "%s: BN statistics differ from the plain path", names[r]);
+        EXPECT(memcmp(logits[r], logits[0], (size_t)n * m.fc_out * sizeof(float)) == 0,
+               "%s: inference logits differ from the plain path", names[r]);
+        printf("%s %s (%d blocks, %d projections, %d convs) = plain path, bit for bit\n",
+               g_failures ? "FAIL" : "ok  ", names[r], m.n_blocks, n_proj, n_convs);
+    }
+    for (int r = 0; r < 4; r++) {
+        step_out_free(&out[r]);
+        free(logits[r]);
+    }
     step_inputs_free(&in);
     model_free(&m);
 }
@@ -626,7 +689,7 @@ static void *recording_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h
     g_recorded[g_recorded_n].cin = cs->cin;
     g_recorded[g_recorded_n].backward = backward;
     g_recorded[g_recorded_n++].need_dx = need_dx;
-    return net_cpu_ops.conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
+    return net_cpu_ops()->conv_plan(ctx, cs, max_n, h, w, backward, need_dx);
 }
 
 /* Planned convs of one executor: how many, and how many of them ask for a dx. */
@@ -643,7 +706,7 @@ static void recorded_flags(int *convs, int *backward, int *need_dx, int *stem_ne
 static void test_plan_need_dx(void) {
     Model m;
     build_seed_cifar(&m);
-    NetOps rec = net_cpu_ops;
+    NetOps rec = *net_cpu_ops();
     rec.team = NULL;
     rec.conv_plan = recording_conv_plan;
     int convs, backward, need_dx, stem;
@@ -687,7 +750,7 @@ int main(void) {
     test_basic_blocks_train();
     test_net_inference_only();
     test_threads_bit_identical();
-    test_folded_block_backward();
+    test_optional_entries();
     test_plan_need_dx();
     return unit_report("test_model");
 }

@@ -1,7 +1,7 @@
-/* test_ops.c: unit tests of the CPU ops (ops.h).
+/* test_ops.c: unit tests of the CPU op tables (backend-cpu/ops_cpu_impl.h).
  *
  * op_cases.h's table, twice: every backward on the CPU's op table compiled in double
- * (tests/cpu_double.h: the very op bodies of shared/backend-cpu/ops_cpu_impl.h, ops_d_*)
+ * (tests/cpu_double.h: the very op bodies of shared/backend-cpu/ops_cpu_impl.h, cpu_*)
  * against central finite differences, and every CPU instruction-set variant against
  * the baseline. Also: one bottleneck block's gradients against finite differences, the
  * convolution against a direct 7-loop reference, the float ops against the double
@@ -19,7 +19,8 @@
 #include <unistd.h>
 
 #include "core/check.h"
-#include "model/ops.h"
+#include "core/settings.h"
+#include "backend-cpu/ops_cpu.h"
 #include "unit.h"
 #include "model/net.h"
 #include "cpu_double.h"
@@ -27,28 +28,36 @@
 
 /* -------------------------------------------------- ISA variants (op_cases.h) */
 
-static void isa_select(const void *arg) { ops_set_isa(*(const int *)arg); }
+/* The float table of the instruction-set variant under test (use_isa), else the
+ * one the commands use. */
+static const NetOps *T;
+
+/* 0 when the CPU lacks variant isa. */
+static int use_isa(int isa) {
+    T = net_cpu_ops_isa(isa);
+    return T != NULL;
+}
+
+static void use_best_isa(void) { T = net_cpu_ops(); }
 
 /* The case table on every instruction-set variant the CPU has against the
- * baseline, through the CPU's op table. */
+ * baseline, each through its own table. */
 static void test_isa_cases(void) {
-    static const int levels[3] = {0, 1, 2};
-    OpBackend base = {"cpu-baseline", &net_cpu_ops, NULL, opc_host_copy, opc_host_copy,
-                      isa_select, &levels[0]};
-    for (int isa = 1; isa <= 2; isa++) {
-        if (ops_set_isa(isa) != isa) {
+    OpBackend base = {"cpu-baseline", net_cpu_ops_isa(CPU_ISA_BASELINE), NULL, opc_host_copy,
+                      opc_host_copy};
+    for (int isa = CPU_ISA_AVX2; isa < CPU_ISA_COUNT; isa++) {
+        const NetOps *t = net_cpu_ops_isa(isa);
+        if (!t) {
             printf("test_ops: SKIP ISA cases for variant %d: this CPU lacks it\n", isa);
             continue;
         }
-        OpBackend v = {isa == 1 ? "cpu-avx2" : "cpu-avx512", &net_cpu_ops, NULL, opc_host_copy,
-                       opc_host_copy, isa_select, &levels[isa]};
+        OpBackend v = {t->name, t, NULL, opc_host_copy, opc_host_copy};
         opc_check_all(&base, &v, 0);
     }
-    ops_set_isa(-1);
 }
 
-/* The exit status of a child that sets CIFAR_CPU_ISA=value and asks for the default
- * variant (its stderr to /dev/null: the refusal's one line is the command's). */
+/* The exit status of a child that sets CIFAR_CPU_ISA=value and picks the default
+ * table (its stderr to /dev/null: the refusal's one line is the command's). */
 static int isa_env_child_status(const char *value) {
     fflush(stdout);
     pid_t pid = fork();
@@ -56,7 +65,9 @@ static int isa_env_child_status(const char *value) {
     if (pid == 0) {
         if (!freopen("/dev/null", "w", stderr)) _exit(99);
         setenv("CIFAR_CPU_ISA", value, 1);
-        ops_set_isa(-1);
+        Settings settings; /* afresh: the parent's pick came with the fork */
+        settings_from_env(&settings);
+        net_cpu_ops_pick(settings.cpu_isa);
         _exit(0);
     }
     int status;
@@ -65,36 +76,37 @@ static int isa_env_child_status(const char *value) {
 }
 
 /* CIFAR_CPU_ISA forces each variant the CPU has; an unknown name, or a variant the
- * CPU lacks, exits 2 (never a silent fallback to another variant). */
+ * CPU lacks, exits 2 (never a silent fallback to another variant). Each child
+ * process picks afresh: a process picks its table once. */
 static void test_isa_env(void) {
     static const char *const names[3] = {"generic", "avx2", "avx512"};
     char *saved = getenv("CIFAR_CPU_ISA") ? xstrdup(getenv("CIFAR_CPU_ISA")) : NULL;
-    unsetenv("CIFAR_CPU_ISA");
-    int best = ops_set_isa(-1);
+    const NetOps *before = net_cpu_ops();
+    int best = (int)cpu_isa_best();
     for (int isa = 0; isa <= 2; isa++) {
-        if (isa > best) {
-            int status = isa_env_child_status(names[isa]);
+        int status = isa_env_child_status(names[isa]);
+        if (isa > best)
             EXPECT(status == 2, "CIFAR_CPU_ISA=%s on a CPU without it: exit %d, 2 expected",
                    names[isa], status);
-            continue;
-        }
-        setenv("CIFAR_CPU_ISA", names[isa], 1);
-        EXPECT(ops_set_isa(-1) == isa && strcmp(ops_isa_name(), names[isa]) == 0,
-               "CIFAR_CPU_ISA=%s: variant %d (%s) in use", names[isa], ops_set_isa(-1),
-               ops_isa_name());
+        else
+            EXPECT(status == 0, "CIFAR_CPU_ISA=%s: exit %d, 0 expected", names[isa], status);
+        if (isa <= best)
+            EXPECT(net_cpu_ops_pick(isa) == net_cpu_ops_isa(isa) && net_cpu_ops() == net_cpu_ops_isa(isa),
+                   "the pick of variant %d is not the table net_cpu_ops() returns", isa);
     }
     int status = isa_env_child_status("avx9000");
     EXPECT(status == 2, "CIFAR_CPU_ISA=avx9000: exit %d, 2 expected", status);
     if (saved) setenv("CIFAR_CPU_ISA", saved, 1);
     else unsetenv("CIFAR_CPU_ISA");
     free(saved);
-    ops_set_isa(-1);
+    for (int isa = 0; isa <= best; isa++) /* back to this process's own pick */
+        if (net_cpu_ops_isa(isa) == before) net_cpu_ops_pick(isa);
 }
 
 /* Every backward of the case table on the CPU's op table in double against finite
  * differences. */
 static void test_fd_cases(void) {
-    OpBackendD cpu = {"cpu-double", &net_cpu_opsD, NULL, opc_host_copy, opc_host_copy, NULL, NULL};
+    OpBackendD cpu = {"cpu-double", &net_cpu_opsD, NULL, opc_host_copy, opc_host_copy};
     opc_fd_all(&cpu);
 }
 
@@ -154,9 +166,10 @@ static double rel_err_f(const float *a, const double *b, size_t n, double floor)
 
 typedef struct {
     ConvSpec cs;
+    CpuConvPlan plan; /* the double table's plan for cs on n x h x w */
     int n, h, w, oh, ow;
     double *x, *wt, *b, *y, *r, *ws;
-    size_t nx, nw, ny;
+    size_t nx, nw, ny, ws_bytes;
 } ConvCase;
 
 static void conv_case_init(ConvCase *c, int cin, int cout, int k, int s, int p, int n, int h,
@@ -176,7 +189,9 @@ static void conv_case_init(ConvCase *c, int cin, int cout, int k, int s, int p, 
     c->b = drand_vec((size_t)cout, -1, 1);
     c->y = dvec(c->ny);
     c->r = drand_vec(c->ny, -1, 1);
-    c->ws = dvec(ops_d_conv2d_workspace_floats(&c->cs, n, h, w));
+    c->plan = (CpuConvPlan){c->cs, n, h, w, 1};
+    c->ws_bytes = cpu_conv_workspace_bytes(NULL, &c->plan);
+    c->ws = dvec(c->ws_bytes / sizeof(double));
 }
 
 static void conv_case_free(ConvCase *c) {
@@ -211,7 +226,7 @@ static void conv_reference(const ConvCase *c, double *y) {
 
 static double conv_loss(void *ctx) {
     ConvCase *c = ctx;
-    ops_d_conv2d_forward(&c->cs, c->n, c->h, c->w, c->x, c->wt, c->b, c->y, c->ws);
+    cpu_conv_forward(NULL, &c->plan, c->n, c->x, c->wt, c->b, c->y, c->ws, c->ws_bytes);
     return dot(c->y, c->r, c->ny);
 }
 
@@ -232,11 +247,11 @@ static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, 
     EXPECT(e < 1e-12, "%s: forward differs from the direct reference (rel %.3g)", name, e);
 
     double *dx = dvec(c.nx), *dw = dvec(c.nw), *db = dvec((size_t)cout);
-    ops_d_conv2d_backward(&c.cs, n, h, w, c.x, c.wt, c.r, dx, dw, db, c.ws);
+    cpu_conv_backward(NULL, &c.plan, n, c.x, c.wt, c.r, dx, dw, db, c.ws, c.ws_bytes);
 
     /* NULL dx (the stem) leaves the parameter gradients unchanged */
     double *dw2 = dvec(c.nw), *db2 = dvec((size_t)cout);
-    ops_d_conv2d_backward(&c.cs, n, h, w, c.x, c.wt, c.r, NULL, dw2, db2, c.ws);
+    cpu_conv_backward(NULL, &c.plan, n, c.x, c.wt, c.r, NULL, dw2, db2, c.ws, c.ws_bytes);
     EXPECT(memcmp(dw, dw2, c.nw * sizeof(double)) == 0 &&
                memcmp(db, db2, (size_t)cout * sizeof(double)) == 0,
            "%s: backward with dx NULL gives other parameter gradients", name);
@@ -244,19 +259,24 @@ static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, 
     /* the float op agrees with the double one, in every instruction-set variant */
     float *fx = to_float(c.x, c.nx), *fw = to_float(c.wt, c.nw), *fb = to_float(c.b, cout);
     float *fr = to_float(c.r, c.ny), *fy = fvec(c.ny), *fdx = fvec(c.nx), *fdw = fvec(c.nw);
-    float *fdb = fvec((size_t)cout), *fws = fvec(conv2d_workspace_floats(&c.cs, n, h, w));
-    for (int isa = 0; isa <= 2; isa++) {
-        if (ops_set_isa(isa) != isa) continue;
-        conv2d_forward(&c.cs, n, h, w, fx, fw, fb, fy, fws);
-        conv2d_backward(&c.cs, n, h, w, fx, fw, fr, fdx, fdw, fdb, fws);
+    float *fdb = fvec((size_t)cout);
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (!use_isa(isa)) continue;
+        void *plan = T->conv_plan(NULL, &c.cs, n, h, w, 1, 1);
+        size_t ws_bytes = T->conv_workspace_bytes(NULL, plan);
+        float *fws = fvec(ws_bytes / sizeof(float));
+        T->conv_forward(NULL, plan, n, fx, fw, fb, fy, fws, ws_bytes);
+        T->conv_backward(NULL, plan, n, fx, fw, fr, fdx, fdw, fdb, fws, ws_bytes);
+        T->conv_plan_free(NULL, plan);
+        free(fws);
         EXPECT(rel_err_f(fy, yref, c.ny, 1.0) < 1e-5, "%s: float forward (isa %d)", name, isa);
         EXPECT(rel_err_f(fdx, dx, c.nx, 1.0) < 1e-5, "%s: float dx (isa %d)", name, isa);
         EXPECT(rel_err_f(fdw, dw, c.nw, 1.0) < 1e-5, "%s: float dW (isa %d)", name, isa);
         EXPECT(rel_err_f(fdb, db, cout, 1.0) < 1e-5, "%s: float db (isa %d)", name, isa);
     }
-    ops_set_isa(-1);
+    use_best_isa();
 
-    free(fx); free(fw); free(fb); free(fr); free(fy); free(fdx); free(fdw); free(fdb); free(fws);
+    free(fx); free(fw); free(fb); free(fr); free(fy); free(fdx); free(fdw); free(fdb);
     free(dw2); free(db2); free(dx); free(dw); free(db); free(yref);
     conv_case_free(&c);
 }
@@ -279,8 +299,8 @@ typedef struct {
 
 static double bn_loss(void *ctx) {
     BNCase *t = ctx;
-    ops_d_batchnorm2d_forward_train(t->rows, t->c, t->x, t->g, t->b, t->y, t->mean, t->invstd,
-                                    t->rm, t->rv, 0.1, 1e-5);
+    cpu_bn_train(NULL, t->rows, 1, t->c, t->x, t->g, t->b, t->y, t->mean, t->invstd, t->rm, t->rv,
+                 0.1f, 1e-5f);
     return dot(t->y, t->r, (size_t)t->rows * t->c);
 }
 
@@ -308,21 +328,21 @@ static void test_batchnorm_float(int rows, int c) {
     size_t n = (size_t)rows * c;
     bn_loss(&t);
     double *dx = dvec(n), *dg = dvec((size_t)c), *db = dvec((size_t)c);
-    ops_d_batchnorm2d_backward(rows, c, t.x, t.g, t.mean, t.invstd, t.r, dx, dg, db);
+    cpu_bn_backward(NULL, rows, 1, c, t.x, t.g, t.mean, t.invstd, t.r, dx, dg, db);
 
     float *fx = to_float(t.x, n), *fg = to_float(t.g, c), *fb = to_float(t.b, c);
     float *fr = to_float(t.r, n), *fy = fvec(n), *fm = fvec(c), *fi = fvec(c), *frm = fvec(c);
     float *frv = fvec(c), *fdx = fvec(n), *fdg = fvec(c), *fdb = fvec(c);
-    for (int isa = 0; isa <= 2; isa++) {
-        if (ops_set_isa(isa) != isa) continue;
-        batchnorm2d_forward_train(rows, c, fx, fg, fb, fy, fm, fi, frm, frv, 0.1f, 1e-5f);
-        batchnorm2d_backward(rows, c, fx, fg, fm, fi, fr, fdx, fdg, fdb);
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (!use_isa(isa)) continue;
+        T->bn_train(NULL, rows, 1, c, fx, fg, fb, fy, fm, fi, frm, frv, 0.1f, 1e-5f);
+        T->bn_backward(NULL, rows, 1, c, fx, fg, fm, fi, fr, fdx, fdg, fdb);
         EXPECT(rel_err_f(fy, t.y, n, 1.0) < 1e-5, "batchnorm: float forward (isa %d)", isa);
         EXPECT(rel_err_f(fdx, dx, n, 1.0) < 1e-5, "batchnorm: float dx (isa %d)", isa);
         EXPECT(rel_err_f(fdg, dg, c, 1.0) < 1e-5, "batchnorm: float dgamma (isa %d)", isa);
         EXPECT(rel_err_f(fdb, db, c, 1.0) < 1e-5, "batchnorm: float dbeta (isa %d)", isa);
     }
-    ops_set_isa(-1);
+    use_best_isa();
 
     free(fx); free(fg); free(fb); free(fr); free(fy); free(fm); free(fi); free(frm); free(frv);
     free(fdx); free(fdg); free(fdb);
@@ -337,7 +357,7 @@ static void test_batchnorm_stats(void) {
     float x[8] = {1, 1001, 2, 1002, 3, 1003, 4, 1004};
     float g[2] = {2, 1}, b[2] = {0.5f, 0}, y[8], mean[2], inv[2];
     float rm[2] = {0, 0}, rv[2] = {1, 1};
-    batchnorm2d_forward_train(4, 2, x, g, b, y, mean, inv, rm, rv, 0.1f, 1e-5f);
+    T->bn_train(NULL, 4, 1, 2, x, g, b, y, mean, inv, rm, rv, 0.1f, 1e-5f);
     double want_inv = 1.0 / sqrt(1.25 + 1e-5);
     EXPECT(fabs(mean[0] - 2.5) < 1e-6 && fabs(mean[1] - 1002.5) < 1e-4, "bn: save_mean");
     EXPECT(fabs(inv[0] - want_inv) < 1e-6 && fabs(inv[1] - want_inv) < 1e-5, "bn: save_invstd");
@@ -350,7 +370,7 @@ static void test_batchnorm_stats(void) {
 
     /* eval mode uses the running statistics */
     float ye[8];
-    batchnorm2d_forward_eval(4, 2, x, g, b, rm, rv, 1e-5f, ye);
+    T->bn_eval(NULL, 4, 1, 2, x, g, b, rm, rv, 1e-5f, ye);
     double want = 2 * (3 - rm[0]) / sqrt(rv[0] + 1e-5) + 0.5;
     EXPECT(fabs(ye[4] - want) < 1e-5, "bn eval: %g, want %g", ye[4], want);
 }
@@ -362,19 +382,19 @@ static void test_elementwise(void) {
     const size_t n = 300;
     double *da = drand_vec(n, -1, 1), *db = drand_vec(n, -1, 1);
     float *fa = to_float(da, n), *fb = to_float(db, n), *fy = fvec(n);
-    add_forward(n, fa, fb, fy);
+    T->add(NULL, n, fa, fb, fy);
     int ok = 1;
     for (size_t i = 0; i < n; i++) ok &= fy[i] == fa[i] + fb[i];
-    EXPECT(ok, "add_forward");
-    add_relu_forward(n, fa, fb, fy);
-    relu_backward(n, fy, fy, fy); /* in place: dx = dy where y > 0 */
+    EXPECT(ok, "add");
+    T->add_relu(NULL, n, fa, fb, fy);
+    T->relu_backward(NULL, n, fy, fy, fy); /* in place: dx = dy where y > 0 */
     ok = 1;
     for (size_t i = 0; i < n; i++) {
         float s = fa[i] + fb[i];
         ok &= fy[i] == (s > 0 ? s : 0);
     }
-    EXPECT(ok, "add_relu_forward / relu_backward in place");
-    relu_forward(n, fa, fa);
+    EXPECT(ok, "add_relu / relu_backward in place");
+    T->relu_forward(NULL, n, fa, fa);
     ok = 1;
     for (size_t i = 0; i < n; i++) ok &= fa[i] >= 0 && (fa[i] == 0 || fa[i] == (float)da[i]);
     EXPECT(ok, "relu_forward in place");
@@ -385,7 +405,7 @@ static void test_elementwise(void) {
 static void test_meanpool(void) {
     const int rows = 3, hw = 5, c = 4;
     double *x = drand_vec((size_t)rows * hw * c, -1, 1), *y = dvec((size_t)rows * c);
-    ops_d_meanpool_forward(rows, hw, c, x, y);
+    cpu_meanpool_forward(NULL, rows, hw, c, x, y);
     EXPECT(fabs(y[1 * 4 + 2] - (x[20 + 2] + x[24 + 2] + x[28 + 2] + x[32 + 2] + x[36 + 2]) / 5) <
                1e-14,
            "meanpool forward");
@@ -396,7 +416,7 @@ static void test_linear(void) {
     const int rows = 5, in = 7, out = 3;
     double *x = drand_vec((size_t)rows * in, -1, 1), *w = drand_vec((size_t)in * out, -1, 1);
     double *bias = drand_vec((size_t)out, -1, 1), *y = dvec((size_t)rows * out);
-    ops_d_linear_forward(rows, in, out, x, w, bias, y);
+    cpu_linear_forward(NULL, rows, in, out, x, w, bias, y);
     double want = bias[2];
     for (int j = 0; j < in; j++) want += x[1 * in + j] * w[2 * in + j];
     EXPECT(fabs(y[1 * out + 2] - want) < 1e-13, "linear forward");
@@ -411,7 +431,8 @@ static void test_xent(void) {
     int32_t lab[2] = {1, 0};
     int correct = -1;
     float d[6];
-    float loss = softmax_xent_forward_backward(2, 3, l, lab, 0.1f, d, &correct);
+    float loss = 0;
+    T->xent(NULL, 2, 3, l, lab, 0.1f, d, &loss, &correct);
     EXPECT(fabs(loss - 1.7734596772660207) < 1e-6, "xent: loss %.9g, PyTorch 1.77345968", loss);
     EXPECT(correct == 1, "xent: correct %d, want 1", correct);
     double rowsum = d[0] + d[1] + d[2];
@@ -420,7 +441,8 @@ static void test_xent(void) {
     /* equal logits: log(k) whatever the smoothing */
     double z[10] = {0};
     int32_t zl = 3;
-    double zloss = ops_d_softmax_xent_forward_backward(1, 10, z, &zl, 0.3, NULL, NULL);
+    double zloss = 0;
+    cpu_xent(NULL, 1, 10, z, &zl, 0.3, NULL, &zloss, NULL);
     EXPECT(fabs(zloss - log(10.0)) < 1e-14, "xent: uniform logits give log(k)");
 }
 
@@ -431,11 +453,13 @@ static void test_sgd(void) {
     static const double want_plain[2][2] = {{0.94, 1.015}, {0.8266, 1.04335}};
     static const double want_nest[2][2] = {{0.886, 1.0285}, {0.725566, 1.0686085}};
     static const double want_buf[2] = {1.134, -0.2835};
+    const float lr = 0.1f, half = 0.5f;
     for (int nesterov = 0; nesterov < 2; nesterov++) {
         float p[3] = {1, 1, 1}, g[3] = {0.5f, -0.25f, 0.5f}, buf[3] = {7, 7, 7};
         uint8_t mask[3] = {1, 1, 0};
         for (int step = 0; step < 2; step++) {
-            sgd_update(3, p, g, buf, mask, 0.1f, 0.9f, 0.1f, nesterov, step == 0);
+            int32_t first = step == 0;
+            T->sgd(NULL, 3, p, g, buf, mask, &lr, 0.9f, 0.1f, nesterov, &first);
             const double *want = nesterov ? want_nest[step] : want_plain[step];
             EXPECT(fabs(p[0] - want[0]) < 1e-6 && fabs(p[1] - want[1]) < 1e-6,
                    "sgd nesterov=%d step %d: %.7g %.7g, want %.7g %.7g", nesterov, step, p[0],
@@ -449,8 +473,9 @@ static void test_sgd(void) {
         EXPECT(fabs(p[2] - want2) < 1e-6, "sgd decay mask: %.7g, want %.7g", p[2], want2);
     }
     float p = 2, g = 1, buf = 0;
-    sgd_update(1, &p, &g, &buf, NULL, 0.5f, 0.0f, 0.0f, 0, 1);
-    sgd_update(1, &p, &g, &buf, NULL, 0.5f, 0.0f, 0.0f, 0, 0);
+    const int32_t first = 1, later = 0;
+    T->sgd(NULL, 1, &p, &g, &buf, NULL, &half, 0.0f, 0.0f, 0, &first);
+    T->sgd(NULL, 1, &p, &g, &buf, NULL, &half, 0.0f, 0.0f, 0, &later);
     EXPECT(p == 1.0f, "sgd without momentum: %g", p);
 }
 
@@ -473,33 +498,35 @@ static const char *block_names[T_COUNT] = {
 typedef struct {
     int n, h, w, oh, ow, cin, mid, cout;
     ConvSpec c1, c2, c3, cp;
+    CpuConvPlan p1, p2, p3, pp; /* their plans (the double table's) */
     double *t[T_COUNT], *g[T_COUNT];
     size_t len[T_COUNT];
     /* activations: a1 conv1 out, r1 relu(bn1), a2 conv2 out, r2 relu(bn2), a3 conv3 out,
      * n3 bn3 out, ap proj out, np proj bn out, out */
     double *a1, *b1, *r1, *a2, *b2, *r2, *a3, *n3, *ap, *np, *out, *r;
     double *mean[4], *inv[4], *rm, *rv, *ws;
+    size_t ws_bytes;
 } BlockCase;
 
 static double block_loss(void *ctx) {
     BlockCase *b = ctx;
     size_t rin = (size_t)b->n * b->h * b->w, rout = (size_t)b->n * b->oh * b->ow;
     double **t = b->t;
-    ops_d_conv2d_forward(&b->c1, b->n, b->h, b->w, t[T_X], t[T_W1], t[T_B1], b->a1, b->ws);
-    ops_d_batchnorm2d_forward_train((int)rin, b->mid, b->a1, t[T_G1], t[T_BE1], b->b1,
-                                    b->mean[0], b->inv[0], b->rm, b->rv, 0.1, 1e-5);
-    ops_d_relu_forward(rin * b->mid, b->b1, b->r1);
-    ops_d_conv2d_forward(&b->c2, b->n, b->h, b->w, b->r1, t[T_W2], t[T_B2], b->a2, b->ws);
-    ops_d_batchnorm2d_forward_train((int)rout, b->mid, b->a2, t[T_G2], t[T_BE2], b->b2,
-                                    b->mean[1], b->inv[1], b->rm, b->rv, 0.1, 1e-5);
-    ops_d_relu_forward(rout * b->mid, b->b2, b->r2);
-    ops_d_conv2d_forward(&b->c3, b->n, b->oh, b->ow, b->r2, t[T_W3], t[T_B3], b->a3, b->ws);
-    ops_d_batchnorm2d_forward_train((int)rout, b->cout, b->a3, t[T_G3], t[T_BE3], b->n3,
-                                    b->mean[2], b->inv[2], b->rm, b->rv, 0.1, 1e-5);
-    ops_d_conv2d_forward(&b->cp, b->n, b->h, b->w, t[T_X], t[T_WP], t[T_BP], b->ap, b->ws);
-    ops_d_batchnorm2d_forward_train((int)rout, b->cout, b->ap, t[T_GP], t[T_BEP], b->np,
-                                    b->mean[3], b->inv[3], b->rm, b->rv, 0.1, 1e-5);
-    ops_d_add_relu_forward(rout * b->cout, b->n3, b->np, b->out);
+    cpu_conv_forward(NULL, &b->p1, b->n, t[T_X], t[T_W1], t[T_B1], b->a1, b->ws, b->ws_bytes);
+    cpu_bn_train(NULL, (int)rin, 1, b->mid, b->a1, t[T_G1], t[T_BE1], b->b1,
+                                    b->mean[0], b->inv[0], b->rm, b->rv, 0.1f, 1e-5f);
+    cpu_relu_forward(NULL, rin * b->mid, b->b1, b->r1);
+    cpu_conv_forward(NULL, &b->p2, b->n, b->r1, t[T_W2], t[T_B2], b->a2, b->ws, b->ws_bytes);
+    cpu_bn_train(NULL, (int)rout, 1, b->mid, b->a2, t[T_G2], t[T_BE2], b->b2,
+                                    b->mean[1], b->inv[1], b->rm, b->rv, 0.1f, 1e-5f);
+    cpu_relu_forward(NULL, rout * b->mid, b->b2, b->r2);
+    cpu_conv_forward(NULL, &b->p3, b->n, b->r2, t[T_W3], t[T_B3], b->a3, b->ws, b->ws_bytes);
+    cpu_bn_train(NULL, (int)rout, 1, b->cout, b->a3, t[T_G3], t[T_BE3], b->n3,
+                                    b->mean[2], b->inv[2], b->rm, b->rv, 0.1f, 1e-5f);
+    cpu_conv_forward(NULL, &b->pp, b->n, t[T_X], t[T_WP], t[T_BP], b->ap, b->ws, b->ws_bytes);
+    cpu_bn_train(NULL, (int)rout, 1, b->cout, b->ap, t[T_GP], t[T_BEP], b->np,
+                                    b->mean[3], b->inv[3], b->rm, b->rv, 0.1f, 1e-5f);
+    cpu_add_relu(NULL, rout * b->cout, b->n3, b->np, b->out);
     return dot(b->out, b->r, rout * b->cout);
 }
 
@@ -508,28 +535,28 @@ static void block_backward(BlockCase *b) {
     size_t big = rin * (size_t)(b->cout > b->cin ? b->cout : b->cin);
     double **t = b->t, **g = b->g;
     double *dpre = dvec(big), *d1 = dvec(big), *d2 = dvec(big), *dx2 = dvec(big);
-    ops_d_relu_backward(rout * b->cout, b->out, b->r, dpre);
+    cpu_relu_backward(NULL, rout * b->cout, b->out, b->r, dpre);
     /* main path */
-    ops_d_batchnorm2d_backward((int)rout, b->cout, b->a3, t[T_G3], b->mean[2], b->inv[2], dpre,
+    cpu_bn_backward(NULL, (int)rout, 1, b->cout, b->a3, t[T_G3], b->mean[2], b->inv[2], dpre,
                                d1, g[T_G3], g[T_BE3]);
-    ops_d_conv2d_backward(&b->c3, b->n, b->oh, b->ow, b->r2, t[T_W3], d1, d2, g[T_W3], g[T_B3],
-                          b->ws);
-    ops_d_relu_backward(rout * b->mid, b->r2, d2, d2);
-    ops_d_batchnorm2d_backward((int)rout, b->mid, b->a2, t[T_G2], b->mean[1], b->inv[1], d2, d1,
+    cpu_conv_backward(NULL, &b->p3, b->n, b->r2, t[T_W3], d1, d2, g[T_W3], g[T_B3],
+                          b->ws, b->ws_bytes);
+    cpu_relu_backward(NULL, rout * b->mid, b->r2, d2, d2);
+    cpu_bn_backward(NULL, (int)rout, 1, b->mid, b->a2, t[T_G2], b->mean[1], b->inv[1], d2, d1,
                                g[T_G2], g[T_BE2]);
-    ops_d_conv2d_backward(&b->c2, b->n, b->h, b->w, b->r1, t[T_W2], d1, d2, g[T_W2], g[T_B2],
-                          b->ws);
-    ops_d_relu_backward(rin * b->mid, b->r1, d2, d2);
-    ops_d_batchnorm2d_backward((int)rin, b->mid, b->a1, t[T_G1], b->mean[0], b->inv[0], d2, d1,
+    cpu_conv_backward(NULL, &b->p2, b->n, b->r1, t[T_W2], d1, d2, g[T_W2], g[T_B2],
+                          b->ws, b->ws_bytes);
+    cpu_relu_backward(NULL, rin * b->mid, b->r1, d2, d2);
+    cpu_bn_backward(NULL, (int)rin, 1, b->mid, b->a1, t[T_G1], b->mean[0], b->inv[0], d2, d1,
                                g[T_G1], g[T_BE1]);
-    ops_d_conv2d_backward(&b->c1, b->n, b->h, b->w, t[T_X], t[T_W1], d1, g[T_X], g[T_W1],
-                          g[T_B1], b->ws);
+    cpu_conv_backward(NULL, &b->p1, b->n, t[T_X], t[T_W1], d1, g[T_X], g[T_W1],
+                          g[T_B1], b->ws, b->ws_bytes);
     /* shortcut */
-    ops_d_batchnorm2d_backward((int)rout, b->cout, b->ap, t[T_GP], b->mean[3], b->inv[3], dpre,
+    cpu_bn_backward(NULL, (int)rout, 1, b->cout, b->ap, t[T_GP], b->mean[3], b->inv[3], dpre,
                                d1, g[T_GP], g[T_BEP]);
-    ops_d_conv2d_backward(&b->cp, b->n, b->h, b->w, t[T_X], t[T_WP], d1, dx2, g[T_WP], g[T_BP],
-                          b->ws);
-    ops_d_add_forward(rin * b->cin, g[T_X], dx2, g[T_X]);
+    cpu_conv_backward(NULL, &b->pp, b->n, t[T_X], t[T_WP], d1, dx2, g[T_WP], g[T_BP],
+                          b->ws, b->ws_bytes);
+    cpu_add(NULL, rin * b->cin, g[T_X], dx2, g[T_X]);
     free(dpre); free(d1); free(d2); free(dx2);
 }
 
@@ -566,9 +593,16 @@ static void test_block(void) {
     }
     b.rm = dvec(8);
     b.rv = dvec(8);
-    size_t ws = ops_d_conv2d_workspace_floats(&b.c2, b.n, b.h, b.w);
-    size_t wsp = ops_d_conv2d_workspace_floats(&b.cp, b.n, b.h, b.w);
-    b.ws = dvec(ws > wsp ? ws : wsp);
+    b.p1 = (CpuConvPlan){b.c1, b.n, b.h, b.w, 1};
+    b.p2 = (CpuConvPlan){b.c2, b.n, b.h, b.w, 1};
+    b.p3 = (CpuConvPlan){b.c3, b.n, b.oh, b.ow, 1};
+    b.pp = (CpuConvPlan){b.cp, b.n, b.h, b.w, 1};
+    const CpuConvPlan *plans[4] = {&b.p1, &b.p2, &b.p3, &b.pp};
+    for (int i = 0; i < 4; i++) {
+        size_t bytes = cpu_conv_workspace_bytes(NULL, (void *)plans[i]);
+        if (bytes > b.ws_bytes) b.ws_bytes = bytes;
+    }
+    b.ws = dvec(b.ws_bytes / sizeof(double) + 1);
 
     block_loss(&b);
     block_backward(&b);
@@ -601,17 +635,19 @@ static void det_run(const ConvSpec *cs, int n, int h, int w, const float *x, con
                     const float *b, const float *dy, DetOut *o) {
     size_t rows = (size_t)n * conv_out_size(h, cs->k, cs->stride, cs->pad) *
                   conv_out_size(w, cs->k, cs->stride, cs->pad);
-    float *ws = fvec(conv2d_workspace_floats(cs, n, h, w));
+    void *plan = T->conv_plan(NULL, cs, n, h, w, 1, 1);
+    size_t ws_bytes = T->conv_workspace_bytes(NULL, plan);
+    float *ws = fvec(ws_bytes / sizeof(float));
     float g[64], be[64], m[64], inv[64], rm[64] = {0}, rv[64] = {0};
     for (int i = 0; i < 64; i++) {
         g[i] = 1.0f + 0.01f * i;
         be[i] = 0.02f * i;
     }
-    conv2d_forward(cs, n, h, w, x, wt, b, o->y, ws);
-    conv2d_backward(cs, n, h, w, x, wt, dy, o->dx, o->dw, o->db, ws);
-    batchnorm2d_forward_train((int)rows, cs->cout, o->y, g, be, o->bny, m, inv, rm, rv, 0.1f,
-                              1e-5f);
-    batchnorm2d_backward((int)rows, cs->cout, o->y, g, m, inv, dy, o->bndx, o->bndg, o->bndb);
+    T->conv_forward(NULL, plan, n, x, wt, b, o->y, ws, ws_bytes);
+    T->conv_backward(NULL, plan, n, x, wt, dy, o->dx, o->dw, o->db, ws, ws_bytes);
+    T->bn_train(NULL, (int)rows, 1, cs->cout, o->y, g, be, o->bny, m, inv, rm, rv, 0.1f, 1e-5f);
+    T->bn_backward(NULL, (int)rows, 1, cs->cout, o->y, g, m, inv, dy, o->bndx, o->bndg, o->bndb);
+    T->conv_plan_free(NULL, plan);
     free(ws);
 }
 
@@ -656,8 +692,8 @@ static int same_bits(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-/* The fused float ops against batchnorm2d_forward_train + relu_forward and
- * relu_backward + batchnorm2d_backward, bit for bit, in every variant, with a NaN
+/* The fused float ops against bn_train + relu_forward and relu_backward +
+ * bn_backward, bit for bit, in every variant, with a NaN
  * and a zero gradient where y is clipped; plus dx in place (dx == dy). */
 static void test_bn_relu_equal(int rows, int c) {
     size_t n = (size_t)rows * c;
@@ -669,12 +705,12 @@ static void test_bn_relu_equal(int rows, int c) {
     float *rm1 = fvec(c), *rm2 = fvec(c), *rv1 = fvec(c), *rv2 = fvec(c);
     float *dx1 = fvec(n), *dx2 = fvec(n), *dg1 = fvec(c), *dg2 = fvec(c), *db1 = fvec(c);
     float *db2 = fvec(c), *mask = fvec(n);
-    for (int isa = 0; isa <= 2; isa++) {
-        if (ops_set_isa(isa) != isa) continue;
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (!use_isa(isa)) continue;
         for (int ch = 0; ch < c; ch++) rm1[ch] = rm2[ch] = 0.5f, rv1[ch] = rv2[ch] = 2.0f;
-        batchnorm2d_forward_train(rows, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
-        relu_forward(n, y1, y1);
-        batchnorm2d_relu_forward_train(rows, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
+        T->bn_train(NULL, rows, 1, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
+        T->relu_forward(NULL, n, y1, y1);
+        T->bn_relu_train(NULL, rows, 1, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
         EXPECT(same_bits(y1, y2, n), "bn_relu forward != bn + relu (isa %d)", isa);
         EXPECT(same_bits(m1, m2, c) && same_bits(i1, i2, c) && same_bits(rm1, rm2, c) &&
                    same_bits(rv1, rv2, c),
@@ -682,28 +718,28 @@ static void test_bn_relu_equal(int rows, int c) {
         /* a NaN input: relu_forward lets it through, and so must the fused op */
         float keep = x[n / 2];
         x[n / 2] = NAN;
-        batchnorm2d_forward_train(rows, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
-        relu_forward(n, y1, y1);
-        batchnorm2d_relu_forward_train(rows, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
+        T->bn_train(NULL, rows, 1, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
+        T->relu_forward(NULL, n, y1, y1);
+        T->bn_relu_train(NULL, rows, 1, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
         EXPECT(isnan(y1[n / 2]) && isnan(y2[n / 2]) && same_bits(y1, y2, n),
                "bn_relu forward with a NaN != bn + relu (isa %d)", isa);
         x[n / 2] = keep;
-        batchnorm2d_relu_forward_train(rows, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
+        T->bn_relu_train(NULL, rows, 1, c, x, g, b, y2, m2, i2, rm2, rv2, 0.1f, 1e-5f);
 
-        relu_backward(n, y2, dy, mask);
-        batchnorm2d_backward(rows, c, x, g, m2, i2, mask, dx1, dg1, db1);
-        batchnorm2d_relu_backward(rows, c, x, y2, g, m2, i2, dy, dx2, dg2, db2);
+        T->relu_backward(NULL, n, y2, dy, mask);
+        T->bn_backward(NULL, rows, 1, c, x, g, m2, i2, mask, dx1, dg1, db1);
+        T->bn_relu_backward(NULL, rows, 1, c, x, y2, g, m2, i2, dy, dx2, dg2, db2);
         EXPECT(same_bits(dx1, dx2, n), "bn_relu backward dx != relu + bn (isa %d)", isa);
         EXPECT(same_bits(dg1, dg2, c) && same_bits(db1, db2, c),
                "bn_relu backward dgamma/dbeta != relu + bn (isa %d)", isa);
         memcpy(dx2, dy, n * sizeof(float));
-        batchnorm2d_relu_backward(rows, c, x, y2, g, m2, i2, dx2, dx2, dg2, db2);
+        T->bn_relu_backward(NULL, rows, 1, c, x, y2, g, m2, i2, dx2, dx2, dg2, db2);
         EXPECT(same_bits(dx1, dx2, n), "bn_relu backward in place (isa %d)", isa);
-        batchnorm2d_relu_backward(rows, c, x, y2, g, m2, i2, dy, NULL, dg2, db2);
+        T->bn_relu_backward(NULL, rows, 1, c, x, y2, g, m2, i2, dy, NULL, dg2, db2);
         EXPECT(same_bits(dg1, dg2, c) && same_bits(db1, db2, c),
                "bn_relu backward without dx (isa %d)", isa);
     }
-    ops_set_isa(-1);
+    use_best_isa();
     free(dx0); free(dg0); free(db0); free(dr0); free(x); free(g); free(b); free(dy);
     free(y1); free(y2); free(m1); free(m2); free(i1); free(i2); free(rm1); free(rm2);
     free(rv1); free(rv2); free(dx1); free(dx2); free(dg1); free(dg2); free(db1); free(db2);
@@ -712,8 +748,9 @@ static void test_bn_relu_equal(int rows, int c) {
 
 int main(void) {
     log_set_program("test_ops");
-    printf("test_ops: CPU op variant %d (0 baseline, 1 AVX2, 2 AVX-512), %d threads\n",
-           ops_set_isa(-1), ops_threads());
+    use_best_isa();
+    printf("test_ops: CPU op table %s (variant %d: 0 baseline, 1 AVX2, 2 AVX-512), %d threads\n",
+           T->name, (int)cpu_isa_best(), ops_threads());
     test_isa_env();
     test_conv();
     test_batchnorm_float(37, 3);
@@ -724,12 +761,12 @@ int main(void) {
     test_elementwise();
     test_meanpool();
     test_linear();
-    for (int isa = 0; isa <= 2; isa++) /* the float loss and optimizer in every variant */
-        if (ops_set_isa(isa) == isa) {
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) /* the float loss and optimizer in every variant */
+        if (use_isa(isa)) {
             test_xent();
             test_sgd();
         }
-    ops_set_isa(-1);
+    use_best_isa();
     test_block();
     test_determinism();
     test_isa_cases();

@@ -59,7 +59,7 @@ int main(int argc, char **argv) { return skip(argc, argv, "CPU-only build (no GP
 #include "comm/comm.h"
 #include "model/engine.h"
 #include "model/model.h"
-#include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 #include "backend-cuda/ops_cuda.h"
 #include "core/rng.h"
 #include "backend-cuda/cuda_host.h"
@@ -168,6 +168,20 @@ static void expect_true(const char *what, int ok) {
 
 /* ------------------------------------------------------------- convolution */
 
+/* The CPU table's conv of cs on n x h x w inputs, in host memory: the forward into y
+ * unless y is NULL, then the backward from dy. */
+static void cpu_conv(const ConvSpec *cs, int n, int h, int w, const float *x, const float *wt,
+                     const float *b, float *y, const float *dy, float *dx, float *dw, float *db) {
+    const NetOps *cpu = net_cpu_ops();
+    void *plan = cpu->conv_plan(NULL, cs, n, h, w, 1, 1);
+    size_t ws_bytes = cpu->conv_workspace_bytes(NULL, plan);
+    void *ws = xmalloc(ws_bytes + sizeof(float));
+    if (y) cpu->conv_forward(NULL, plan, n, x, wt, b, y, ws, ws_bytes);
+    cpu->conv_backward(NULL, plan, n, x, wt, dy, dx, dw, db, ws, ws_bytes);
+    free(ws);
+    cpu->conv_plan_free(NULL, plan);
+}
+
 /* tol: y and dx (atol and rtol); dweight and dbias: 10*tol absolute, tol relative.
  * In a bf16 context x, the weight and dy are bf16 values (rounded here first). */
 static void test_conv(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol, const char *tag) {
@@ -182,9 +196,7 @@ static void test_conv(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol,
     act_round_host(ctx, dy, ny);
     float *y = xmalloc(ny * sizeof(float)), *dx = xmalloc(nx * sizeof(float));
     float *dw = xmalloc(nw * sizeof(float)), *db = xmalloc(cs.cout * sizeof(float));
-    float *ws = xmalloc((conv2d_workspace_floats(&cs, n, h, w) + 1) * sizeof(float));
-    conv2d_forward(&cs, n, h, w, x, wt, b, y, ws);
-    conv2d_backward(&cs, n, h, w, x, wt, dy, dx, dw, db, ws);
+    cpu_conv(&cs, n, h, w, x, wt, b, y, dy, dx, dw, db);
 
     float *gx = dev_act_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gb = dev_from(ctx, b, cs.cout);
     float *gdy = dev_act_from(ctx, dy, ny);
@@ -214,7 +226,7 @@ static void test_conv(CudaCtx *ctx, ConvSpec cs, int n, int h, int w, float tol,
     cuda_free(gback);
     cuda_free(gx); cuda_free(gw); cuda_free(gb); cuda_free(gdy);
     cuda_free(gy); cuda_free(gdx); cuda_free(gdw); cuda_free(gdb);
-    free(x); free(wt); free(b); free(dy); free(y); free(dx); free(dw); free(db); free(ws);
+    free(x); free(wt); free(b); free(dy); free(y); free(dx); free(dw); free(db);
 }
 
 /* The KRSC weight (floats) as the context's convs read it: a bf16 copy in a bf16
@@ -238,12 +250,11 @@ static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int 
     float *x = rand_vec(nx, -1, 1), *wt = rand_vec(nw, -0.5f, 0.5f), *dy = rand_vec(ny, -1, 1);
     float *r = rand_vec(nx, -1, 1), *dx = xmalloc(nx * sizeof(float)), *dw = xmalloc(nw * sizeof(float));
     float *db = xmalloc(cs.cout * sizeof(float));
-    float *cws = xmalloc((conv2d_workspace_floats(&cs, n, h, w) + 1) * sizeof(float));
     act_round_host(ctx, x, nx);
     act_round_host(ctx, wt, nw);
     act_round_host(ctx, dy, ny);
     act_round_host(ctx, r, nx);
-    conv2d_backward(&cs, n, h, w, x, wt, dy, dx, dw, db, cws);
+    cpu_conv(&cs, n, h, w, x, wt, NULL, NULL, dy, dx, dw, db);
     for (size_t i = 0; i < nx; i++) dx[i] += r[i];
     ConvCuda *cv = conv_cuda_create(ctx, &cs, n, h, w, (size_t)256 << 20, 1, 1);
     size_t ws_bytes = conv_cuda_workspace_bytes(cv);
@@ -270,7 +281,7 @@ static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int 
     if (dwk != gdwk) cuda_free(dwk);
     cuda_free(ws); cuda_free(gx); cuda_free(gw); cuda_free(gdy); cuda_free(gdx); cuda_free(gwk);
     cuda_free(gdwk); cuda_free(gdw);
-    free(x); free(wt); free(dy); free(r); free(dx); free(dw); free(db); free(cws);
+    free(x); free(wt); free(dy); free(r); free(dx); free(dw); free(db);
 }
 
 /* ------------------------------------------- the op table against the CPU */
@@ -286,8 +297,8 @@ static void cuda_down(void *ctx, void *host, const void *dev, size_t bytes) {
 
 /* op_cases.h's table: every op of the CUDA table against the CPU table. */
 static void test_op_cases(CudaCtx *ctx) {
-    OpBackend cpu = {"cpu", &net_cpu_ops, NULL, opc_host_copy, opc_host_copy, NULL, NULL};
-    OpBackend gpu = {"cuda", net_cuda_ops(), ctx, cuda_up, cuda_down, NULL, NULL};
+    OpBackend cpu = {"cpu", net_cpu_ops(), NULL, opc_host_copy, opc_host_copy};
+    OpBackend gpu = {"cuda", net_cuda_ops(), ctx, cuda_up, cuda_down};
     opc_check_all(&cpu, &gpu, 1);
 }
 
@@ -305,7 +316,7 @@ static void test_bn_pool_bf16(CudaCtx *ctx) {
     act_round_host(ctx, x, nx);
     act_round_host(ctx, dy, nx);
     float *y = xmalloc(nx * sizeof(float)), *m = xmalloc(c * sizeof(float)), *inv = xmalloc(c * sizeof(float));
-    batchnorm2d_relu_forward_train((int)rows, c, x, g, b, y, m, inv, rm, rv, 0.1f, 1e-5f);
+    net_cpu_ops()->bn_relu_train(NULL, (int)rows, 1, c, x, g, b, y, m, inv, rm, rv, 0.1f, 1e-5f);
     float *gx = dev_act_from(ctx, x, nx), *gdy = dev_act_from(ctx, dy, nx), *gg = dev_from(ctx, g, c);
     float *gb = dev_from(ctx, b, c), *gy = cuda_alloc(nx * sizeof(float)), *gdx = cuda_alloc(nx * sizeof(float));
     float *gm = cuda_alloc(c * sizeof(float)), *ginv = cuda_alloc(c * sizeof(float));
@@ -320,19 +331,19 @@ static void test_bn_pool_bf16(CudaCtx *ctx) {
     expect_dev(ctx, "bf16 bn+relu train: running_var", grv, rv, c, 1e-5f, 1e-5f);
     float *yg = host_act_from(ctx, gy, nx), *mg = host_from(ctx, gm, c), *ig = host_from(ctx, ginv, c);
     float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
-    batchnorm2d_relu_backward((int)rows, c, x, yg, g, mg, ig, dy, dx, dg, db);
+    net_cpu_ops()->bn_relu_backward(NULL, (int)rows, 1, c, x, yg, g, mg, ig, dy, dx, dg, db);
     batchnorm2d_relu_backward_cuda(ctx, n, hw, c, gx, gy, gg, gm, ginv, gdy, gdx, gdg, gdb);
     expect_dev_act(ctx, "bf16 bn+relu backward: dx", gdx, dx, nx, 2e-5f, (float)(1e-4 + rt));
     expect_dev(ctx, "bf16 bn+relu backward: dgamma", gdg, dg, c, 1e-4f, 1e-4f);
     expect_dev(ctx, "bf16 bn+relu backward: dbeta", gdb, db, c, 1e-4f, 1e-4f);
     /* the pool: bf16 activations in, float features out; float gradient in, bf16 out */
     float *p = xmalloc((size_t)n * c * sizeof(float)), *gp = cuda_alloc((size_t)n * c * sizeof(float));
-    meanpool_forward(n, hw, c, x, p);
+    net_cpu_ops()->meanpool_forward(NULL, n, hw, c, x, p);
     meanpool_forward_cuda(ctx, n, hw, c, gx, gp);
     expect_dev(ctx, "bf16 meanpool forward (float out)", gp, p, (size_t)n * c, 1e-6f, 1e-5f);
     meanpool_backward_cuda(ctx, n, hw, c, gp, gdx);
     float *pg = host_from(ctx, gp, (size_t)n * c);
-    meanpool_backward(n, hw, c, pg, dx); /* from the GPU's own features: exact */
+    net_cpu_ops()->meanpool_backward(NULL, n, hw, c, pg, dx); /* from the GPU's own features: exact */
     act_round_host(ctx, dx, nx);
     expect_dev_act(ctx, "bf16 meanpool backward (bf16 out)", gdx, dx, nx, 0, 0);
     float *dev[] = {gx, gdy, gg, gb, gy, gdx, gm, ginv, grm, grv, gdg, gdb, gp};
@@ -354,19 +365,19 @@ static void test_elementwise(CudaCtx *ctx) {
     act_round_host(ctx, a, n);
     act_round_host(ctx, b, n);
     float *ga = dev_act_from(ctx, a, n), *gb = dev_act_from(ctx, b, n), *gr = cuda_alloc(n * sizeof(float));
-    relu_forward(n, a, r);
+    net_cpu_ops()->relu_forward(NULL, n, a, r);
     relu_forward_cuda(ctx, n, ga, gr);
     expect_dev_act(ctx, EW_NAME("relu forward"), gr, r, n, 0, 0);
     float *y = xmalloc(n * sizeof(float));
     memcpy(y, r, n * sizeof(float));
-    relu_backward(n, y, b, r);
+    net_cpu_ops()->relu_backward(NULL, n, y, b, r);
     relu_backward_cuda(ctx, n, gr, gb, gr); /* in place, as ops.h allows */
     expect_dev_act(ctx, EW_NAME("relu backward (in place)"), gr, r, n, 0, 0);
-    add_forward(n, a, b, r);
+    net_cpu_ops()->add(NULL, n, a, b, r);
     act_round_host(ctx, r, n);
     add_forward_cuda(ctx, n, ga, gb, gr);
     expect_dev_act(ctx, EW_NAME("add"), gr, r, n, 0, 0);
-    add_relu_forward(n, a, b, r);
+    net_cpu_ops()->add_relu(NULL, n, a, b, r);
     act_round_host(ctx, r, n);
     add_relu_forward_cuda(ctx, n, ga, gb, gr);
     expect_dev_act(ctx, EW_NAME("add_relu"), gr, r, n, 0, 0);
@@ -442,8 +453,8 @@ static void test_bn_backward_keep(CudaCtx *ctx) {
     }
     float *dx = xmalloc(nx * sizeof(float)), *dg = xmalloc(c * sizeof(float)), *db = xmalloc(c * sizeof(float));
     float *masked = xmalloc(nx * sizeof(float));
-    batchnorm2d_relu_backward(n * hw, c, x, y, g, m, inv, dy, dx, dg, db);
-    relu_backward(nx, y, dy, masked);
+    net_cpu_ops()->bn_relu_backward(NULL, n, hw, c, x, y, g, m, inv, dy, dx, dg, db);
+    net_cpu_ops()->relu_backward(NULL, nx, y, dy, masked);
     float *gx = dev_from(ctx, x, nx), *gy = dev_from(ctx, y, nx), *gdy = dev_from(ctx, dy, nx);
     float *gg = dev_from(ctx, g, c), *gm = dev_from(ctx, m, c), *gi = dev_from(ctx, inv, c);
     float *gdx = cuda_alloc(nx * sizeof(float)), *gdg = cuda_alloc(c * sizeof(float)), *gdb = cuda_alloc(c * sizeof(float));
@@ -745,6 +756,7 @@ static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data,
      * deterministic bf16 algorithm would stop the test) */
     ec->deterministic = prec != PRECISION_BF16;
     ec->comm = comm;
+    settings_from_env(&ec->settings);
 }
 
 static Engine *engine_test_cuda(const EngineConfig *ec) {
@@ -896,10 +908,11 @@ static void host_state_free(HostState *st) {
 }
 
 static Engine *engine_with_data_mode(const EngineConfig *ec, const char *mode) {
+    EngineConfig with = *ec;
     setenv("CIFAR_CUDA_DATA", mode, 1);
-    Engine *e = engine_test_cuda(ec);
+    settings_from_env(&with.settings);
     unsetenv("CIFAR_CUDA_DATA");
-    return e;
+    return engine_test_cuda(&with);
 }
 
 /* What engine e is told before step s of test_engine_stream: step s+1's indices
@@ -1110,7 +1123,7 @@ int main(int argc, char **argv) {
     if (engine_cuda_device_count() == 0)
         return skip(argc, argv, "no usable CUDA device (no driver or no GPU)");
     ops_set_threads(2);
-    CudaCtx *ctx = cuda_ctx_create(0, 0, 1);
+    CudaCtx *ctx = cuda_ctx_create(0, 0, 1, 1);
     test_conv(ctx, (ConvSpec){16, 32, 3, 2, 1}, 4, 8, 8, 1e-4f, "3x3/2 (ops.h contract form)");
     test_op_cases(ctx);
     test_elementwise(ctx);
@@ -1125,7 +1138,7 @@ int main(int argc, char **argv) {
     test_augment(ctx, 3, 0, 0);
     cuda_ctx_free(ctx);
 
-    CudaCtx *t32 = cuda_ctx_create(0, 1, 0);
+    CudaCtx *t32 = cuda_ctx_create(0, 1, 0, 1);
     test_conv(t32, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 2e-2f, "tf32");
     cuda_ctx_free(t32);
 
@@ -1138,7 +1151,7 @@ int main(int argc, char **argv) {
 
     /* bf16 last: a cuDNN refusal there (which exits) leaves the results above intact */
     if (bf16_device_ok()) {
-        CudaCtx *b16 = cuda_ctx_create(0, 0, 0);
+        CudaCtx *b16 = cuda_ctx_create(0, 0, 0, 1);
         cuda_ctx_use_bf16(b16);
         test_elementwise(b16);
         test_bn_pool_bf16(b16);

@@ -32,7 +32,6 @@
 #include "core/check.h"
 #include "core/fsutil.h"
 #include "model/model.h"
-#include "model/ops.h"
 #include "unit.h"
 
 /* The ops, their op table and the network executor in double. */
@@ -363,7 +362,9 @@ static int run_double(const Case *c, const Tolerances *tol) {
             net_forwardD(run, params, buffers, 1, x, n);
             net_backwardD(run, params, c->labels, n, c->smoothing, grads, &step_loss, NULL);
         }
-        ops_d_sgd_update(np, params, grads, mom, NULL, c->lr, c->momentum, c->wd, 0, s == 0);
+        /* the sgd entry's body in double (the entry reads lr as a float, from device
+         * memory; the reference's rates are doubles) */
+        opsi_sgd_update(np, params, grads, mom, NULL, c->lr, c->momentum, c->wd, 0, s == 0);
     }
     free(pf);
     free(bf);

@@ -62,6 +62,14 @@ train_bg() { # output file, run-dir, extra args...
     assert_output --partial "junk.lmdb"
 }
 
+@test "a malformed CIFAR_* setting stops the run at start, on the CPU too, naming it; no snapshot" {
+    CIFAR_CUDA_DATA=junk run train "$BATS_TEST_TMPDIR/r" --epochs 1 --device cpu
+    assert_failure 1
+    assert_output --partial "CIFAR_CUDA_DATA=junk: expected auto, resident, stream or stream:N"
+    run compgen -G "$BATS_TEST_TMPDIR/r/snapshot-*"
+    assert_failure
+}
+
 # The learning claim: clearly above chance (0.1 for 10 classes; 256 test images, so
 # chance scores 0.1 +- 0.02) on a task every machine learns with room to spare. The
 # small network learns these shapes steadily (0.957 after 6 epochs here under every

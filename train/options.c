@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/fsutil.h"
 #include "core/options.h"
+#include "core/settings.h"
 #include "train.h"
 
 static const char *usage_text =
@@ -78,10 +79,7 @@ static const char *usage_text =
     "\n"
     "  --quiet                no progress output\n"
     "  -h, --help             this help\n"
-    "\n"
-    "Environment:\n"
-    "  CIFAR_CPU_ISA=V        the CPU ops' instruction-set variant: generic | avx2 | avx512\n"
-    "                         (default: the best this CPU runs; one it lacks exits 2)\n"
+    "\n" SETTINGS_HELP
     "\n"
     "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
     "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N of\n"
@@ -131,11 +129,8 @@ static const struct option long_options[] = {
     {0, 0, 0, 0},
 };
 
-static const char *const schedule_names[] = {"const", "step", "cosine"};
 static const char *const normalize_names[] = {"dataset", "imagenet"};
 static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
-
-const char *schedule_name(Schedule s) { return schedule_names[s]; }
 
 static void train_options_default(TrainOptions *o) {
     memset(o, 0, sizeof *o);
@@ -181,7 +176,7 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
         case OPT_MOMENTUM: o->momentum = option_real(name, optarg, 0, 1); break;
         case OPT_NESTEROV: o->nesterov = 1; break;
         case OPT_WD: o->weight_decay = option_real(name, optarg, 0, 1); break;
-        case OPT_SCHEDULE: o->schedule = (Schedule)option_choice(name, optarg, schedule_names, 3); break;
+        case OPT_SCHEDULE: o->schedule = (Schedule)option_choice(name, optarg, schedule_names, SCHEDULE_COUNT); break;
         case OPT_WARMUP: o->warmup_epochs = option_real(name, optarg, 0, 1e6); break;
         case OPT_SMOOTH: o->label_smoothing = option_real(name, optarg, 0, 0.999); break;
         case OPT_SEED: o->seed = (uint64_t)option_int(name, optarg, 0, (1LL << 62)); break;
@@ -251,20 +246,7 @@ char *train_options_to_json(const TrainOptions *o) {
     return text;
 }
 
-double train_lr_at(const TrainOptions *o, double pos) {
-    if (o->warmup_epochs > 0 && pos < o->warmup_epochs) return o->lr * pos / o->warmup_epochs;
-    switch (o->schedule) {
-    case SCHEDULE_STEP:
-        if (pos >= 0.75 * o->epochs) return o->lr * 0.01;
-        if (pos >= 0.5 * o->epochs) return o->lr * 0.1;
-        return o->lr;
-    case SCHEDULE_COSINE: {
-        double span = o->epochs - o->warmup_epochs;
-        double t = span > 0 ? (pos - o->warmup_epochs) / span : 1.0;
-        if (t > 1) t = 1;
-        return 0.5 * o->lr * (1.0 + cos(M_PI * t));
-    }
-    case SCHEDULE_CONST:
-    default: return o->lr;
-    }
+LrSchedule train_lr_schedule(const TrainOptions *o) {
+    LrSchedule s = {o->schedule, o->lr, o->warmup_epochs, o->epochs};
+    return s;
 }

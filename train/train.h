@@ -7,9 +7,9 @@
 #include "comm/comm.h"
 #include "model/device.h"
 #include "model/engine.h"
+#include "schedule.h"
 #include "signals.h"
 
-typedef enum { SCHEDULE_CONST, SCHEDULE_STEP, SCHEDULE_COSINE } Schedule;
 typedef enum { NORMALIZE_DATASET, NORMALIZE_IMAGENET } NormalizeChoice;
 
 typedef struct {
@@ -46,10 +46,8 @@ typedef struct {
 void train_options_parse(TrainOptions *o, int argc, char **argv);
 /* The options as JSON (stored in snapshots). malloc'd. */
 char *train_options_to_json(const TrainOptions *o);
-const char *schedule_name(Schedule s);
-
-/* lr at a (fractional) epoch position. */
-double train_lr_at(const TrainOptions *o, double epoch_pos);
+/* The learning-rate schedule of the options (schedule.h). */
+LrSchedule train_lr_schedule(const TrainOptions *o);
 
 /* The worker: one rank of the job (or the whole job when alone). Returns the exit status.
  * Rank 0 takes the run folder's lock (run_dir_lock) unless `locked`: the

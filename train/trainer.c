@@ -47,15 +47,15 @@ typedef struct {
     int32_t *train_labels, *eval_labels;
 } TrainData;
 
-static void train_data_load(TrainData *d, const char *path) {
+static void train_data_load(TrainData *d, const char *path, int in_memory) {
     memset(d, 0, sizeof *d);
     char err[512];
     d->ds = dataset_open(path, err, sizeof err);
     if (!d->ds) die_permanent("%s: %s", path, err);
     dataset_prepare_for_job(d->ds, path);
     d->info = *dataset_info(d->ds);
-    host_split_load(d->ds, path, "train", 1, &d->train);
-    host_split_load(d->ds, path, "test", 0, &d->test);
+    host_split_load(d->ds, path, "train", 1, in_memory, &d->train);
+    host_split_load(d->ds, path, "test", 0, in_memory, &d->test);
 }
 
 /* Record i of `from` appended to (records, labels) at *at. */
@@ -485,6 +485,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     progress_begin(&bar, label, w->per_rank * world, "img");
     w->compute_seconds = 0;
     double t0 = now_seconds() - w->progress.partial_seconds;
+    const LrSchedule sched = train_lr_schedule(o);
     for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
         int64_t first = s * o->batch_size;
         int n = step_images(w, s);
@@ -492,7 +493,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         if (s + 1 < w->steps_per_epoch)
             engine_prefetch(w->engine, w->mine + (s + 1) * o->batch_size, step_images(w, s + 1), 1);
         double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
-        float lr = (float)train_lr_at(o, pos);
+        float lr = (float)lr_schedule_at(&sched, pos);
         int correct = 0;
         double t_step = now_seconds(), in_collectives = comm_seconds_in_collectives(w->comm);
         float loss = w->engine->ops->train_step(w->engine, w->mine + first, n, epoch,
@@ -626,7 +627,9 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     memset(w, 0, sizeof *w);
     w->o = o;
     w->env = env;
-    train_data_load(&w->data, o->data_path);
+    Settings settings;
+    settings_from_env(&settings); /* every CIFAR_* tuning variable, here only */
+    train_data_load(&w->data, o->data_path, settings.data_in_memory);
     train_data_holdout(&w->data, o);
     if (env->rank == 0 && w->data.n_val)
         log_info("validation: %" PRId64 " of the %" PRId64 " train images held out (--val-fraction %g, "
@@ -653,6 +656,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     ec.threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
     ec.precision = o->precision;
     ec.deterministic = o->deterministic;
+    ec.settings = settings;
     w->engine = device_engine_create(o->device, &ec, env->local_rank, env->local_world_size,
                                      env->rank == 0);
     w->comm = device_comm_create(w->engine, env, o->comm);

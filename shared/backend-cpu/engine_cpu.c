@@ -1,5 +1,5 @@
 /* engine_cpu.c: the CPU engine (engine.h): the reference every other engine is
- * compared with. Everything runs on the host with the ops of ops_cpu.c; the
+ * compared with. Everything runs on the host with the CPU's op table (ops_cpu.h); the
  * gradient all-reduce goes through the communicator (shared memory between
  * worker processes). Deterministic for a fixed thread count. */
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 #include "core/check.h"
 #include "model/engine.h"
 #include "model/model.h"
-#include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 
 typedef struct {
     float *params, *grads, *momentum, *buffers;
@@ -29,8 +29,9 @@ static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch,
     float loss = model_forward_backward(m, c->run, c->params, c->buffers, c->batch_x, c->batch_y, n,
                                         e->cfg.label_smoothing, c->grads, correct);
     comm_allreduce_mean(e->cfg.comm, c->grads, m->num_params);
-    sgd_update(m->num_params, c->params, c->grads, c->momentum, c->decay_mask, lr, e->cfg.momentum,
-               e->cfg.weight_decay, e->cfg.nesterov, step == 0);
+    int32_t first_step = step == 0;
+    net_cpu_ops()->sgd(NULL, m->num_params, c->params, c->grads, c->momentum, c->decay_mask, &lr,
+                       e->cfg.momentum, e->cfg.weight_decay, e->cfg.nesterov, &first_step);
     return loss;
 }
 
@@ -44,7 +45,8 @@ static void cpu_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_su
     model_forward_eval(m, c->run, c->params, c->buffers, c->batch_x, n, c->logits);
     if (logits) memcpy(logits, c->logits, (size_t)n * k * sizeof(float));
     int hits = 0;
-    float loss = softmax_xent_forward_backward(n, k, c->logits, c->batch_y, 0.0f, NULL, &hits);
+    float loss = 0;
+    net_cpu_ops()->xent(NULL, n, k, c->logits, c->batch_y, 0.0f, NULL, &loss, &hits);
     *loss_sum += (double)loss * n;
     *correct += hits;
     if (predictions) {
@@ -129,6 +131,7 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     e->ops = &cpu_engine_ops;
     e->cfg = *cfg;
     e->impl = c;
+    net_cpu_ops_pick(cfg->settings.cpu_isa); /* CIFAR_CPU_ISA's variant, else the best */
     ops_set_threads(cfg->threads);
     size_t img = (size_t)mc->img_height * mc->img_width * mc->img_channels;
     c->params = xmalloc_aligned(m->num_params * sizeof(float));

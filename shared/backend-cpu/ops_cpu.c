@@ -1,118 +1,86 @@
-/* ops_cpu.c: the CPU ops of ops.h in float32, on OpenBLAS and OpenMP.
+/* ops_cpu.c: the CPU backend's baseline table (ops_cpu_impl.h for any x86-64, or
+ * any other CPU), the pick of a table at start, threads and teams (ops_cpu.h).
  *
- * The op bodies live in ops_cpu_impl.h, written over a scalar type so that
- * tests/test_ops.c can run the same code in double for gradient checks. They are
- * compiled three times: here for baseline x86-64 (or any other CPU), and in
- * ops_cpu_avx2.c / ops_cpu_avx512.c for x86-64-v3 / -v4; each public op
- * dispatches on what the running CPU supports (cpuid, checked once). The build
- * flags stay portable (-O2, no -march) and the binary runs on any x86-64.
- * The hot loops are short, variable-trip, per-channel loops, which GCC only
- * vectorises well at -O3, hence the optimize pragma. */
+ * ops_cpu_impl.h is compiled three times: here for baseline x86-64, and in
+ * ops_cpu_avx2.c / ops_cpu_avx512.c for x86-64-v3 / -v4; net_cpu_ops() returns the
+ * best table the running CPU supports (cpuid, asked once), so the ops themselves
+ * never dispatch. The build flags stay portable (-O2, no -march) and the binary runs
+ * on any x86-64. The hot loops are short, variable-trip, per-channel loops, which
+ * GCC only vectorises well at -O3, hence the optimize pragma. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend-cpu/ops_cpu.h"
 #include "core/check.h"
-#include "model/ops.h"
-#include "backend-cpu/ops_cpu_variants.h"
+#include "core/settings.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
 #endif
-#define OPS_REAL float
-#define OPS_FN(name) ops_generic_##name
+#define NET_REAL float
+#define NET_T(name) name
 #define OPS_GEMM cblas_sgemm
+#define OPS_CPU_TABLE net_cpu_ops_generic
+#define OPS_CPU_NAME "cpu"
 #include "backend-cpu/ops_cpu_impl.h"
 
 void openblas_set_num_threads(int num_threads);
 
-/* ------------------------------------------------------------ dispatch */
+/* ------------------------------------------------------ the table's pick */
 
-static int ops_isa_cpu(void) {
+extern const NetOps net_cpu_ops_avx2, net_cpu_ops_avx512;
+
+CpuIsa cpu_isa_best(void) {
 #if OPS_HAVE_VARIANTS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("bmi2"))
-        return 2;
+        return CPU_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("bmi2"))
-        return 1;
+        return CPU_ISA_AVX2;
 #endif
-    return 0;
+    return CPU_ISA_BASELINE;
 }
 
-static const char *const ops_isa_names[] = {"generic", "avx2", "avx512"};
-
-/* The level CIFAR_CPU_ISA=generic|avx2|avx512 forces (tests and CI run every
- * variant on one machine this way); unset or empty: the best the CPU has. An
- * unknown name, or a variant this CPU (or a build without variants) cannot run,
- * stops the process with exit status 2: a forced variant never falls back. */
-static int ops_isa_from_env(void) {
-    int cpu = ops_isa_cpu();
-    const char *want = getenv("CIFAR_CPU_ISA");
-    if (!want || !want[0]) return cpu;
-    for (int level = 0; level < 3; level++) {
-        if (strcmp(want, ops_isa_names[level]) != 0) continue;
-        if (level > cpu)
-            die_usage("CIFAR_CPU_ISA=%s: this CPU (or build) runs at most the %s variant of the "
-                      "CPU ops: unset it or pick one up to %s", want, ops_isa_names[cpu],
-                      ops_isa_names[cpu]);
-        return level;
-    }
-    die_usage("CIFAR_CPU_ISA=%s: unknown variant (generic, avx2, avx512)", want);
-}
-
-/* -1 until first used; then the level in use (set once, read by every op). */
-static int ops_isa_current = -1;
-
-static int ops_isa(void) {
-    int level = __atomic_load_n(&ops_isa_current, __ATOMIC_RELAXED);
-    if (level < 0) {
-        level = ops_isa_from_env();
-        __atomic_store_n(&ops_isa_current, level, __ATOMIC_RELAXED);
-    }
-    return level;
-}
-
-const char *ops_isa_name(void) { return ops_isa_names[ops_isa()]; }
-
-int ops_set_isa(int level) {
-    int cpu = ops_isa_cpu();
-    if (level < 0) level = ops_isa_from_env();
-    if (level > cpu) level = cpu;
-    __atomic_store_n(&ops_isa_current, level, __ATOMIC_RELAXED);
-    return level;
-}
-
+const NetOps *net_cpu_ops_isa(int isa) {
+    if (isa < 0 || isa > (int)cpu_isa_best()) return NULL;
 #if OPS_HAVE_VARIANTS
-#define OPS_DISPATCH_VOID(name, params, args)                 \
-    void name params {                                         \
-        switch (ops_isa()) {                                   \
-        case 2: ops_avx512_##name args; break;                 \
-        case 1: ops_avx2_##name args; break;                   \
-        default: ops_generic_##name args; break;               \
-        }                                                      \
-    }
-#define OPS_DISPATCH_RET(type, name, params, args)             \
-    type name params {                                         \
-        switch (ops_isa()) {                                   \
-        case 2: return ops_avx512_##name args;                 \
-        case 1: return ops_avx2_##name args;                   \
-        default: return ops_generic_##name args;               \
-        }                                                      \
-    }
-#else
-#define OPS_DISPATCH_VOID(name, params, args) \
-    void name params { (void)ops_isa(); ops_generic_##name args; }
-#define OPS_DISPATCH_RET(type, name, params, args) \
-    type name params { (void)ops_isa(); return ops_generic_##name args; }
+    if (isa == CPU_ISA_AVX512) return &net_cpu_ops_avx512;
+    if (isa == CPU_ISA_AVX2) return &net_cpu_ops_avx2;
 #endif
+    return &net_cpu_ops_generic;
+}
 
-OPS_VARIANT_LIST(OPS_DISPATCH_VOID, OPS_DISPATCH_RET)
+/* The table net_cpu_ops() returns from now on (NULL until one is picked). */
+static const NetOps *cpu_picked;
+
+const NetOps *net_cpu_ops_pick(int isa) {
+    int best = (int)cpu_isa_best();
+    if (isa < 0) isa = best;
+    /* a forced variant never falls back to another */
+    if (isa >= CPU_ISA_COUNT || isa > best)
+        die_usage("CIFAR_CPU_ISA=%s: this CPU (or build) runs at most the %s variant of the CPU "
+                  "ops: unset it or pick one up to %s",
+                  isa < CPU_ISA_COUNT ? settings_cpu_isa_names[isa] : "?", settings_cpu_isa_names[best],
+                  settings_cpu_isa_names[best]);
+    const NetOps *t = net_cpu_ops_isa(isa);
+    __atomic_store_n(&cpu_picked, t, __ATOMIC_RELEASE);
+    return t;
+}
+
+const NetOps *net_cpu_ops(void) {
+    const NetOps *t = __atomic_load_n(&cpu_picked, __ATOMIC_ACQUIRE);
+    if (t) return t;
+    Settings settings; /* no pick at start (tests, benchmarks): CIFAR_CPU_ISA's, else the best */
+    settings_from_env(&settings);
+    return net_cpu_ops_pick(settings.cpu_isa);
+}
 
 /* ------------------------------------------------------------- threads */
 
@@ -125,7 +93,7 @@ static int ops_thread_count; /* 0 until ops_set_threads: OpenMP's default applie
 void ops_set_threads(int threads) {
     if (threads < 1) threads = 1;
     ops_thread_count = threads;
-    (void)ops_isa(); /* CIFAR_CPU_ISA is read here, on one thread, not inside an op's team */
+    (void)net_cpu_ops(); /* picked here at the latest, on one thread, not inside an op's team */
     omp_set_num_threads(threads);
     openblas_set_num_threads(1);
 }

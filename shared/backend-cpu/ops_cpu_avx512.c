@@ -1,6 +1,7 @@
-/* ops_cpu_avx512.c: the CPU ops (ops_cpu_impl.h) compiled for x86-64-v4, chosen at run
- * time by ops_cpu.c when the CPU supports it. */
-#include "backend-cpu/ops_cpu_variants.h"
+/* ops_cpu_avx512.c: the CPU's op table (ops_cpu_impl.h) compiled for x86-64-v4:
+ * net_cpu_ops_avx512, picked at start by net_cpu_ops() (ops_cpu.c) when the CPU
+ * supports it. */
+#include "backend-cpu/ops_cpu.h"
 
 #if OPS_HAVE_VARIANTS
 #include <cblas.h>
@@ -11,9 +12,11 @@
 
 #pragma GCC target("arch=x86-64-v4")
 #pragma GCC optimize("O3")
-#define OPS_REAL float
-#define OPS_FN(name) ops_avx512_##name
+#define NET_REAL float
+#define NET_T(name) name
 #define OPS_GEMM cblas_sgemm
+#define OPS_CPU_TABLE net_cpu_ops_avx512
+#define OPS_CPU_NAME "cpu-avx512"
 #include "backend-cpu/ops_cpu_impl.h"
 #else
 /* ISO C forbids an empty translation unit. */

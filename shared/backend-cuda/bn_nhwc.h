@@ -1,5 +1,5 @@
-/* bn_nhwc.h: the arithmetic of the CUDA batch-norm kernels (ops_cuda.cu), written
- * once for the device and the host: ops_cuda.cu launches it, tests/test_bn_nhwc.c
+/* bn_nhwc.h: the arithmetic of the CUDA batch-norm kernels (cuda_bn.cu), written
+ * once for the device and the host: cuda_bn.cu launches it, tests/test_bn_nhwc.c
  * runs the very same functions on the CPU, thread by thread in the kernels' order,
  * against ops.h's batch norm (so the indexing and the formulas are tested on every
  * machine, GPU or not). Plain C, no CUDA header.
@@ -15,7 +15,7 @@
  * last block of a channel tile to finish adds the partials: lane l takes chunks
  * l, l+BN_LANES, ..., then lanes in order. Two kernels per batch norm: this
  * reduction (with the per-channel finalisation fused into its last block) and one
- * element-wise pass; or, where the device allows (ops_cuda.cu), one cooperative
+ * element-wise pass; or, where the device allows (cuda_bn.cu), one cooperative
  * kernel doing the very same sums in the same order (bn_coop_item).
  *
  * Conv bias folding (net_cuda.cu): a conv bias that the CUDA table defers is added
@@ -136,7 +136,7 @@ BN_HD float bn_masked_dy(const float *y, const float *dy, int64_t i, int bf16) {
 /* v as the activation type holds it (the identity for floats). */
 BN_HD float act_round(float v, int bf16) { return bf16 ? bf16_to_float(bf16_from_float(v)) : v; }
 
-/* x as the BN sees it: plus the deferred conv bias of its channel, when there is one
+/* x as the BN sees it: plus the conv bias of its channel (a fused conv + BN), when there is one
  * (rounded to the activation type: what the element-wise pass writes back). */
 BN_HD float bn_in(const float *x, const float *bias, int64_t i, int ch, int bf16) {
     float v = act_load(x, i, bf16);
@@ -247,7 +247,7 @@ BN_HD void bn_bwd_final(int64_t rows, int c, int ch, const double *s, const floa
     dsum[ch] = (float)((double)f1 * sdy + (double)f2 * (sxm + rows * mean) + (double)rows * f3);
 }
 
-/* Forward element i: v = x (+ deferred bias, written back into x), then the affine,
+/* Forward element i: v = x (+ the fused conv bias, written back into x), then the affine,
  * then by mode nothing, ReLU, or + z and ReLU. */
 BN_HD void bn_fwd_apply(int64_t i, int c, float *x, const float *bias, const float *aff,
                         const float *z, int mode, float *y, int bf16) {

@@ -1,4 +1,4 @@
-/* conv_pick.h: the host-side decisions of a cuDNN convolution plan (ops_cuda.cu's
+/* conv_pick.h: the host-side decisions of a cuDNN convolution plan (cuda_conv.cu's
  * conv_cuda_create), in plain C with no cuDNN type, so that tests/test_conv_pick.c
  * checks them on any machine:
  *   conv_plan_passes: which passes a plan searches and sizes (a conv that never

@@ -4,7 +4,7 @@
  *
  * Each macro prints the failing call as text, the library's own reason, file:line and
  * a hint, then exits 1 through check_fail():
- *     cifar-train: cudaMalloc(&p, bytes): out of memory (ops_cuda.cu:42)
+ *     cifar-train: cudaMalloc(&p, bytes): out of memory (cuda_context.cu:42)
  *     ---> HINT: lower --batch-size or use a GPU with more free memory
  * CHECK_CUDA_LAST() checks the launch of the kernel just started (cudaGetLastError). */
 #ifndef CIFAR_CUDA_CHECK_H

@@ -175,7 +175,6 @@ static void sgd_step(Engine *e, GpuEngine *g) {
 /* Phase boundary i (0 .. PHASE_COUNT) of an eager step, when phases are timed. */
 static void phase_mark(GpuEngine *g, int i) {
     if (!g->phases) return;
-    cuda_deferred_flush(g->ctx); /* the phase's own deferred work belongs to it */
     CHECK_CUDA(cudaEventRecord(g->ev[i], (cudaStream_t)cuda_ctx_stream(g->ctx)));
 }
 
@@ -217,7 +216,6 @@ static void train_body(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     if (g->bf16) cuda_bf16_grads_collect(g->ctx); /* before the all-reduce and the SGD */
     phase_mark(g, PHASE_UPDATE);
     if (fuse_sgd) sgd_step(e, g);
-    cuda_deferred_flush(g->ctx); /* nothing deferred may outlive a captured step */
 }
 
 typedef struct {
@@ -296,7 +294,6 @@ static int graph_capture(Engine *e, GpuEngine *g, int n, int fuse_sgd) {
     }
     if (why[0]) {
         (void)cudaGetLastError(); /* capture errors are not sticky: clear them */
-        cuda_deferred_drop(g->ctx); /* deferred work of the discarded capture */
         log_warn("cuda engine: CUDA graph capture failed (%s); running every step eagerly", why);
         g->graph_enabled = 0;
         return 0;
@@ -425,7 +422,6 @@ static void cuda_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_s
                        g->batch_y, NULL, g->test_src.staged);
     if (g->bf16) cuda_bf16_weights_refresh(g->ctx);
     net_forward(g->net, g->params, g->buffers, 0, g->batch_x, n);
-    cuda_deferred_flush(g->ctx);
     softmax_xent_cuda_async(g->ctx, n, m->fc_out, net_logits(g->net), g->batch_y, 0.0f, NULL, g->loss,
                             g->correct, predictions ? g->pred : NULL);
     CHECK_CUDA(cudaMemcpyAsync(g->h_loss, g->loss, sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -499,7 +495,6 @@ static void cuda_state_stage(Engine *e) {
     const Model *m = e->cfg.model;
     if (!g->snap_dev) snap_stage_create(e, g);
     cudaStream_t s = (cudaStream_t)cuda_ctx_stream(g->ctx);
-    cuda_deferred_flush(g->ctx);
     net_params_export(g->net, g->params, g->snap_dev);
     net_params_export(g->net, g->momentum, g->snap_dev + m->num_params);
     cuda_copy_d2d_async(g->ctx, g->snap_dev + 2 * m->num_params, g->buffers,
@@ -621,29 +616,6 @@ static void split_upload(GpuEngine *g, const HostSplit *s, size_t rec_bytes, uin
     cuda_upload(g->ctx, *lab, s->labels, (size_t)s->count * sizeof(int32_t));
 }
 
-/* CIFAR_CUDA_DATA: unset or "auto" (the rule), "resident", "stream", or
- * "stream:N" (streamed, the loader handing over N records at a time: tests use it
- * to interleave gathers and copies within small batches). */
-typedef enum { DATA_AUTO, DATA_RESIDENT, DATA_STREAM } DataMode;
-
-static DataMode data_mode_from_env(int *chunk_records) {
-    const char *v = getenv("CIFAR_CUDA_DATA");
-    *chunk_records = 0;
-    if (!v || !*v || strcmp(v, "auto") == 0) return DATA_AUTO;
-    if (strcmp(v, "resident") == 0) return DATA_RESIDENT;
-    if (strcmp(v, "stream") == 0) return DATA_STREAM;
-    if (strncmp(v, "stream:", 7) == 0) {
-        char *end = NULL;
-        long n = strtol(v + 7, &end, 10);
-        if (end != v + 7 && *end == '\0' && n >= 1 && n <= (1L << 20)) {
-            *chunk_records = (int)n;
-            return DATA_STREAM;
-        }
-    }
-    die("CIFAR_CUDA_DATA=%s: expected auto, resident, stream or stream:N (N records handed "
-        "over at a time, 1 to 1048576)", v);
-}
-
 /* Device bytes of a resident split: its uint8 pixels and int32 labels. */
 static size_t split_device_bytes(const HostSplit *s, size_t rec_bytes) {
     return (size_t)s->count * (rec_bytes + sizeof(int32_t));
@@ -661,20 +633,21 @@ static int split_plan_text(char *out, size_t len, const char *sep, const char *n
 /* The data rule (see the top of this file), decided once the model, its arena and
  * workspace are allocated; says in one line which path each split took and why. */
 static void data_plan(GpuEngine *g, const EngineConfig *cfg, size_t rec_bytes) {
-    int chunk = 0;
-    DataMode mode = data_mode_from_env(&chunk);
+    const Settings *st = &cfg->settings;
+    SettingsDataMode mode = st->cuda_data;
+    int chunk = st->cuda_data_chunk;
     size_t free_b = 0, total_b = 0;
     CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
     size_t train_b = split_device_bytes(&cfg->train, rec_bytes);
     size_t test_b = split_device_bytes(&cfg->test, rec_bytes);
     size_t left = free_b;
-    if (mode == DATA_AUTO) {
+    if (mode == SETTINGS_DATA_AUTO) {
         g->train_streamed = cfg->train.count > 0 && train_b > left / RESIDENT_SHARE;
         if (!g->train_streamed) left -= train_b < left ? train_b : left;
         g->test_streamed = cfg->test.count > 0 && test_b > left / RESIDENT_SHARE;
     } else {
-        g->train_streamed = mode == DATA_STREAM && cfg->train.count > 0;
-        g->test_streamed = mode == DATA_STREAM && cfg->test.count > 0;
+        g->train_streamed = mode == SETTINGS_DATA_STREAM && cfg->train.count > 0;
+        g->test_streamed = mode == SETTINGS_DATA_STREAM && cfg->test.count > 0;
     }
     g->loader_needed = g->train_streamed || g->test_streamed;
     g->stream_chunk = chunk ? (chunk < cfg->max_batch ? chunk : cfg->max_batch)
@@ -684,11 +657,11 @@ static void data_plan(GpuEngine *g, const EngineConfig *cfg, size_t rec_bytes) {
     split_plan_text(splits + at, sizeof splits - at, at ? ", " : "", "test", &cfg->test, test_b,
                     g->test_streamed);
     char why[200];
-    if (mode == DATA_AUTO)
+    if (mode == SETTINGS_DATA_AUTO)
         snprintf(why, sizeof why, "a split stays on the device when it takes at most 1/%d of the free "
                  "memory: %.1f of %.1f MiB free after the model", RESIDENT_SHARE, mib(free_b), mib(total_b));
     else
-        snprintf(why, sizeof why, "forced by CIFAR_CUDA_DATA=%s", getenv("CIFAR_CUDA_DATA"));
+        snprintf(why, sizeof why, "forced by CIFAR_CUDA_DATA=%s", st->cuda_data_text);
     char pinned[96] = "";
     if (g->loader_needed)
         snprintf(pinned, sizeof pinned, "; streamed batches through 2 pinned batch slots, %d records at a time",
@@ -805,12 +778,10 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     e->impl = g;
     g->tf32 = cfg->precision == PRECISION_TF32;
     g->bf16 = cfg->precision == PRECISION_BF16;
-    g->ctx = cuda_ctx_create(cfg->device, g->tf32, cfg->deterministic);
+    g->ctx = cuda_ctx_create(cfg->device, g->tf32, cfg->deterministic, cfg->settings.cuda_bn_coop);
     if (g->bf16) cuda_ctx_use_bf16(g->ctx); /* before the conv plans */
-    const char *ge = getenv("CIFAR_CUDA_GRAPH");
-    g->graph_enabled = !(ge && strcmp(ge, "0") == 0);
-    const char *ph = getenv("CIFAR_CUDA_PHASES");
-    g->phases = ph && strcmp(ph, "1") == 0;
+    g->graph_enabled = cfg->settings.cuda_graph;
+    g->phases = cfg->settings.cuda_phases;
     if (g->phases) { /* a replayed graph cannot be split into phases: eager steps only */
         g->graph_enabled = 0;
         for (int i = 0; i <= PHASE_COUNT; i++) CHECK_CUDA(cudaEventCreate(&g->ev[i]));

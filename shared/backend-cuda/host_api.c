@@ -9,13 +9,13 @@
  * and run eagerly.
  *
  * Why the longjmp is safe: it crosses only frames of this project's C code and of
- * its nvcc-compiled C++ (engine_cuda.cu, net_cuda.cu, ops_cuda.cu), never a frame of
+ * its nvcc-compiled C++ (engine_cuda.cu, net_cuda.cu, the cuda_*.cu op files), never a frame of
  * cuDNN, cuBLAS, NCCL or the CUDA runtime (a check runs after the library call has
  * returned). C++ allows a longjmp over frames whose automatic objects all have
  * trivial destructors ([csetjmp.syn]); the .cu files hold only such objects (plain
  * structs, dim3, pointers: keep it so, no RAII on the host side of a .cu file). What
- * a failed capture leaves behind is discarded by the engine: the captured graph, the
- * deferred conv bias (cuda_deferred_drop), and the sticky-free capture error. */
+ * a failed capture leaves behind is discarded by the engine: the captured graph and
+ * the sticky-free capture error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -4,12 +4,11 @@
  * the device in cuDNN's NHWC filter layout (KRSC), converted only by
  * conv_weight_export / conv_weight_import.
  *
- * Conv biases are deferred (ops_cuda.h, "deferred conv bias"): conv_forward leaves
- * the bias to the batch norm that reads its output (no bias pass), and a BN
- * backward waits for the conv backward that follows to write that conv's bias
- * gradient (the column sum of its dx) directly (no column-sum passes, no copy).
- * Every other op flushes what is deferred first, so the table keeps net_ops.h's
- * contracts for any sequence of calls.
+ * The table sets net_ops.h's optional fusions: conv_bn_forward leaves the conv bias
+ * to the batch norm that reads the conv's output (no bias pass), and
+ * bn_conv_backward has the BN backward write the conv's bias gradient (the column
+ * sum of its dx) directly (no column-sum pass, no copy). Every entry runs its
+ * kernels when called: no state is kept between calls.
  *
  * bf16 (ops_cuda.h, "bf16 activations"): the same table; the activations are
  * bfloat16 in the executor's float-typed buffers, and the convs read and write the
@@ -32,8 +31,6 @@
 
 #define CTX(c) ((CudaCtx *)(c))
 #define PLAN(p) ((ConvCuda *)(p))
-/* A BN reading x (n*hw rows of c): the conv bias deferred on x, if any. */
-#define BIAS_TAKE(ctx, x, n, hw, c) cuda_bias_take(CTX(ctx), x, (size_t)(n) * (hw), c)
 
 static void *nc_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -41,13 +38,11 @@ static void *nc_alloc(void *ctx, size_t bytes) {
 }
 
 static void nc_release(void *ctx, void *ptr) {
-    /* deferred work may still name this buffer: launch it before the memory goes */
-    cuda_deferred_flush(CTX(ctx));
+    (void)ctx;
     cuda_free(ptr);
 }
 
 static void nc_copy(void *ctx, void *dst, const void *src, size_t bytes) {
-    cuda_deferred_flush(CTX(ctx));
     if (dst != src) cuda_copy_d2d_async(CTX(ctx), dst, src, bytes);
 }
 
@@ -72,26 +67,21 @@ static void nc_conv_prepare(void *ctx, void *plan, int n, size_t ws_bytes) {
 
 static void nc_conv_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
                             const float *bias, float *y, void *ws, size_t ws_bytes) {
-    const ConvSpec *cs = conv_cuda_spec(PLAN(plan));
-    cuda_deferred_flush(CTX(ctx)); /* x may be a deferred output itself */
-    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, cuda_bf16_weight(CTX(ctx), weight), NULL, y, ws,
+    conv_cuda_forward(CTX(ctx), PLAN(plan), n, x, cuda_bf16_weight(CTX(ctx), weight), bias, y, ws,
                       ws_bytes);
-    cuda_bias_defer(CTX(ctx), y, bias, (size_t)n * conv_cuda_out_pixels(PLAN(plan)), cs->cout);
 }
 
-/* acc: dx += the gradient of x (conv_backward_acc), else dx = it. */
+/* acc: dx += the gradient of x (conv_backward_acc), else dx = it; dbias NULL: no
+ * bias gradient (the fused BN backward wrote it). */
 static void nc_conv_backward_into(void *ctx, void *plan, int n, const float *x, const float *weight,
                                   const float *dy, float *dx, float *dweight, float *dbias, void *ws,
                                   size_t ws_bytes, int acc) {
-    /* the BN backward that produced dy writes this conv's bias gradient itself */
-    int folded = cuda_bn_backward_take(CTX(ctx), dy, conv_cuda_spec(PLAN(plan))->cout, dbias);
-    float *db = folded ? NULL : dbias;
     const float *w = cuda_bf16_weight(CTX(ctx), weight);
     float *dw = cuda_bf16_grad(CTX(ctx), dweight);
     if (acc)
-        conv_cuda_backward_acc(CTX(ctx), PLAN(plan), n, x, w, dy, dx, dw, db, ws, ws_bytes);
+        conv_cuda_backward_acc(CTX(ctx), PLAN(plan), n, x, w, dy, dx, dw, dbias, ws, ws_bytes);
     else
-        conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, w, dy, dx, dw, db, ws, ws_bytes);
+        conv_cuda_backward(CTX(ctx), PLAN(plan), n, x, w, dy, dx, dw, dbias, ws, ws_bytes);
 }
 
 static void nc_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
@@ -107,26 +97,24 @@ static void nc_conv_backward_acc(void *ctx, void *plan, int n, const float *x, c
 }
 
 static void nc_conv_weight_export(void *ctx, void *plan, const float *dev, float *kcrs) {
-    cuda_deferred_flush(CTX(ctx));
     conv_weight_from_krsc_cuda(CTX(ctx), conv_cuda_spec(PLAN(plan)), dev, kcrs);
 }
 
 static void nc_conv_weight_import(void *ctx, void *plan, const float *kcrs, float *dev) {
-    cuda_deferred_flush(CTX(ctx));
     conv_weight_to_krsc_cuda(CTX(ctx), conv_cuda_spec(PLAN(plan)), kcrs, dev);
 }
 
 static void nc_bn_train(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                         const float *beta, float *y, float *save_mean, float *save_invstd,
                         float *running_mean, float *running_var, float momentum, float eps) {
-    batchnorm2d_forward_train_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma, beta, y,
+    batchnorm2d_forward_train_cuda(CTX(ctx), n, hw, c, x, NULL, gamma, beta, y,
                                    save_mean, save_invstd, running_mean, running_var, momentum, eps);
 }
 
 static void nc_bn_relu_train(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                              const float *beta, float *y, float *save_mean, float *save_invstd,
                              float *running_mean, float *running_var, float momentum, float eps) {
-    batchnorm2d_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma,
+    batchnorm2d_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, NULL, gamma,
                                         beta, y, save_mean, save_invstd, running_mean, running_var,
                                         momentum, eps);
 }
@@ -137,7 +125,7 @@ static void nc_bn_add_relu_train(void *ctx, int n, int hw, int c, const float *x
                                  float *running_mean, float *running_var, float momentum,
                                  float eps) {
     (void)tmp; /* one pass: the BN output is never stored */
-    batchnorm2d_add_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma,
+    batchnorm2d_add_relu_forward_train_cuda(CTX(ctx), n, hw, c, x, NULL, gamma,
                                             beta, z, y, save_mean, save_invstd, running_mean,
                                             running_var, momentum, eps);
 }
@@ -145,99 +133,121 @@ static void nc_bn_add_relu_train(void *ctx, int n, int hw, int c, const float *x
 static void nc_bn_eval(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                        const float *beta, const float *running_mean, const float *running_var,
                        float eps, float *y) {
-    batchnorm2d_forward_eval_cuda(CTX(ctx), n, hw, c, x, BIAS_TAKE(ctx, x, n, hw, c), gamma, beta,
+    batchnorm2d_forward_eval_cuda(CTX(ctx), n, hw, c, x, NULL, gamma, beta,
                                   running_mean, running_var, eps, y);
 }
 
 static void nc_bn_backward(void *ctx, int n, int hw, int c, const float *x, const float *gamma,
                            const float *save_mean, const float *save_invstd, const float *dy,
                            float *dx, float *dgamma, float *dbeta) {
-    cuda_deferred_flush(CTX(ctx));
-    if (dx) /* launched by the conv backward that follows (or the next op) */
-        cuda_bn_backward_defer(CTX(ctx), n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx,
-                               dgamma, dbeta);
-    else
-        batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx,
-                                  dgamma, dbeta);
+    batchnorm2d_backward_cuda(CTX(ctx), n, hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
+                              dbeta);
 }
 
 static void nc_bn_relu_backward(void *ctx, int n, int hw, int c, const float *x, const float *y,
                                 const float *gamma, const float *save_mean,
                                 const float *save_invstd, float *dy, float *dx, float *dgamma,
                                 float *dbeta) {
-    cuda_deferred_flush(CTX(ctx));
-    if (dx)
-        cuda_bn_backward_defer(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
-                               dgamma, dbeta);
-    else
-        batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy,
-                                       dx, dgamma, dbeta);
+    batchnorm2d_relu_backward_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                                   dgamma, dbeta);
 }
 
-/* Always deferred (the executor gives it a dx): launched by the conv backward that
- * takes dx as its dy, with that conv's bias gradient, or by the next op. */
 static void nc_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const float *x,
                                      const float *y, const float *gamma, const float *save_mean,
                                      const float *save_invstd, float *dy, float *dx, float *dgamma,
                                      float *dbeta) {
-    cuda_deferred_flush(CTX(ctx));
-    cuda_bn_relu_backward_keep_defer(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
-                                     dgamma, dbeta);
+    batchnorm2d_relu_backward_keep_cuda(CTX(ctx), n, hw, c, x, y, gamma, save_mean, save_invstd, dy,
+                                        dx, dgamma, dbeta);
+}
+
+/* The conv without its bias, then the batch norm bn adding the bias as it reads the
+ * conv's output (x_bias: written back, so conv_out holds conv + bias after it). */
+static void nc_conv_bn_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                               const float *bias, float *conv_out, void *ws, size_t ws_bytes,
+                               const NetBnForward *bn) {
+    CudaCtx *cc = CTX(ctx);
+    conv_cuda_forward(cc, PLAN(plan), n, x, cuda_bf16_weight(cc, weight), NULL, conv_out, ws,
+                      ws_bytes);
+    switch (bn->kind) {
+    case NET_BN_EVAL:
+        batchnorm2d_forward_eval_cuda(cc, n, bn->hw, bn->c, conv_out, bias, bn->gamma, bn->beta,
+                                      bn->running_mean, bn->running_var, bn->eps, bn->y);
+        break;
+    case NET_BN_TRAIN:
+        batchnorm2d_forward_train_cuda(cc, n, bn->hw, bn->c, conv_out, bias, bn->gamma, bn->beta,
+                                       bn->y, bn->save_mean, bn->save_invstd, bn->running_mean,
+                                       bn->running_var, bn->momentum, bn->eps);
+        break;
+    case NET_BN_TRAIN_RELU:
+        batchnorm2d_relu_forward_train_cuda(cc, n, bn->hw, bn->c, conv_out, bias, bn->gamma,
+                                            bn->beta, bn->y, bn->save_mean, bn->save_invstd,
+                                            bn->running_mean, bn->running_var, bn->momentum,
+                                            bn->eps);
+        break;
+    case NET_BN_TRAIN_ADD_RELU: /* one pass: bn->tmp is never needed */
+        batchnorm2d_add_relu_forward_train_cuda(cc, n, bn->hw, bn->c, conv_out, bias, bn->gamma,
+                                                bn->beta, bn->z, bn->y, bn->save_mean,
+                                                bn->save_invstd, bn->running_mean,
+                                                bn->running_var, bn->momentum, bn->eps);
+        break;
+    }
+}
+
+/* The batch-norm backward bn writing the conv's bias gradient (the column sum of its
+ * dx) itself, then the conv backward from that dx without a bias gradient. */
+static void nc_bn_conv_backward(void *ctx, const NetBnBackward *bn, void *plan, int n,
+                                const float *x, const float *weight, float *dx, float *dweight,
+                                float *dbias, void *ws, size_t ws_bytes, int acc) {
+    const float *y = bn->kind == NET_BN_BACKWARD ? NULL : bn->y;
+    batchnorm2d_backward_bias_cuda(CTX(ctx), n, bn->hw, bn->c, bn->x, y, bn->gamma, bn->save_mean,
+                                   bn->save_invstd, bn->dy, bn->dx, bn->dgamma, bn->dbeta, dbias,
+                                   bn->kind == NET_BN_RELU_BACKWARD_KEEP);
+    nc_conv_backward_into(ctx, plan, n, x, weight, bn->dx, dx, dweight, NULL, ws, ws_bytes, acc);
 }
 
 static void nc_relu_forward(void *ctx, size_t count, const float *x, float *y) {
-    cuda_deferred_flush(CTX(ctx));
     relu_forward_cuda(CTX(ctx), count, x, y);
 }
 
 static void nc_relu_backward(void *ctx, size_t count, const float *y, const float *dy, float *dx) {
-    cuda_deferred_flush(CTX(ctx));
     relu_backward_cuda(CTX(ctx), count, y, dy, dx);
 }
 
 static void nc_add(void *ctx, size_t count, const float *a, const float *b, float *y) {
-    cuda_deferred_flush(CTX(ctx));
     add_forward_cuda(CTX(ctx), count, a, b, y);
 }
 
 static void nc_add_relu(void *ctx, size_t count, const float *a, const float *b, float *y) {
-    cuda_deferred_flush(CTX(ctx));
     add_relu_forward_cuda(CTX(ctx), count, a, b, y);
 }
 
 static void nc_meanpool_forward(void *ctx, int n, int hw, int c, const float *x, float *y) {
-    cuda_deferred_flush(CTX(ctx));
     meanpool_forward_cuda(CTX(ctx), n, hw, c, x, y);
 }
 
 static void nc_meanpool_backward(void *ctx, int n, int hw, int c, const float *dy, float *dx) {
-    cuda_deferred_flush(CTX(ctx));
     meanpool_backward_cuda(CTX(ctx), n, hw, c, dy, dx);
 }
 
 static void nc_linear_forward(void *ctx, int n, int in, int out, const float *x,
                               const float *weight, const float *bias, float *y) {
-    cuda_deferred_flush(CTX(ctx));
     linear_forward_cuda(CTX(ctx), n, in, out, x, weight, bias, y);
 }
 
 static void nc_linear_backward(void *ctx, int n, int in, int out, const float *x,
                                const float *weight, const float *dy, float *dx, float *dweight,
                                float *dbias) {
-    cuda_deferred_flush(CTX(ctx));
     linear_backward_cuda(CTX(ctx), n, in, out, x, weight, dy, dx, dweight, dbias);
 }
 
 static void nc_xent(void *ctx, int n, int k, const float *logits, const int32_t *labels,
                     float smoothing, float *dlogits, float *loss, int *correct) {
-    cuda_deferred_flush(CTX(ctx));
     softmax_xent_cuda_async(CTX(ctx), n, k, logits, labels, smoothing, dlogits, loss, correct, NULL);
 }
 
 static void nc_sgd(void *ctx, size_t count, float *param, const float *grad, float *momentum_buf,
                    const uint8_t *decay_mask, const float *lr, float momentum, float weight_decay,
                    int nesterov, const int32_t *first_step) {
-    cuda_deferred_flush(CTX(ctx));
     sgd_update_cuda_dev(CTX(ctx), count, param, grad, momentum_buf, decay_mask, lr, momentum,
                         weight_decay, nesterov, first_step);
 }
@@ -266,6 +276,8 @@ static NetOps nc_table(void) {
     t.bn_relu_backward = nc_bn_relu_backward;
     t.bn_relu_backward_keep = nc_bn_relu_backward_keep; /* the block's ReLU and add folded */
     t.conv_backward_acc = nc_conv_backward_acc;
+    t.conv_bn_forward = nc_conv_bn_forward; /* the conv bias inside the BN's read */
+    t.bn_conv_backward = nc_bn_conv_backward; /* the conv bias gradient from the BN's kernels */
     t.relu_forward = nc_relu_forward;
     t.relu_backward = nc_relu_backward;
     t.add = nc_add;

@@ -1,5 +1,5 @@
-/* ops_cuda.h: the CUDA twins of ops.h (same names with a _cuda suffix, same
- * contracts, device pointers), plus the few GPU-only pieces the CUDA engine needs.
+/* ops_cuda.h: the CUDA twins of the ops of net_ops.h (ops.h's former names with a
+ * _cuda suffix, the same contracts, device pointers), plus the few GPU-only pieces the CUDA engine needs.
  *
  * Every op takes a CudaCtx first: the device, one stream, the cuDNN and cuBLAS
  * handles (bound to that stream), the math mode (fp32 or tf32) and whether only
@@ -27,7 +27,6 @@
 #include "backend-cuda/bf16_layout.h"
 #include "data/augment.h"
 #include "model/ops.h"
-#include "model/ops_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,8 +42,10 @@ int ops_cuda_compute_capability(int device);
 /* Select `device`, create its stream and handles. tf32: let cuDNN and cuBLAS use
  * TF32 tensor cores for fp32 data (else plain FMA math). deterministic: only
  * algorithms cuDNN reports as deterministic, picked by heuristics rather than by
- * timing, so two runs choose the same ones. Dies with a clear message on failure. */
-CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic);
+ * timing, so two runs choose the same ones. bn_coop: one cooperative kernel per
+ * training batch norm where the device allows (0: two; Settings.cuda_bn_coop). Dies
+ * with a clear message on failure. */
+CudaCtx *cuda_ctx_create(int device, int tf32, int deterministic, int bn_coop);
 void cuda_ctx_free(CudaCtx *ctx);
 int cuda_ctx_device(const CudaCtx *ctx);
 int cuda_ctx_deterministic(const CudaCtx *ctx);
@@ -164,8 +165,9 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
  * NHWC, c <= BN_MAX_C (4096). Deterministic; two kernel launches each, or one
  * cooperative kernel for a training BN (forward, or backward with a dx) where the
  * device allows (cuda_ctx_bn_coop), with the same results bit for bit. x_bias: NULL,
- * or a per-channel bias that the caller has not yet added to x (a deferred conv
- * bias): the BN uses x + x_bias and writes x + x_bias back into x. */
+ * or a per-channel bias that the caller has not yet added to x (the conv bias of
+ * net_cuda.cu's fused conv_bn_forward): the BN uses x + x_bias and writes x + x_bias
+ * back into x. */
 void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
                                     const float *x_bias, const float *gamma, const float *beta,
                                     float *y, float *save_mean, float *save_invstd,
@@ -204,6 +206,14 @@ void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, con
                                          const float *y, const float *gamma, const float *save_mean,
                                          const float *save_invstd, float *dy, float *dx,
                                          float *dgamma, float *dbeta);
+/* The backward of the fused BN + conv backward (net_cuda.cu's bn_conv_backward): the
+ * plain form (y NULL), the relu form (y non-NULL) or the keep form (keep = 1), whose
+ * column sum of dx, the gradient of the bias of the conv in front of the BN, goes to
+ * dbias (NULL: none wanted), so that the conv backward sums nothing. */
+void batchnorm2d_backward_bias_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+                                    const float *y, const float *gamma, const float *save_mean,
+                                    const float *save_invstd, float *dy, float *dx, float *dgamma,
+                                    float *dbeta, float *dbias, int keep);
 
 /* Training batch norms (forward, and backward with a dx) as one cooperative kernel
  * each instead of two, bit for bit the same results (bn_nhwc.h): on by default where
@@ -215,52 +225,23 @@ int cuda_ctx_bn_coop(CudaCtx *ctx, int enable);
  * launch refused, which turns the context to two kernels (the fallback's test). */
 void cuda_ctx_bn_coop_caps(CudaCtx *ctx, int *fwd, int *bwd);
 
-/* ---- deferred conv bias (the op table, net_cuda.cu) ----
- * Every conv of the network feeds a batch norm, so the CUDA table does not add the
- * conv bias in a pass of its own: conv_forward defers it (cuda_bias_defer), and the
- * next table op, if it is a BN of that very output, takes it (cuda_bias_take) and
- * folds it into its read (writing x + bias back). In backward, a BN backward with a
- * dx is deferred (cuda_bn_backward_defer) until the next op: when that is the conv
- * backward taking this dx as dy (cuda_bn_backward_take), the BN kernels write the
- * column sum of dx, the conv bias gradient, straight into that conv's dbias, and the
- * conv backward sums nothing. Any other op, cuda_ctx_sync, cuda_upload and
- * cuda_download first flush what is deferred (the bias pass, the BN backward), so
- * every op's contract holds whatever the order of calls. */
-void cuda_bias_defer(CudaCtx *ctx, float *y, const float *bias, size_t rows, int c);
-/* The deferred bias when x (rows x c) is its conv output (then no longer deferred);
- * else everything deferred is flushed and NULL returned. */
-const float *cuda_bias_take(CudaCtx *ctx, const float *x, size_t rows, int c);
-/* batchnorm2d_relu_backward_cuda (y non-NULL) or batchnorm2d_backward_cuda (y NULL),
- * launched later. */
-void cuda_bn_backward_defer(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *y,
-                            const float *gamma, const float *save_mean, const float *save_invstd,
-                            const float *dy, float *dx, float *dgamma, float *dbeta);
-/* cuda_bn_backward_defer of batchnorm2d_relu_backward_keep_cuda. */
-void cuda_bn_relu_backward_keep_defer(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                      const float *y, const float *gamma, const float *save_mean,
-                                      const float *save_invstd, float *dy, float *dx, float *dgamma,
-                                      float *dbeta);
-/* When dy is the deferred BN backward's dx (c channels): launches it with the column
- * sum of dx written to dbias (when non-NULL) and returns 1; else flushes
- * everything deferred and returns 0. */
-int cuda_bn_backward_take(CudaCtx *ctx, const float *dy, int c, float *dbias);
-void cuda_deferred_flush(CudaCtx *ctx);
-/* Forget what is deferred without running it: after a failed CUDA graph capture,
- * whose work is discarded as a whole. */
-void cuda_deferred_drop(CudaCtx *ctx);
-
 /* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
- * ops_list.h's shared ops: ops.h's contract with a CudaCtx first, device pointers
- * (sgd_update_cuda's decay_mask a device array or NULL): relu_forward_cuda,
- * relu_backward_cuda, add_forward_cuda, add_relu_forward_cuda, meanpool_forward_cuda,
- * meanpool_backward_cuda, linear_forward_cuda, linear_backward_cuda, sgd_update_cuda. */
-#define OPS_CUDA_WITH_CTX(...) (CudaCtx *ctx, __VA_ARGS__)
-#define OPS_CUDA_DECLARE_VOID(name, params, args) void name##_cuda OPS_CUDA_WITH_CTX params;
-#define OPS_CUDA_DECLARE_RET(type, name, params, args) type name##_cuda OPS_CUDA_WITH_CTX params;
-OPS_LIST_SHARED(OPS_CUDA_DECLARE_VOID, OPS_CUDA_DECLARE_RET, float)
-#undef OPS_CUDA_DECLARE_VOID
-#undef OPS_CUDA_DECLARE_RET
-#undef OPS_CUDA_WITH_CTX
+ * net_ops.h's contracts with a CudaCtx first, device pointers (sgd_update_cuda's
+ * decay_mask a device array or NULL). */
+void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y);
+void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy, float *dx);
+void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
+void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
+void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y);
+void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy, float *dx);
+void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                         const float *weight, const float *bias, float *y);
+void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+                          const float *weight, const float *dy, float *dx, float *dweight,
+                          float *dbias);
+void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad,
+                     float *momentum_buf, const uint8_t *decay_mask, float lr, float momentum,
+                     float weight_decay, int nesterov, int first_step);
 
 /* ---- loss ---- */
 

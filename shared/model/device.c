@@ -78,13 +78,12 @@ Comm *device_comm_create(Engine *e, const DistEnv *env, int requested) {
     return c;
 }
 
-/* In place in the dataset's map unless CIFAR_DATA_IN_MEMORY=1 (a private copy, as
- * before in-place reading); every record's checksum is verified once here. */
 Engine *device_inference_engine(DeviceChoice want, const Model *m, HostSplit test, const float *mean,
                                 const float *std, int max_batch, int threads, const float *params,
-                                const float *buffers, Comm **comm) {
+                                const float *buffers, const Settings *settings, Comm **comm) {
     EngineConfig ec;
     memset(&ec, 0, sizeof ec);
+    ec.settings = *settings;
     ec.model = m;
     ec.test = test;
     memcpy(ec.mean, mean, sizeof ec.mean);
@@ -99,14 +98,16 @@ Engine *device_inference_engine(DeviceChoice want, const Model *m, HostSplit tes
     return e;
 }
 
-void host_split_load(Dataset *ds, const char *path, const char *name, int required, HostSplit *out) {
+/* In place in the dataset's map unless in_memory (CIFAR_DATA_IN_MEMORY=1: a private
+ * copy, as before in-place reading); every record's checksum is verified once here. */
+void host_split_load(Dataset *ds, const char *path, const char *name, int required, int in_memory,
+                     HostSplit *out) {
     memset(out, 0, sizeof *out);
     const DatasetSplit *sp = dataset_split(ds, name);
     if ((!sp || sp->count == 0) && required)
         die_permanent("%s: the dataset has no \"%s\" split (or it is empty)", path, name);
     if (!sp) return;
-    const char *copy = getenv("CIFAR_DATA_IN_MEMORY");
-    DatasetAccess how = copy && strcmp(copy, "1") == 0 ? DATASET_COPY : DATASET_IN_PLACE;
+    DatasetAccess how = in_memory ? DATASET_COPY : DATASET_IN_PLACE;
     const DatasetInfo *info = dataset_info(ds);
     char err[512];
     double t0 = now_seconds();

@@ -36,17 +36,20 @@ Comm *device_comm_create(Engine *e, const DistEnv *env, int requested);
 
 /* An engine that only runs inference, in one process (cifar-eval, cifar-predict):
  * fp32, the `test` split, max_batch images a pass, the normalisation given, the
- * weights (params, BN buffers: host flat buffers) loaded; threads 0 = all cores.
- * *comm gets its communicator (destroy it after the engine). */
+ * weights (params, BN buffers: host flat buffers) loaded; threads 0 = all cores;
+ * settings: the command's (core/settings.h). *comm gets its communicator (destroy it
+ * after the engine). */
 Engine *device_inference_engine(DeviceChoice want, const Model *m, HostSplit test, const float *mean,
                                 const float *std, int max_batch, int threads, const float *params,
-                                const float *buffers, Comm **comm);
+                                const float *buffers, const Settings *settings, Comm **comm);
 
 /* Split `name` of an open dataset, read in place from its map (arrays owned by
- * the dataset, valid until dataset_close), every record's checksum verified. An
- * absent split gives count 0, or with `required` a permanent failure naming `path`
- * (the dataset, for messages); bad records are a permanent failure too. */
-void host_split_load(Dataset *ds, const char *path, const char *name, int required, HostSplit *out);
+ * the dataset, valid until dataset_close) or with in_memory copied to memory
+ * (Settings.data_in_memory), every record's checksum verified. An absent split gives
+ * count 0, or with `required` a permanent failure naming `path` (the dataset, for
+ * messages); bad records are a permanent failure too. */
+void host_split_load(Dataset *ds, const char *path, const char *name, int required, int in_memory,
+                     HostSplit *out);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/settings.h"
 #include "data/augment.h"
 #include "comm/comm.h"
 #include "model/model.h"
@@ -41,6 +42,7 @@ typedef struct {
     Precision precision;
     int deterministic;
     Comm *comm;                /* gradient all-reduce; may be a COMM_SINGLE */
+    Settings settings;         /* the CIFAR_* tuning variables (core/settings.h) */
 } EngineConfig;
 
 typedef struct Engine Engine;

@@ -465,7 +465,7 @@ struct ModelRun {
 
 static ModelRun *model_run_new(const Model *m, int max_batch, int backward) {
     ModelRun *run = xcalloc(1, sizeof *run);
-    run->net = net_create(m, &net_cpu_ops, NULL, max_batch, backward);
+    run->net = net_create(m, net_cpu_ops(), NULL, max_batch, backward);
     return run;
 }
 

@@ -5,7 +5,7 @@
  * workspace in one arena of the device's memory, makes one conv plan per conv
  * layer, and runs forward (training or inference), loss + backward, and the SGD
  * step over the flat parameter / gradient buffers, calling only table ops. The
- * same code drives the CPU (net_cpu.c: ops.h's float ops), the CPU in double
+ * same code drives the CPU (backend-cpu/ops_cpu_impl.h's tables), the CPU in double
  * (tests: finite differences and the float64 PyTorch reference) and CUDA
  * (shared/backend-cuda/net_cuda.cu). The executor itself is written once over the
  * scalar type in net_impl.h.
@@ -32,6 +32,8 @@ extern "C" {
 #undef NET_T
 
 typedef struct NetOps NetOps;
+typedef struct NetBnForward NetBnForward;
+typedef struct NetBnBackward NetBnBackward;
 typedef struct Net Net;
 
 /* The executor of m for batches of up to max_batch on the device of ops/ctx;
@@ -57,7 +59,7 @@ const float *net_logits(const Net *net);
  * loss and the hit count go to *loss / *correct (device memory; correct may be NULL). */
 void net_backward(Net *net, const float *params, const int32_t *labels, int n, float smoothing,
                   float *grads, float *loss, int *correct);
-/* The SGD rule of ops.h over all num_params floats; lr and first_step are read from
+/* The SGD rule of net_ops.h over all num_params floats; lr and first_step are read from
  * device memory when the step runs. */
 void net_sgd(Net *net, float *params, const float *grads, float *momentum,
              const uint8_t *decay_mask, const float *lr, float momentum_coef, float weight_decay,
@@ -68,8 +70,10 @@ void net_sgd(Net *net, float *params, const float *grads, float *momentum,
 void net_params_export(Net *net, const float *dev, float *torch_layout);
 void net_params_import(Net *net, const float *torch_layout, float *dev);
 
-/* The op table of the CPU (ops.h's float ops, on the host). */
-extern const NetOps net_cpu_ops;
+/* The op table of the CPU (on the host): the instruction-set variant picked at start
+ * (CIFAR_CPU_ISA's, else the best this CPU runs: backend-cpu/ops_cpu.h), the same for
+ * the rest of the process. */
+const NetOps *net_cpu_ops(void);
 
 #ifdef __cplusplus
 }

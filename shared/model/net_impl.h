@@ -23,6 +23,13 @@
 #endif
 
 typedef NET_REAL real_t;
+/* This instance's executor and op table (Net and NetOps in float, NetD and NetOpsD in
+ * the double tests): only the exported names go through NET_T, so the walk's own
+ * functions and types keep their names for grep, ctags and debuggers. */
+typedef struct NET_T(Net) NetR;
+typedef struct NET_T(NetOps) NetOpsR;
+typedef struct NET_T(NetBnForward) NetBnForwardR;
+typedef struct NET_T(NetBnBackward) NetBnBackwardR;
 
 #define NET_BLOCK_MAX_CONVS 3
 #define NET_GRAD_BUFFERS 4
@@ -31,7 +38,7 @@ typedef struct {
     const ConvLayer *layer;
     int h, w; /* input size */
     void *plan;
-} NET_T(NetConv);
+} NetConv;
 
 typedef struct {
     /* Main path, one entry per conv: its output (the BN input), the BN's saved
@@ -42,20 +49,20 @@ typedef struct {
     real_t *mean[NET_BLOCK_MAX_CONVS], *invstd[NET_BLOCK_MAX_CONVS];
     real_t *proj_out, *proj_mean, *proj_invstd; /* projection shortcut */
     real_t *out;                                /* relu(main + shortcut) */
-} NET_T(NetBlock);
+} NetBlock;
 
 struct NET_T(Net) {
     const Model *m;
-    const struct NET_T(NetOps) *ops;
+    const NetOpsR *ops;
     void *ctx;
     int max_batch, backward;
     char *arena;
     size_t arena_bytes, cursor;
     const real_t *x; /* the latest forward's input (the stem conv backward needs it) */
-    NET_T(NetConv) *convs;
+    NetConv *convs;
     int n_convs, stem_conv;
     real_t *stem_out, *stem_bn_out, *stem_mean, *stem_invstd;
-    NET_T(NetBlock) *blocks;
+    NetBlock *blocks;
     real_t *pooled, *logits, *dlogits, *dpooled;
     real_t *tmp_main, *tmp_short; /* forward only: BN outputs before the residual add */
     real_t *grad[NET_GRAD_BUFFERS]; /* backward scratch, each max_act elements */
@@ -66,8 +73,8 @@ struct NET_T(Net) {
 /* ------------------------------------------------------------------ planning */
 
 /* need_dx: the backward computes this conv's input gradient (all but the stem). */
-static int NET_T(net_conv_add)(struct NET_T(Net) *net, const ConvLayer *l, int h, int w, int need_dx) {
-    NET_T(NetConv) *c = &net->convs[net->n_convs];
+static int net_conv_add(NetR *net, const ConvLayer *l, int h, int w, int need_dx) {
+    NetConv *c = &net->convs[net->n_convs];
     c->layer = l;
     c->h = h;
     c->w = w;
@@ -79,39 +86,39 @@ static int NET_T(net_conv_add)(struct NET_T(Net) *net, const ConvLayer *l, int h
 }
 
 /* Every conv layer in walk order, each with its plan. */
-static void NET_T(net_plan_convs)(struct NET_T(Net) *net) {
+static void net_plan_convs(NetR *net) {
     const Model *m = net->m;
     net->convs = xcalloc((size_t)1 + 4 * (size_t)m->n_blocks, sizeof *net->convs);
     /* The stem's backward stops at the weights: its input is the image (dx NULL). */
-    net->stem_conv = NET_T(net_conv_add)(net, &m->stem_conv, m->cfg.img_height, m->cfg.img_width, 0);
+    net->stem_conv = net_conv_add(net, &m->stem_conv, m->cfg.img_height, m->cfg.img_width, 0);
     for (int i = 0; i < m->n_blocks; i++) {
         const Block *b = &m->blocks[i];
-        NET_T(NetBlock) *a = &net->blocks[i];
+        NetBlock *a = &net->blocks[i];
         for (int j = 0; j < model_block_n_convs(b); j++) {
             int h, w;
             model_block_conv_input(b, j, &h, &w);
-            a->conv[j] = NET_T(net_conv_add)(net, model_block_conv(b, j), h, w, 1);
+            a->conv[j] = net_conv_add(net, model_block_conv(b, j), h, w, 1);
         }
-        a->proj = b->has_projection ? NET_T(net_conv_add)(net, &b->proj_conv, b->in_h, b->in_w, 1) : -1;
+        a->proj = b->has_projection ? net_conv_add(net, &b->proj_conv, b->in_h, b->in_w, 1) : -1;
     }
 }
 
 /* With no arena it only counts. Every buffer starts on the table's alignment. */
-static void *NET_T(net_carve_bytes)(struct NET_T(Net) *net, size_t bytes) {
+static void *net_carve_bytes(NetR *net, size_t bytes) {
     size_t at = net->cursor, align = net->ops->align;
     net->cursor += (bytes + align - 1) / align * align;
     return net->arena ? net->arena + at : NULL;
 }
 
-static real_t *NET_T(net_carve)(struct NET_T(Net) *net, size_t n) {
-    return NET_T(net_carve_bytes)(net, n * sizeof(real_t));
+static real_t *net_carve(NetR *net, size_t n) {
+    return net_carve_bytes(net, n * sizeof(real_t));
 }
 
-static void NET_T(net_note_act)(struct NET_T(Net) *net, size_t n) {
+static void net_note_act(NetR *net, size_t n) {
     if (n > net->max_act) net->max_act = n;
 }
 
-static size_t NET_T(net_conv_out_elems)(const ConvSpec *s, size_t nb, int h, int w) {
+static size_t net_conv_out_elems(const ConvSpec *s, size_t nb, int h, int w) {
     return nb * conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad) *
            s->cout;
 }
@@ -126,92 +133,92 @@ static size_t NET_T(net_conv_out_elems)(const ConvSpec *s, size_t nb, int h, int
  * serves them all; each ReLU output is dead once the next conv has read it. */
 typedef struct {
     real_t *conv_out, *act, *out[2];
-} NET_T(NetInferencePool);
+} NetInferencePool;
 
 /* An activation tensor of n elements: its own in a training executor, else the
  * pool's buffer (NULL while counting: the pool is carved after the walk). */
-static real_t *NET_T(net_act_tensor)(struct NET_T(Net) *net, size_t n, real_t *pooled) {
-    NET_T(net_note_act)(net, n);
-    return net->backward ? NET_T(net_carve)(net, n) : pooled;
+static real_t *net_act_tensor(NetR *net, size_t n, real_t *pooled) {
+    net_note_act(net, n);
+    return net->backward ? net_carve(net, n) : pooled;
 }
 
-static void NET_T(net_layout_block)(struct NET_T(Net) *net, const Block *b, NET_T(NetBlock) *a,
-                                    const NET_T(NetInferencePool) *pool, int index) {
+static void net_layout_block(NetR *net, const Block *b, NetBlock *a,
+                                    const NetInferencePool *pool, int index) {
     size_t nb = (size_t)net->max_batch;
     int nc = model_block_n_convs(b);
     for (int j = 0; j < nc; j++) {
         const ConvSpec *s = &model_block_conv(b, j)->spec;
         int h, w;
         model_block_conv_input(b, j, &h, &w);
-        size_t sz = NET_T(net_conv_out_elems)(s, nb, h, w);
-        a->conv_out[j] = NET_T(net_act_tensor)(net, sz, pool->conv_out);
-        a->act[j] = j < nc - 1 ? NET_T(net_act_tensor)(net, sz, pool->act) : NULL;
-        a->mean[j] = NET_T(net_carve)(net, (size_t)s->cout);
-        a->invstd[j] = NET_T(net_carve)(net, (size_t)s->cout);
+        size_t sz = net_conv_out_elems(s, nb, h, w);
+        a->conv_out[j] = net_act_tensor(net, sz, pool->conv_out);
+        a->act[j] = j < nc - 1 ? net_act_tensor(net, sz, pool->act) : NULL;
+        a->mean[j] = net_carve(net, (size_t)s->cout);
+        a->invstd[j] = net_carve(net, (size_t)s->cout);
     }
     size_t out = nb * b->out_h * b->out_w * b->cout;
-    NET_T(net_note_act)(net, nb * b->in_h * b->in_w * b->cin);
+    net_note_act(net, nb * b->in_h * b->in_w * b->cin);
     if (b->has_projection) {
-        a->proj_out = NET_T(net_act_tensor)(net, out, pool->conv_out);
-        a->proj_mean = NET_T(net_carve)(net, (size_t)b->cout);
-        a->proj_invstd = NET_T(net_carve)(net, (size_t)b->cout);
+        a->proj_out = net_act_tensor(net, out, pool->conv_out);
+        a->proj_mean = net_carve(net, (size_t)b->cout);
+        a->proj_invstd = net_carve(net, (size_t)b->cout);
     }
-    a->out = NET_T(net_act_tensor)(net, out, pool->out[index % 2]);
+    a->out = net_act_tensor(net, out, pool->out[index % 2]);
 }
 
-static void NET_T(net_layout)(struct NET_T(Net) *net) {
+static void net_layout(NetR *net) {
     const Model *m = net->m;
     size_t nb = (size_t)net->max_batch;
     net->cursor = 0;
     /* Inference: the pool comes first, sized by the previous (counting) walk. */
-    NET_T(NetInferencePool) pool = {NULL, NULL, {NULL, NULL}};
+    NetInferencePool pool = {NULL, NULL, {NULL, NULL}};
     if (!net->backward && net->max_act) {
-        pool.conv_out = NET_T(net_carve)(net, net->max_act);
-        pool.act = NET_T(net_carve)(net, net->max_act);
-        pool.out[0] = NET_T(net_carve)(net, net->max_act);
-        pool.out[1] = NET_T(net_carve)(net, net->max_act);
+        pool.conv_out = net_carve(net, net->max_act);
+        pool.act = net_carve(net, net->max_act);
+        pool.out[0] = net_carve(net, net->max_act);
+        pool.out[1] = net_carve(net, net->max_act);
     }
     size_t stem = nb * m->stem_h * m->stem_w * m->stem_conv.spec.cout;
-    net->stem_out = NET_T(net_act_tensor)(net, stem, pool.conv_out);
-    net->stem_bn_out = NET_T(net_act_tensor)(net, stem, pool.out[1]);
-    net->stem_mean = NET_T(net_carve)(net, (size_t)m->stem_bn.c);
-    net->stem_invstd = NET_T(net_carve)(net, (size_t)m->stem_bn.c);
+    net->stem_out = net_act_tensor(net, stem, pool.conv_out);
+    net->stem_bn_out = net_act_tensor(net, stem, pool.out[1]);
+    net->stem_mean = net_carve(net, (size_t)m->stem_bn.c);
+    net->stem_invstd = net_carve(net, (size_t)m->stem_bn.c);
     for (int i = 0; i < m->n_blocks; i++)
-        NET_T(net_layout_block)(net, &m->blocks[i], &net->blocks[i], &pool, i);
-    net->pooled = NET_T(net_carve)(net, nb * m->fc_in);
-    net->dpooled = net->backward ? NET_T(net_carve)(net, nb * m->fc_in) : NULL;
-    net->logits = NET_T(net_carve)(net, nb * m->fc_out);
-    net->dlogits = net->backward ? NET_T(net_carve)(net, nb * m->fc_out) : NULL;
-    net->tmp_main = NET_T(net_carve)(net, net->max_act);
-    net->tmp_short = NET_T(net_carve)(net, net->max_act);
+        net_layout_block(net, &m->blocks[i], &net->blocks[i], &pool, i);
+    net->pooled = net_carve(net, nb * m->fc_in);
+    net->dpooled = net->backward ? net_carve(net, nb * m->fc_in) : NULL;
+    net->logits = net_carve(net, nb * m->fc_out);
+    net->dlogits = net->backward ? net_carve(net, nb * m->fc_out) : NULL;
+    net->tmp_main = net_carve(net, net->max_act);
+    net->tmp_short = net_carve(net, net->max_act);
     for (int i = 0; i < NET_GRAD_BUFFERS; i++)
-        net->grad[i] = net->backward ? NET_T(net_carve)(net, net->max_act) : NULL;
-    net->workspace = NET_T(net_carve_bytes)(net, net->ws_bytes ? net->ws_bytes : 1);
+        net->grad[i] = net->backward ? net_carve(net, net->max_act) : NULL;
+    net->workspace = net_carve_bytes(net, net->ws_bytes ? net->ws_bytes : 1);
 }
 
-struct NET_T(Net) *NET_T(net_create)(const Model *m, const struct NET_T(NetOps) *ops, void *ctx,
+NetR *NET_T(net_create)(const Model *m, const NetOpsR *ops, void *ctx,
                                      int max_batch, int backward) {
     if (max_batch < 1) die("model: batch size must be at least 1, got %d", max_batch);
     if (!ops->bn_relu_backward_keep != !ops->conv_backward_acc)
         die("model: op table '%s' sets only one of bn_relu_backward_keep and conv_backward_acc "
             "(internal error: both or neither)", ops->name);
-    struct NET_T(Net) *net = xcalloc(1, sizeof *net);
+    NetR *net = xcalloc(1, sizeof *net);
     net->m = m;
     net->ops = ops;
     net->ctx = ctx;
     net->max_batch = max_batch;
     net->backward = backward;
     net->blocks = xcalloc((size_t)m->n_blocks, sizeof *net->blocks);
-    NET_T(net_plan_convs)(net);
-    NET_T(net_layout)(net); /* count (sizes max_act) */
-    NET_T(net_layout)(net); /* count again: an inference pool is max_act-sized */
+    net_plan_convs(net);
+    net_layout(net); /* count (sizes max_act) */
+    net_layout(net); /* count again: an inference pool is max_act-sized */
     net->arena_bytes = net->cursor;
     net->arena = ops->alloc(ctx, net->arena_bytes);
-    NET_T(net_layout)(net); /* place */
+    net_layout(net); /* place */
     return net;
 }
 
-void NET_T(net_free)(struct NET_T(Net) *net) {
+void NET_T(net_free)(NetR *net) {
     if (!net) return;
     for (int i = 0; i < net->n_convs; i++) net->ops->conv_plan_free(net->ctx, net->convs[i].plan);
     net->ops->release(net->ctx, net->arena);
@@ -220,75 +227,48 @@ void NET_T(net_free)(struct NET_T(Net) *net) {
     free(net);
 }
 
-size_t NET_T(net_arena_bytes)(const struct NET_T(Net) *net) { return net->arena_bytes; }
-size_t NET_T(net_workspace_bytes)(const struct NET_T(Net) *net) { return net->ws_bytes; }
-const real_t *NET_T(net_logits)(const struct NET_T(Net) *net) { return net->logits; }
+size_t NET_T(net_arena_bytes)(const NetR *net) { return net->arena_bytes; }
+size_t NET_T(net_workspace_bytes)(const NetR *net) { return net->ws_bytes; }
+const real_t *NET_T(net_logits)(const NetR *net) { return net->logits; }
 
-void NET_T(net_prepare)(struct NET_T(Net) *net, int n) {
+void NET_T(net_prepare)(NetR *net, int n) {
     for (int i = 0; i < net->n_convs; i++)
         net->ops->conv_prepare(net->ctx, net->convs[i].plan, n, net->ws_bytes);
 }
 
 /* ---------------------------------------------------------------- forward */
 
-/* Arguments every BN call shares: the layer's parameters and statistics. */
-#define NET_BN_PARAMS(l) params + (l)->gamma, params + (l)->beta
-#define NET_BN_STATS(l) buffers + (l)->running_mean, buffers + (l)->running_var
-
-static void NET_T(net_conv_fwd)(struct NET_T(Net) *net, int id, const real_t *params, int n,
-                                const real_t *x, real_t *y) {
-    const ConvLayer *l = net->convs[id].layer;
-    net->ops->conv_forward(net->ctx, net->convs[id].plan, n, x, params + l->weight, params + l->bias,
-                           y, net->workspace, net->ws_bytes);
+/* Conv id on x into conv_out, then its batch norm l into y (one call: the table's
+ * conv_bn_forward, or its composition), as kind says in training; in inference the
+ * BN uses the running statistics and the ReLU (and the residual z) of the training
+ * kind follows as an op of its own. */
+static void net_conv_bn_fwd(NetR *net, int id, const BNLayer *l, const real_t *params,
+                            real_t *buffers, int train, NetBnForwardKind kind, const real_t *z,
+                            int n, int hw, const real_t *x, real_t *conv_out, real_t *y,
+                            real_t *mean, real_t *invstd) {
+    const ConvLayer *cl = net->convs[id].layer;
+    int eval_add = !train && kind == NET_BN_TRAIN_ADD_RELU; /* the BN output before the add */
+    NetBnForwardR bn = {train ? kind : NET_BN_EVAL, hw, l->c, params + l->gamma, params + l->beta,
+                        z, net->tmp_main, eval_add ? net->tmp_main : y, mean, invstd,
+                        buffers + l->running_mean, buffers + l->running_var, MODEL_BN_MOMENTUM,
+                        MODEL_BN_EPS};
+    NET_T(net_ops_conv_bn_forward)(net->ops, net->ctx, net->convs[id].plan, n, x,
+                                   params + cl->weight, params + cl->bias, conv_out, net->workspace,
+                                   net->ws_bytes, &bn);
+    size_t count = (size_t)n * hw * l->c;
+    if (!train && kind == NET_BN_TRAIN_RELU) net->ops->relu_forward(net->ctx, count, y, y);
+    if (eval_add) net->ops->add_relu(net->ctx, count, net->tmp_main, z, y);
 }
 
-/* BN (no ReLU after it): training mode saves the statistics and updates the
- * running ones; inference mode reads them. */
-static void NET_T(net_bn_fwd)(struct NET_T(Net) *net, const BNLayer *l, const real_t *params,
-                              real_t *buffers, int train, int n, int hw, const real_t *x, real_t *y,
-                              real_t *mean, real_t *invstd) {
-    if (train)
-        net->ops->bn_train(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), y, mean, invstd,
-                           NET_BN_STATS(l), MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    else
-        net->ops->bn_eval(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), NET_BN_STATS(l), MODEL_BN_EPS, y);
-}
-
-static void NET_T(net_bn_relu_fwd)(struct NET_T(Net) *net, const BNLayer *l, const real_t *params,
-                                   real_t *buffers, int train, int n, int hw, const real_t *x,
-                                   real_t *y, real_t *mean, real_t *invstd) {
-    if (train) {
-        net->ops->bn_relu_train(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), y, mean, invstd,
-                                NET_BN_STATS(l), MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    } else {
-        NET_T(net_bn_fwd)(net, l, params, buffers, 0, n, hw, x, y, mean, invstd);
-        net->ops->relu_forward(net->ctx, (size_t)n * hw * l->c, y, y);
-    }
-}
-
-/* y = relu(bn(x) + z), through tmp. */
-static void NET_T(net_bn_add_relu_fwd)(struct NET_T(Net) *net, const BNLayer *l,
-                                       const real_t *params, real_t *buffers, int train, int n,
-                                       int hw, const real_t *x, const real_t *z, real_t *y,
-                                       real_t *mean, real_t *invstd) {
-    if (train) {
-        net->ops->bn_add_relu_train(net->ctx, n, hw, l->c, x, NET_BN_PARAMS(l), z, net->tmp_main, y,
-                                    mean, invstd, NET_BN_STATS(l), MODEL_BN_MOMENTUM, MODEL_BN_EPS);
-    } else {
-        NET_T(net_bn_fwd)(net, l, params, buffers, 0, n, hw, x, net->tmp_main, mean, invstd);
-        net->ops->add_relu(net->ctx, (size_t)n * hw * l->c, net->tmp_main, z, y);
-    }
-}
-
-static void NET_T(net_block_forward)(struct NET_T(Net) *net, const Block *b, NET_T(NetBlock) *a,
+static void net_block_forward(NetR *net, const Block *b, NetBlock *a,
                                      const real_t *params, real_t *buffers, int train, int n,
                                      const real_t *x) {
     int nc = model_block_n_convs(b);
     const real_t *shortcut = x;
     if (b->has_projection) {
-        NET_T(net_conv_fwd)(net, a->proj, params, n, x, a->proj_out);
-        NET_T(net_bn_fwd)(net, &b->proj_bn, params, buffers, train, n, b->out_h * b->out_w,
-                          a->proj_out, net->tmp_short, a->proj_mean, a->proj_invstd);
+        net_conv_bn_fwd(net, a->proj, &b->proj_bn, params, buffers, train, NET_BN_TRAIN, NULL, n,
+                        b->out_h * b->out_w, x, a->proj_out, net->tmp_short, a->proj_mean,
+                        a->proj_invstd);
         shortcut = net->tmp_short;
     }
     const real_t *in = x;
@@ -297,20 +277,19 @@ static void NET_T(net_block_forward)(struct NET_T(Net) *net, const Block *b, NET
         model_block_conv_input(b, j, &h, &w);
         const ConvSpec *s = &model_block_conv(b, j)->spec;
         int hw = conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
-        NET_T(net_conv_fwd)(net, a->conv[j], params, n, in, a->conv_out[j]);
         const BNLayer *bl = model_block_bn(b, j);
         if (j < nc - 1)
-            NET_T(net_bn_relu_fwd)(net, bl, params, buffers, train, n, hw, a->conv_out[j], a->act[j],
-                                   a->mean[j], a->invstd[j]);
+            net_conv_bn_fwd(net, a->conv[j], bl, params, buffers, train, NET_BN_TRAIN_RELU, NULL, n,
+                            hw, in, a->conv_out[j], a->act[j], a->mean[j], a->invstd[j]);
         else /* the last BN goes into the residual add */
-            NET_T(net_bn_add_relu_fwd)(net, bl, params, buffers, train, n, hw, a->conv_out[j],
-                                       shortcut, a->out, a->mean[j], a->invstd[j]);
+            net_conv_bn_fwd(net, a->conv[j], bl, params, buffers, train, NET_BN_TRAIN_ADD_RELU,
+                            shortcut, n, hw, in, a->conv_out[j], a->out, a->mean[j], a->invstd[j]);
         in = a->act[j];
     }
 }
 
 /* Runs body(arg) on the table's team (every worker walks), or once when it has none. */
-static void NET_T(net_on_team)(struct NET_T(Net) *net, void (*body)(void *arg), void *arg) {
+static void net_on_team(NetR *net, void (*body)(void *arg), void *arg) {
     if (net->ops->team)
         net->ops->team(net->ctx, body, arg);
     else
@@ -318,27 +297,26 @@ static void NET_T(net_on_team)(struct NET_T(Net) *net, void (*body)(void *arg), 
 }
 
 typedef struct {
-    struct NET_T(Net) *net;
+    NetR *net;
     const real_t *params;
     real_t *buffers;
     int train, n;
-} NET_T(NetForwardArgs);
+} NetForwardArgs;
 
-static void NET_T(net_forward_walk)(void *arg) {
-    const NET_T(NetForwardArgs) *f = arg;
-    struct NET_T(Net) *net = f->net;
+static void net_forward_walk(void *arg) {
+    const NetForwardArgs *f = arg;
+    NetR *net = f->net;
     const real_t *params = f->params;
     real_t *buffers = f->buffers;
     int train = f->train, n = f->n;
     const Model *m = net->m;
     const real_t *x = net->x;
-    NET_T(net_conv_fwd)(net, net->stem_conv, params, n, x, net->stem_out);
-    NET_T(net_bn_fwd)(net, &m->stem_bn, params, buffers, train, n, m->stem_h * m->stem_w,
-                      net->stem_out, net->stem_bn_out, net->stem_mean,
-                      net->stem_invstd); /* the seed has no ReLU after the stem */
+    net_conv_bn_fwd(net, net->stem_conv, &m->stem_bn, params, buffers, train, NET_BN_TRAIN, NULL, n,
+                    m->stem_h * m->stem_w, x, net->stem_out, net->stem_bn_out, net->stem_mean,
+                    net->stem_invstd); /* the seed has no ReLU after the stem */
     const real_t *in = net->stem_bn_out;
     for (int i = 0; i < m->n_blocks; i++) {
-        NET_T(net_block_forward)(net, &m->blocks[i], &net->blocks[i], params, buffers, train, n, in);
+        net_block_forward(net, &m->blocks[i], &net->blocks[i], params, buffers, train, n, in);
         in = net->blocks[i].out;
     }
     const Block *last = &m->blocks[m->n_blocks - 1];
@@ -347,61 +325,52 @@ static void NET_T(net_forward_walk)(void *arg) {
                              params + m->fc_bias, net->logits);
 }
 
-void NET_T(net_forward)(struct NET_T(Net) *net, const real_t *params, real_t *buffers, int train,
+void NET_T(net_forward)(NetR *net, const real_t *params, real_t *buffers, int train,
                         const real_t *x, int n) {
     if (n < 1 || n > net->max_batch)
         die("model: batch of %d images, but the run was created for at most %d", n, net->max_batch);
     net->x = x;
-    NET_T(NetForwardArgs) f = {net, params, buffers, train, n};
-    NET_T(net_on_team)(net, NET_T(net_forward_walk), &f);
+    NetForwardArgs f = {net, params, buffers, train, n};
+    net_on_team(net, net_forward_walk, &f);
 }
 
 /* ---------------------------------------------------------------- backward */
 
 /* A scratch gradient buffer other than the (up to two) busy ones. */
-static real_t *NET_T(net_grad_pick)(struct NET_T(Net) *net, const real_t *busy1, const real_t *busy2) {
+static real_t *net_grad_pick(NetR *net, const real_t *busy1, const real_t *busy2) {
     for (int i = 0; i < NET_GRAD_BUFFERS; i++)
         if (net->grad[i] != busy1 && net->grad[i] != busy2) return net->grad[i];
     die("model: no free gradient buffer (internal error)");
 }
 
-/* acc: dx += the gradient of x (the table's conv_backward_acc), else dx = it. */
-static void NET_T(net_conv_bwd)(struct NET_T(Net) *net, int id, const real_t *params, real_t *grads,
-                                int n, const real_t *x, const real_t *dy, real_t *dx, int acc) {
-    const ConvLayer *l = net->convs[id].layer;
-    (acc ? net->ops->conv_backward_acc : net->ops->conv_backward)(
-        net->ctx, net->convs[id].plan, n, x, params + l->weight, dy, dx, grads + l->weight,
-        grads + l->bias, net->workspace, net->ws_bytes);
+/* The gradient bn (the batch-norm backward of kind through layer l, dx its result)
+ * of the BN that read x (y: the ReLU output of the ReLU kinds). */
+static NetBnBackwardR net_bn_grad(NetBnBackwardKind kind, const BNLayer *l, const real_t *params,
+                                  real_t *grads, int hw, const real_t *x, const real_t *y,
+                                  const real_t *mean, const real_t *invstd, real_t *dy,
+                                  real_t *dx) {
+    NetBnBackwardR bn = {kind, hw,  l->c, x,  y, params + l->gamma, mean, invstd,
+                         dy,   dx, grads + l->gamma, grads + l->beta};
+    return bn;
 }
 
-static void NET_T(net_bn_bwd)(struct NET_T(Net) *net, const BNLayer *l, const real_t *params,
-                              real_t *grads, int n, int hw, const real_t *x, const real_t *mean,
-                              const real_t *invstd, const real_t *dy, real_t *dx) {
-    net->ops->bn_backward(net->ctx, n, hw, l->c, x, params + l->gamma, mean, invstd, dy, dx,
-                          grads + l->gamma, grads + l->beta);
+/* The batch-norm backward bn, then the backward of conv id (input x) from bn->dx (one
+ * call: the table's bn_conv_backward, or its composition); acc: dx += the gradient of
+ * x (conv_backward_acc), else dx = it. */
+static void net_bn_conv_bwd(NetR *net, const NetBnBackwardR *bn, int id, const real_t *params,
+                            real_t *grads, int n, const real_t *x, real_t *dx, int acc) {
+    const ConvLayer *l = net->convs[id].layer;
+    NET_T(net_ops_bn_conv_backward)(net->ops, net->ctx, bn, net->convs[id].plan, n, x,
+                                    params + l->weight, dx, grads + l->weight, grads + l->bias,
+                                    net->workspace, net->ws_bytes, acc);
 }
 
 /* Output pixels of a block's main conv j. */
-static int NET_T(net_block_conv_out_hw)(const Block *b, int j) {
+static int net_block_conv_out_hw(const Block *b, int j) {
     const ConvSpec *s = &model_block_conv(b, j)->spec;
     int h, w;
     model_block_conv_input(b, j, &h, &w);
     return conv_out_size(h, s->k, s->stride, s->pad) * conv_out_size(w, s->k, s->stride, s->pad);
-}
-
-/* The BN backward of a BN whose output reaches the block's output ReLU (the last main
- * conv's, the projection's). With the table's folded ops (net_ops.h) it reads that
- * ReLU's mask (a->out > 0) itself and writes the masked dout back into dout
- * (bn_relu_backward_keep); without them dout is masked already (a ReLU backward pass). */
-static void NET_T(net_bn_out_bwd)(struct NET_T(Net) *net, const BNLayer *l, const NET_T(NetBlock) *a,
-                                  const real_t *params, real_t *grads, int n, int hw,
-                                  const real_t *x, const real_t *mean, const real_t *invstd,
-                                  real_t *dout, real_t *dx) {
-    if (net->ops->bn_relu_backward_keep)
-        net->ops->bn_relu_backward_keep(net->ctx, n, hw, l->c, x, a->out, params + l->gamma, mean,
-                                        invstd, dout, dx, grads + l->gamma, grads + l->beta);
-    else
-        NET_T(net_bn_bwd)(net, l, params, grads, n, hw, x, mean, invstd, dout, dx);
 }
 
 /* dout: gradient of the block's output (one of net->grad, overwritten). Returns the
@@ -418,39 +387,38 @@ static void NET_T(net_bn_out_bwd)(struct NET_T(Net) *net, const BNLayer *l, cons
  * the activation type, so in bf16 the GPU sum is rounded once where the plain path
  * rounds the conv's dx first (not bit for bit there: the folded sum is the correctly
  * rounded one). */
-static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
-                                         const NET_T(NetBlock) *a, const real_t *params,
-                                         real_t *grads, int n, const real_t *x, real_t *dout) {
+static real_t *net_block_backward(NetR *net, const Block *b, const NetBlock *a,
+                                  const real_t *params, real_t *grads, int n, const real_t *x,
+                                  real_t *dout) {
     int folded = net->ops->conv_backward_acc != NULL; /* net_create: both folded ops or neither */
+    /* a BN whose output reaches the block's output ReLU (the last main conv's, the
+     * projection's): folded, it reads that ReLU's mask (a->out > 0) itself and writes
+     * the masked dout back into dout; else dout is masked already (a ReLU pass) */
+    NetBnBackwardKind out_kind = folded ? NET_BN_RELU_BACKWARD_KEEP : NET_BN_BACKWARD;
     int hw_out = b->out_h * b->out_w, nc = model_block_n_convs(b);
     if (!folded) net->ops->relu_backward(net->ctx, (size_t)n * hw_out * b->cout, a->out, dout, dout);
     real_t *dshort = dout; /* identity shortcut: the (masked) gradient passes through */
     if (b->has_projection) {
-        real_t *dp = NET_T(net_grad_pick)(net, dout, NULL);
-        NET_T(net_bn_out_bwd)(net, &b->proj_bn, a, params, grads, n, hw_out, a->proj_out,
-                              a->proj_mean, a->proj_invstd, dout, dp);
-        dshort = NET_T(net_grad_pick)(net, dout, dp);
-        NET_T(net_conv_bwd)(net, a->proj, params, grads, n, x, dp, dshort, 0);
+        real_t *dp = net_grad_pick(net, dout, NULL);
+        dshort = net_grad_pick(net, dout, dp);
+        NetBnBackwardR bn = net_bn_grad(out_kind, &b->proj_bn, params, grads, hw_out, a->proj_out,
+                                        a->out, a->proj_mean, a->proj_invstd, dout, dp);
+        net_bn_conv_bwd(net, &bn, a->proj, params, grads, n, x, dshort, 0);
     }
     real_t *cur = dout;
     for (int j = nc - 1; j >= 0; j--) {
-        int hw = NET_T(net_block_conv_out_hw)(b, j);
-        real_t *dc = NET_T(net_grad_pick)(net, cur, dshort);
-        const BNLayer *bl = model_block_bn(b, j);
-        if (j < nc - 1) /* bn -> relu: mask and BN backward in one op */
-            net->ops->bn_relu_backward(net->ctx, n, hw, bl->c, a->conv_out[j], a->act[j],
-                                       params + bl->gamma, a->mean[j], a->invstd[j], cur, dc,
-                                       grads + bl->gamma, grads + bl->beta);
-        else /* its output goes through the residual add and the output ReLU */
-            NET_T(net_bn_out_bwd)(net, bl, a, params, grads, n, hw, a->conv_out[j], a->mean[j],
-                                  a->invstd[j], cur, dc);
+        int last = j == nc - 1; /* its output goes through the residual add and the output ReLU */
+        real_t *dc = net_grad_pick(net, cur, dshort);
+        NetBnBackwardR bn = net_bn_grad(last ? out_kind : NET_BN_RELU_BACKWARD, model_block_bn(b, j),
+                                        params, grads, net_block_conv_out_hw(b, j), a->conv_out[j],
+                                        last ? a->out : a->act[j], a->mean[j], a->invstd[j], cur, dc);
         const real_t *xin = j == 0 ? x : a->act[j - 1];
         if (j == 0 && folded) { /* the residual add: dx accumulates into dshort */
-            NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, xin, dc, dshort, 1);
+            net_bn_conv_bwd(net, &bn, a->conv[j], params, grads, n, xin, dshort, 1);
             return dshort;
         }
-        real_t *din = NET_T(net_grad_pick)(net, dc, dshort);
-        NET_T(net_conv_bwd)(net, a->conv[j], params, grads, n, xin, dc, din, 0);
+        real_t *din = net_grad_pick(net, dc, dshort);
+        net_bn_conv_bwd(net, &bn, a->conv[j], params, grads, n, xin, din, 0);
         cur = din;
     }
     net->ops->add(net->ctx, (size_t)n * b->in_h * b->in_w * b->cin, cur, dshort, cur);
@@ -458,18 +426,18 @@ static real_t *NET_T(net_block_backward)(struct NET_T(Net) *net, const Block *b,
 }
 
 typedef struct {
-    struct NET_T(Net) *net;
+    NetR *net;
     const real_t *params;
     const int32_t *labels;
     int n;
     real_t smoothing;
     real_t *grads, *loss;
     int *correct;
-} NET_T(NetBackwardArgs);
+} NetBackwardArgs;
 
-static void NET_T(net_backward_walk)(void *arg) {
-    const NET_T(NetBackwardArgs) *b = arg;
-    struct NET_T(Net) *net = b->net;
+static void net_backward_walk(void *arg) {
+    const NetBackwardArgs *b = arg;
+    NetR *net = b->net;
     const real_t *params = b->params;
     const int32_t *labels = b->labels;
     int n = b->n;
@@ -485,22 +453,23 @@ static void NET_T(net_backward_walk)(void *arg) {
     net->ops->meanpool_backward(net->ctx, n, last->out_h * last->out_w, m->fc_in, net->dpooled, g);
     for (int i = m->n_blocks - 1; i >= 0; i--) {
         const real_t *in = i > 0 ? net->blocks[i - 1].out : net->stem_bn_out;
-        g = NET_T(net_block_backward)(net, &m->blocks[i], &net->blocks[i], params, grads, n, in, g);
+        g = net_block_backward(net, &m->blocks[i], &net->blocks[i], params, grads, n, in, g);
     }
-    real_t *dc = NET_T(net_grad_pick)(net, g, NULL);
-    NET_T(net_bn_bwd)(net, &m->stem_bn, params, grads, n, m->stem_h * m->stem_w, net->stem_out,
-                      net->stem_mean, net->stem_invstd, g, dc);
-    NET_T(net_conv_bwd)(net, net->stem_conv, params, grads, n, net->x, dc, NULL, 0);
+    real_t *dc = net_grad_pick(net, g, NULL);
+    NetBnBackwardR bn = net_bn_grad(NET_BN_BACKWARD, &m->stem_bn, params, grads,
+                                    m->stem_h * m->stem_w, net->stem_out, NULL, net->stem_mean,
+                                    net->stem_invstd, g, dc);
+    net_bn_conv_bwd(net, &bn, net->stem_conv, params, grads, n, net->x, NULL, 0);
 }
 
-void NET_T(net_backward)(struct NET_T(Net) *net, const real_t *params, const int32_t *labels, int n,
+void NET_T(net_backward)(NetR *net, const real_t *params, const int32_t *labels, int n,
                          real_t smoothing, real_t *grads, real_t *loss, int *correct) {
     if (!net->backward) die("model: backward on an inference-only executor (internal error)");
-    NET_T(NetBackwardArgs) b = {net, params, labels, n, smoothing, grads, loss, correct};
-    NET_T(net_on_team)(net, NET_T(net_backward_walk), &b);
+    NetBackwardArgs b = {net, params, labels, n, smoothing, grads, loss, correct};
+    net_on_team(net, net_backward_walk, &b);
 }
 
-void NET_T(net_sgd)(struct NET_T(Net) *net, real_t *params, const real_t *grads, real_t *momentum,
+void NET_T(net_sgd)(NetR *net, real_t *params, const real_t *grads, real_t *momentum,
                     const uint8_t *decay_mask, const float *lr, float momentum_coef,
                     float weight_decay, int nesterov, const int32_t *first_step) {
     net->ops->sgd(net->ctx, net->m->num_params, params, grads, momentum, decay_mask, lr,
@@ -509,7 +478,7 @@ void NET_T(net_sgd)(struct NET_T(Net) *net, real_t *params, const real_t *grads,
 
 /* ------------------------------------------------------- parameter layout */
 
-void NET_T(net_params_export)(struct NET_T(Net) *net, const real_t *dev, real_t *torch_layout) {
+void NET_T(net_params_export)(NetR *net, const real_t *dev, real_t *torch_layout) {
     net->ops->copy(net->ctx, torch_layout, dev, net->m->num_params * sizeof(real_t));
     for (int i = 0; i < net->n_convs; i++) {
         size_t off = net->convs[i].layer->weight;
@@ -517,7 +486,7 @@ void NET_T(net_params_export)(struct NET_T(Net) *net, const real_t *dev, real_t 
     }
 }
 
-void NET_T(net_params_import)(struct NET_T(Net) *net, const real_t *torch_layout, real_t *dev) {
+void NET_T(net_params_import)(NetR *net, const real_t *torch_layout, real_t *dev) {
     net->ops->copy(net->ctx, dev, torch_layout, net->m->num_params * sizeof(real_t));
     for (int i = 0; i < net->n_convs; i++) {
         size_t off = net->convs[i].layer->weight;
@@ -525,5 +494,3 @@ void NET_T(net_params_import)(struct NET_T(Net) *net, const real_t *torch_layout
     }
 }
 
-#undef NET_BN_PARAMS
-#undef NET_BN_STATS

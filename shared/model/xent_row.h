@@ -1,6 +1,6 @@
 /* xent_row.h: one row of the softmax cross-entropy with label smoothing, written
  * once for the CPU ops (ops_cpu_impl.h, float and double) and the CUDA kernel
- * (ops_cuda.cu), so both compute the same formula in the same order, in double:
+ * (cuda_head.cu), so both compute the same formula in the same order, in double:
  *   target = off + (1-smoothing)*onehot(y), off = smoothing/k
  *   loss   = -sum_j target_j * log softmax_j,  d[j] = (softmax_j - target_j) / n
  * XENT_ROW_DEFINE(name, R, QUAL) defines

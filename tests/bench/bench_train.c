@@ -18,7 +18,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "core/omp_env.h"
-#include "model/ops.h"
+#include "backend-cpu/ops_cpu.h"
 #include "core/progress.h"
 #include "core/rng.h"
 
@@ -71,9 +71,13 @@ static void time_conv(const ConvLayer *l, int n, int h, int w) {
     float *x = random_floats(xin, 1), *y = random_floats(yout, 2), *wt = random_floats(wn, 3);
     float *b = random_floats(cs->cout, 4), *dx = random_floats(xin, 5), *dw = random_floats(wn, 6);
     float *db = random_floats(cs->cout, 7);
-    float *ws = xmalloc_aligned(conv2d_workspace_floats(cs, n, h, w) * sizeof(float) + 64);
-    TIMED(OP_CONV_F, conv2d_forward(cs, n, h, w, x, wt, b, y, ws));
-    TIMED(OP_CONV_B, conv2d_backward(cs, n, h, w, x, wt, y, dx, dw, db, ws));
+    const NetOps *t = net_cpu_ops();
+    void *plan = t->conv_plan(NULL, cs, n, h, w, 1, 1);
+    size_t ws_bytes = t->conv_workspace_bytes(NULL, plan);
+    float *ws = xmalloc_aligned(ws_bytes + 64);
+    TIMED(OP_CONV_F, t->conv_forward(NULL, plan, n, x, wt, b, y, ws, ws_bytes));
+    TIMED(OP_CONV_B, t->conv_backward(NULL, plan, n, x, wt, y, dx, dw, db, ws, ws_bytes));
+    t->conv_plan_free(NULL, plan);
     free(x); free(y); free(wt); free(b); free(dx); free(dw); free(db); free(ws);
 }
 
@@ -83,9 +87,10 @@ static void time_bn(int rows, int c, int relu) {
     float *be = random_floats(c, 4), *sm = random_floats(c, 5), *si = random_floats(c, 6);
     float *rm = random_floats(c, 7), *rv = random_floats(c, 8), *dx = random_floats(n, 9);
     for (int i = 0; i < c; i++) rv[i] = 1.0f;
-    TIMED(OP_BN_F, batchnorm2d_forward_train(rows, c, x, g, be, y, sm, si, rm, rv, 0.1f, 1e-5f));
-    TIMED(OP_BN_B, batchnorm2d_backward(rows, c, x, g, sm, si, y, dx, g, be));
-    if (relu) TIMED(OP_RELU, (relu_forward(n, x, y), relu_backward(n, y, x, dx)));
+    const NetOps *t = net_cpu_ops();
+    TIMED(OP_BN_F, t->bn_train(NULL, rows, 1, c, x, g, be, y, sm, si, rm, rv, 0.1f, 1e-5f));
+    TIMED(OP_BN_B, t->bn_backward(NULL, rows, 1, c, x, g, sm, si, y, dx, g, be));
+    if (relu) TIMED(OP_RELU, (t->relu_forward(NULL, n, x, y), t->relu_backward(NULL, n, y, x, dx)));
     free(x); free(y); free(g); free(be); free(sm); free(si); free(rm); free(rv); free(dx);
 }
 
@@ -115,10 +120,13 @@ static void time_head(const Model *m, int n) {
     float *dl = random_floats((size_t)n * k, 6), *dp = random_floats((size_t)n * c, 7);
     int32_t *lab = xmalloc((size_t)n * sizeof(int32_t));
     for (int i = 0; i < n; i++) lab[i] = i % k;
-    TIMED(OP_POOL_LINEAR_XENT, (meanpool_forward(n, hw, c, x, p), linear_forward(n, c, k, p, w, b, lg),
-                                softmax_xent_forward_backward(n, k, lg, lab, 0.0f, dl, NULL),
-                                linear_backward(n, c, k, p, w, dl, dp, w, b),
-                                meanpool_backward(n, hw, c, dp, x)));
+    const NetOps *t = net_cpu_ops();
+    float loss;
+    TIMED(OP_POOL_LINEAR_XENT, (t->meanpool_forward(NULL, n, hw, c, x, p),
+                                t->linear_forward(NULL, n, c, k, p, w, b, lg),
+                                t->xent(NULL, n, k, lg, lab, 0.0f, dl, &loss, NULL),
+                                t->linear_backward(NULL, n, c, k, p, w, dl, dp, w, b),
+                                t->meanpool_backward(NULL, n, hw, c, dp, x)));
     free(x); free(p); free(w); free(b); free(lg); free(dl); free(dp); free(lab);
 }
 
@@ -160,7 +168,9 @@ int main(int argc, char **argv) {
         for (int i = 0; i < batch; i++) idx[i] = rng_below(2, 2, (uint64_t)(s + 3) * batch + i, N);
         augment_batch(&as, data, labels, idx, batch, x, y);
         model_forward_backward(&m, run, params, bufs, x, y, batch, 0.0f, grads, NULL);
-        sgd_update(m.num_params, params, grads, mom, NULL, 0.01f, 0.9f, 5e-4f, 0, s == -3);
+        const float lr = 0.01f;
+        const int32_t first = s == -3;
+        net_cpu_ops()->sgd(NULL, m.num_params, params, grads, mom, NULL, &lr, 0.9f, 5e-4f, 0, &first);
         if (s >= 0) step_s[s] = now_seconds() - ts;
     }
     double dt = now_seconds() - t0;
@@ -172,7 +182,10 @@ int main(int argc, char **argv) {
     time_bn(batch * m.stem_h * m.stem_w, m.stem_bn.c, 0);
     for (int b = 0; b < m.n_blocks; b++) time_block(&m.blocks[b], batch);
     time_head(&m, batch);
-    TIMED(OP_SGD, sgd_update(m.num_params, params, grads, mom, NULL, 0.0f, 0.9f, 5e-4f, 0, 0));
+    const float lr0 = 0.0f;
+    const int32_t later = 0;
+    TIMED(OP_SGD, net_cpu_ops()->sgd(NULL, m.num_params, params, grads, mom, NULL, &lr0, 0.9f, 5e-4f,
+                                     0, &later));
     double sum = 0;
     fprintf(stderr, "per-op time of one step (batch %d, %d threads), each op timed alone (fastest of %d):\n", batch, threads, TIME_REPS);
     for (int i = 0; i < OP_COUNT; i++) sum += g_ops[i].ms;

@@ -1,0 +1,257 @@
+/* cpu_bn.h: the batch-norm entries (cpu_bn_train, cpu_bn_relu_train, cpu_bn_add_relu_train,
+ * cpu_bn_eval, cpu_bn_backward, cpu_bn_relu_backward).
+ * Part of the CPU op table (ops_cpu_impl.h), instanced with it: no include guard,
+ * included once per instance, after cpu_common.h. */
+
+/* ------------------------------------------------------------- batchnorm */
+
+/* Team. Training-mode statistics: per-channel sums of (x - x[0]) and of its square
+ * in double over the fixed row blocks (the shift, the first row, keeps the one-pass
+ * variance free of cancellation), combined in block order; saves mean and invstd,
+ * updates the running ones (thread 0), and returns the per-channel affine (aff[0..c)
+ * scale, aff[c..2c) shift; the calling thread's copy) that maps x to y. */
+static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, const real_t *gamma,
+                                          const real_t *beta, real_t *save_mean,
+                                          real_t *save_invstd, real_t *running_mean,
+                                          real_t *running_var, real_t momentum, real_t eps) {
+    int nb = opsi_block_count(rows);
+    double *part = ops_team_scratch((size_t)nb * 2 * (size_t)c * sizeof(double));
+    real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
+    const int first = omp_get_thread_num() == 0; /* writes the statistics */
+#pragma omp for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
+        for (int ch = 0; ch < 2 * c; ch++) a1[ch] = 0.0;
+        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
+            const real_t *xr = x + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                double d = (double)xr[ch] - (double)x[ch];
+                a1[ch] += d;
+                a2[ch] += d * d;
+            }
+        }
+    }
+    /* every thread combines the partials in block order for its own copy of the affine */
+    for (int ch = 0; ch < c; ch++) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int b = 0; b < nb; b++) {
+            s1 += part[(size_t)b * 2 * c + ch];
+            s2 += part[(size_t)b * 2 * c + c + ch];
+        }
+        double dm = s1 / rows;
+        double mean = (double)x[ch] + dm;
+        double var = s2 / rows - dm * dm;
+        if (var < 0) var = 0;
+        double invstd = 1.0 / sqrt(var + (double)eps);
+        if (first) {
+            save_mean[ch] = (real_t)mean;
+            save_invstd[ch] = (real_t)invstd;
+            double unbiased = rows > 1 ? var * rows / (rows - 1) : var;
+            running_mean[ch] = (real_t)((1.0 - momentum) * running_mean[ch] + momentum * mean);
+            running_var[ch] = (real_t)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        }
+        double scale = (double)gamma[ch] * invstd;
+        aff[ch] = (real_t)scale;
+        aff[c + ch] = (real_t)((double)beta[ch] - mean * scale);
+    }
+    return aff;
+}
+
+/* Team. y = x * aff[ch] + aff[c + ch], then max(., 0) when relu, or max(. + z, 0)
+ * when z is given (NaN passes, as in PyTorch): the same arithmetic as the affine then
+ * relu_forward or add_relu_forward, in one pass. */
+static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *aff, int relu,
+                                const real_t *z, real_t *y) {
+    const real_t *scale = aff, *shift = aff + c;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const real_t *xr = x + r * c;
+        real_t *yr = y + r * c;
+        if (z) {
+            const real_t *zr = z + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                real_t v = xr[ch] * scale[ch] + shift[ch];
+                real_t s = v + zr[ch];
+                yr[ch] = s <= 0 ? 0 : s;
+            }
+        } else if (relu)
+            for (int ch = 0; ch < c; ch++) {
+                real_t v = xr[ch] * scale[ch] + shift[ch];
+                yr[ch] = v <= 0 ? 0 : v;
+            }
+        else
+            for (int ch = 0; ch < c; ch++) yr[ch] = xr[ch] * scale[ch] + shift[ch];
+    }
+}
+
+static void opsi_bn_forward_train(int rows, int c, const real_t *x, const real_t *gamma,
+                                  const real_t *beta, real_t *y, real_t *save_mean,
+                                  real_t *save_invstd, real_t *running_mean, real_t *running_var,
+                                  real_t momentum, real_t eps, int relu, const real_t *z) {
+    const real_t *aff = opsi_bn_train_affine(rows, c, x, gamma, beta, save_mean, save_invstd,
+                                             running_mean, running_var, momentum, eps);
+    opsi_channel_affine(rows, c, x, aff, relu, z, y);
+}
+
+static void cpu_bn_train(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
+                         const real_t *beta, real_t *y, real_t *save_mean, real_t *save_invstd,
+                         real_t *running_mean, real_t *running_var, float momentum, float eps) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_forward_train(n * hw, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 0, NULL));
+}
+
+static void cpu_bn_relu_train(void *ctx, int n, int hw, int c, const real_t *x,
+                              const real_t *gamma, const real_t *beta, real_t *y,
+                              real_t *save_mean, real_t *save_invstd, real_t *running_mean,
+                              real_t *running_var, float momentum, float eps) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_forward_train(n * hw, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 1, NULL));
+}
+
+/* One pass: tmp (the BN output before the add) is never needed. */
+static void cpu_bn_add_relu_train(void *ctx, int n, int hw, int c, const real_t *x,
+                                  const real_t *gamma, const real_t *beta, const real_t *z,
+                                  real_t *tmp, real_t *y, real_t *save_mean, real_t *save_invstd,
+                                  real_t *running_mean, real_t *running_var, float momentum,
+                                  float eps) {
+    (void)ctx;
+    (void)tmp;
+    OPSI_TEAM(opsi_bn_forward_train(n * hw, c, x, gamma, beta, y, save_mean, save_invstd,
+                                    running_mean, running_var, momentum, eps, 1, z));
+}
+
+static void opsi_bn_forward_eval(int rows, int c, const real_t *x, const real_t *gamma,
+                                 const real_t *beta, const real_t *running_mean,
+                                 const real_t *running_var, real_t eps, real_t *y) {
+    real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
+    for (int ch = 0; ch < c; ch++) {
+        double scale = (double)gamma[ch] / sqrt((double)running_var[ch] + (double)eps);
+        aff[ch] = (real_t)scale;
+        aff[c + ch] = (real_t)((double)beta[ch] - (double)running_mean[ch] * scale);
+    }
+    opsi_channel_affine(rows, c, x, aff, 0, NULL, y);
+}
+
+static void cpu_bn_eval(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
+                        const real_t *beta, const real_t *running_mean, const real_t *running_var,
+                        float eps, real_t *y) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_forward_eval(n * hw, c, x, gamma, beta, running_mean, running_var, eps, y));
+}
+
+/* From the per-block partial sums part[b*2cs + 0..c) = sum dy, part[b*2cs + cs..cs+c) =
+ * sum dy * (x - mean): dgamma, dbeta (overwritten, unless NULL) and the coefficients of
+ * dx = k1*dy + k2*x + k3 (the usual formula, expanded) into kc[0..3c). */
+static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double *part,
+                               const real_t *gamma,
+                               const real_t *save_mean, const real_t *save_invstd,
+                               real_t *dgamma, real_t *dbeta, real_t *kc) {
+    for (int ch = 0; ch < c; ch++) {
+        double sdy = 0.0, sdyx = 0.0;
+        for (int b = 0; b < nb; b++) {
+            sdy += part[(size_t)b * 2 * cs + ch];
+            sdyx += part[(size_t)b * 2 * cs + cs + ch];
+        }
+        double inv = save_invstd[ch], g = gamma[ch];
+        if (dgamma) {
+            dbeta[ch] = (real_t)sdy;
+            dgamma[ch] = (real_t)(sdyx * inv);
+        }
+        double k1 = g * inv;
+        double k2 = -g * inv * inv * inv * sdyx / rows;
+        double k3 = -g * inv * sdy / rows - k2 * save_mean[ch];
+        kc[ch] = (real_t)k1;
+        kc[c + ch] = (real_t)k2;
+        kc[2 * c + ch] = (real_t)k3;
+    }
+}
+
+/* Team. The backward of batch norm, with the gradient g = relu ? (y > 0 ? dy : 0) : dy
+ * formed on the fly in both passes (the ReLU's backward fused in: the same values in
+ * the same order as the two ops, with no g buffer). The mask feeding the double
+ * accumulators stays a branch (scalar code) unless GCC may assume FP operations do
+ * not trap; no effect on the results (no reassociation). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+static inline __attribute__((always_inline)) void
+opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t *gamma,
+                 const real_t *save_mean, const real_t *save_invstd, const real_t *dy, real_t *dx,
+                 real_t *dgamma, real_t *dbeta, const int relu) {
+    int nb = opsi_block_count(rows);
+    /* a2 at least 16 doubles past a1: for narrow layers (8 channels) GCC's run-time
+     * overlap check fails otherwise and the loop runs scalar, on a branch */
+    int64_t cs = relu && c < 16 ? 16 : c;
+    double *part = ops_team_scratch((size_t)nb * 2 * (size_t)cs * sizeof(double));
+    real_t *kc = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 3);
+    const int first = omp_get_thread_num() == 0; /* writes dgamma, dbeta; all get kc */
+#pragma omp for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        double *a1 = part + (size_t)b * 2 * cs, *a2 = a1 + cs;
+        for (int64_t ch = 0; ch < 2 * cs; ch++) a1[ch] = 0.0;
+        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
+            const real_t *xr = x + r * c, *dyr = dy + r * c;
+            const real_t *yr = relu ? y + r * c : NULL;
+            for (int ch = 0; ch < c; ch++) {
+                real_t g = relu ? (yr[ch] > 0 ? dyr[ch] : 0) : dyr[ch];
+                a1[ch] += g;
+                a2[ch] += (double)g * ((double)xr[ch] - save_mean[ch]);
+            }
+        }
+    }
+    opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd,
+                       first ? dgamma : NULL, dbeta, kc);
+    if (!dx) {
+#pragma omp barrier
+        return; /* the partials (scratch) are read until here */
+    }
+    {
+        const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const real_t *xr = x + r * c, *dyr = dy + r * c;
+            const real_t *yr = relu ? y + r * c : NULL;
+            real_t *dxr = dx + r * c;
+            for (int ch = 0; ch < c; ch++) {
+                real_t g = relu ? (yr[ch] > 0 ? dyr[ch] : 0) : dyr[ch];
+                dxr[ch] = k1[ch] * g + k2[ch] * xr[ch] + k3[ch];
+            }
+        }
+    }
+}
+
+static void opsi_bn_backward_plain(int rows, int c, const real_t *x, const real_t *gamma,
+                                   const real_t *save_mean, const real_t *save_invstd,
+                                   const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
+    opsi_bn_backward(rows, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 0);
+}
+
+static void opsi_bn_relu_backward(int rows, int c, const real_t *x, const real_t *y,
+                                  const real_t *gamma, const real_t *save_mean,
+                                  const real_t *save_invstd, const real_t *dy, real_t *dx,
+                                  real_t *dgamma, real_t *dbeta) {
+    opsi_bn_backward(rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 1);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+static void cpu_bn_backward(void *ctx, int n, int hw, int c, const real_t *x, const real_t *gamma,
+                            const real_t *save_mean, const real_t *save_invstd, const real_t *dy,
+                            real_t *dx, real_t *dgamma, real_t *dbeta) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_backward_plain(n * hw, c, x, gamma, save_mean, save_invstd, dy, dx, dgamma,
+                                     dbeta));
+}
+
+static void cpu_bn_relu_backward(void *ctx, int n, int hw, int c, const real_t *x, const real_t *y,
+                                 const real_t *gamma, const real_t *save_mean,
+                                 const real_t *save_invstd, real_t *dy, real_t *dx, real_t *dgamma,
+                                 real_t *dbeta) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_relu_backward(n * hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma,
+                                    dbeta));
+}

@@ -1,0 +1,64 @@
+/* settings.c: the CIFAR_* tuning variables, read in one place (settings.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/settings.h"
+
+const char *const settings_cpu_isa_names[3] = {"generic", "avx2", "avx512"};
+
+/* CIFAR_CPU_ISA: the variant forced (tests and CI run every variant on one machine this
+ * way), -1 when unset or empty. Whether this CPU runs it is the CPU backend's check
+ * (net_cpu_ops_pick). */
+static int settings_cpu_isa(void) {
+    const char *want = getenv("CIFAR_CPU_ISA");
+    if (!want || !want[0]) return -1;
+    for (int isa = 0; isa < 3; isa++)
+        if (strcmp(want, settings_cpu_isa_names[isa]) == 0) return isa;
+    die_usage("CIFAR_CPU_ISA=%s: unknown variant (generic, avx2, avx512)", want);
+}
+
+/* A flag: 1 when the variable is "1", 0 when "0", else the default. */
+static int settings_flag(const char *name, int dflt) {
+    const char *v = getenv(name);
+    if (v && strcmp(v, "1") == 0) return 1;
+    if (v && strcmp(v, "0") == 0) return 0;
+    return dflt;
+}
+
+/* CIFAR_CUDA_DATA: unset or "auto" (the engine's rule), "resident", "stream", or
+ * "stream:N" (streamed, the loader handing over N records at a time: tests use it to
+ * interleave gathers and copies within small batches). */
+static void settings_cuda_data(Settings *s) {
+    const char *v = getenv("CIFAR_CUDA_DATA");
+    s->cuda_data = SETTINGS_DATA_AUTO;
+    s->cuda_data_chunk = 0;
+    snprintf(s->cuda_data_text, sizeof s->cuda_data_text, "%s", v ? v : "");
+    if (!v || !*v || strcmp(v, "auto") == 0) return;
+    if (strcmp(v, "resident") == 0) {
+        s->cuda_data = SETTINGS_DATA_RESIDENT;
+        return;
+    }
+    s->cuda_data = SETTINGS_DATA_STREAM;
+    if (strcmp(v, "stream") == 0) return;
+    if (strncmp(v, "stream:", 7) == 0) {
+        char *end = NULL;
+        long n = strtol(v + 7, &end, 10);
+        if (end != v + 7 && *end == '\0' && n >= 1 && n <= (1L << 20)) {
+            s->cuda_data_chunk = (int)n;
+            return;
+        }
+    }
+    die("CIFAR_CUDA_DATA=%s: expected auto, resident, stream or stream:N (N records handed "
+        "over at a time, 1 to 1048576)", v);
+}
+
+void settings_from_env(Settings *s) {
+    memset(s, 0, sizeof *s);
+    s->cpu_isa = settings_cpu_isa();
+    s->data_in_memory = settings_flag("CIFAR_DATA_IN_MEMORY", 0);
+    settings_cuda_data(s);
+    s->cuda_graph = settings_flag("CIFAR_CUDA_GRAPH", 1);
+    s->cuda_phases = settings_flag("CIFAR_CUDA_PHASES", 0);
+    s->cuda_bn_coop = settings_flag("CIFAR_CUDA_BN_COOP", 1);
+}
