@@ -163,6 +163,10 @@ static void opc_make_inputs(const OpCase *c, OpcRun *r) {
             opc_host_rand(r, (size_t)c->n * oh * ow * s->cout, -1, 1);         /* z */
             opc_host_rand(r, (size_t)c->n * c->hw * c->k * s->cin, -1, 1);     /* dx accumulated into */
         }
+        /* what the conv bias gradient holds before the backward (a previous step's):
+         * the true gradient is rounding noise around 0 (a training BN's dx sums to 0
+         * per channel), so from zeros a backward that never writes it would pass */
+        if (c->op == OPC_CONV_BN) opc_host_rand(r, (size_t)s->cout, 1, 2);
         break;
     }
     case OPC_BN_TRAIN:

@@ -137,7 +137,8 @@ static void OPC_T(opc_run_conv_bn)(const OpCase *c, const OPC_T(OpBackend) *b, O
     if (train) {
         OPC_REAL *dc = OPC_T(opc_dev_zero)(b, ny), *dg = OPC_T(opc_dev_zero)(b, nc);
         OPC_REAL *db = OPC_T(opc_dev_zero)(b, nc), *dwd = OPC_T(opc_dev_zero)(b, wn);
-        OPC_REAL *dw = OPC_T(opc_dev_zero)(b, wn), *dbias = OPC_T(opc_dev_zero)(b, nc);
+        /* dbias starts stale (the last input): it must be overwritten */
+        OPC_REAL *dw = OPC_T(opc_dev_zero)(b, wn), *dbias = OPC_T(opc_dev_in)(b, r, residual ? 10 : 8);
         /* the residual form accumulates into dx: start from input 9 */
         OPC_REAL *dx = residual ? OPC_T(opc_dev_in)(b, r, 9) : OPC_T(opc_dev_zero)(b, nx);
         struct OPC_T(NetBnBackward) bwd = {NET_BN_BACKWARD, oh * ow, s->cout, conv_out, y, g, mean,
