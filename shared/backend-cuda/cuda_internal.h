@@ -99,14 +99,18 @@ static inline unsigned grid_for(size_t n) {
         CHECK_CUDA_LAST();                                                                      \
     } while (0)
 
-/* Lent by one family to the others. */
+/* Lent by one family to the others, inside libcifar-cuda.so only: hidden, so that the
+ * library exports no C++ symbol of its own (ops_cuda.h's extern "C" functions are
+ * its interface) and the calls between the files bind within it, as the static
+ * functions of the one file did. */
+#define CUDA_INTERNAL __attribute__((visibility("hidden")))
 /* cuda_context.cu: out[c] = column sums of x[rows][c] (bf16: x is bfloat16), in a fixed order. */
-void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out, int bf16);
+CUDA_INTERNAL void colsum(CudaCtx *ctx, int64_t rows, int c, const float *x, float *out, int bf16);
 /* cuda_elementwise.cu: y[r][c] += bias[c] (add) or y = bias. */
-void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, float *y, int add, int bf16);
+CUDA_INTERNAL void bias_apply(CudaCtx *ctx, size_t rows, int c, const float *bias, float *y, int add, int bf16);
 /* cuda_bn.cu: the cooperative batch norm's grids for ctx (bn_coop 0: two kernels). */
-void bn_coop_plan(CudaCtx *ctx, int bn_coop);
+CUDA_INTERNAL void bn_coop_plan(CudaCtx *ctx, int bn_coop);
 /* cuda_bf16.cu: frees the bf16 shadows of ctx (cuda_ctx_free). */
-void bf16_shadow_release(CudaCtx *ctx);
+CUDA_INTERNAL void bf16_shadow_release(CudaCtx *ctx);
 
 #endif
