@@ -585,7 +585,7 @@ static void test_bn_coop_refused(CudaCtx *ctx) {
     free(x); free(z); free(dy); free(bias); free(g); free(b);
 }
 
-static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
+static void test_augment(CudaCtx *ctx, int c, int pad, int flip, int cutout) {
     const int h = 12, w = 10, count = 40, n = 17;
     size_t rec = (size_t)h * w * c;
     uint8_t *px = xmalloc((size_t)count * rec);
@@ -596,7 +596,7 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
     for (int i = 0; i < n; i++) idx[i] = (i * 7 + 3) % count;
     AugmentSpec s;
     memset(&s, 0, sizeof s);
-    s.h = h; s.w = w; s.c = c; s.pad = pad; s.flip = flip; s.seed = 77; s.epoch = 5;
+    s.h = h; s.w = w; s.c = c; s.pad = pad; s.flip = flip; s.cutout = cutout; s.seed = 77; s.epoch = 5;
     for (int i = 0; i < 4; i++) {
         s.mean[i] = 0.4f + 0.03f * i;
         s.std[i] = 0.2f + 0.01f * i;
@@ -623,8 +623,8 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
         augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL, 0);
         float *got = host_from(ctx, gout, (size_t)n * rec);
         cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
-        snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d epoch %s: bit-identical", c, pad, flip,
-                 from_dev ? "on device" : "in spec");
+        snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d cutout=%d epoch %s: bit-identical", c,
+                 pad, flip, cutout, from_dev ? "on device" : "in spec");
         expect_true(name, memcmp(got, out, (size_t)n * rec * sizeof(float)) == 0 &&
                               memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
         free(got);
@@ -641,7 +641,8 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip) {
     augment_batch_cuda(ctx, &s, gpx, glab, gidx, n, gout, gol, NULL, 1);
     float *got = host_from(ctx, gout, (size_t)n * rec);
     cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
-    snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d staged batch: bit-identical", c, pad, flip);
+    snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d cutout=%d staged batch: bit-identical", c,
+             pad, flip, cutout);
     expect_true(name, memcmp(got, out, (size_t)n * rec * sizeof(float)) == 0 &&
                           memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
     free(got);
@@ -745,6 +746,8 @@ static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data,
         ec->std[i] = 0.25f;
     }
     ec->pad = 4;
+    ec->flip = 1;
+    ec->cutout = 5;
     ec->max_batch = ENGINE_BATCH;
     ec->seed = 21;
     ec->label_smoothing = 0.1f;
@@ -1133,9 +1136,12 @@ int main(int argc, char **argv) {
     test_bn_coop_refused(ctx);
     test_conv_backward_acc(ctx, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-4f, "fp32");
     test_conv_backward_acc(ctx, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-4f, "fp32");
-    test_augment(ctx, 3, 4, 1);
-    test_augment(ctx, 1, 2, 1);
-    test_augment(ctx, 3, 0, 0);
+    test_augment(ctx, 3, 4, 1, 0);
+    test_augment(ctx, 1, 2, 1, 0);
+    test_augment(ctx, 3, 0, 0, 0);
+    test_augment(ctx, 3, 4, 1, 6);  /* cutout: squares clipped at the border too */
+    test_augment(ctx, 1, 0, 1, 5);  /* odd side, flip only */
+    test_augment(ctx, 3, 0, 0, 30); /* a square larger than the image */
     cuda_ctx_free(ctx);
 
     CudaCtx *t32 = cuda_ctx_create(0, 1, 0, 1);

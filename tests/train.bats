@@ -50,6 +50,21 @@ train_bg() { # output file, run-dir, extra args...
     run "$BIN/cifar-train" --signals-to-handle SIGINT,SIGKILL "$LMDB"
     assert_failure 2
     assert_output --partial "'SIGKILL' is not a signal that asks for a stop"
+    run "$BIN/cifar-train" --augment crop,rotate "$LMDB"
+    assert_failure 2
+    assert_output --partial "unknown augmentation 'rotate' (crop, flip or none)"
+    run "$BIN/cifar-train" --augment none,flip "$LMDB"
+    assert_failure 2
+    assert_output --partial "'none' stands alone"
+    run "$BIN/cifar-train" --cutout -1 "$LMDB"
+    assert_failure 2
+    run "$BIN/cifar-train" --crop-padding 300 "$LMDB"
+    assert_failure 2
+    run "$BIN/cifar-train" --ema 1 "$LMDB"
+    assert_failure 2
+    assert_output --partial "below 1"
+    run "$BIN/cifar-train" --log-every 0 "$LMDB"
+    assert_failure 2
 }
 
 @test "a missing or foreign dataset is named in the error" {
@@ -118,6 +133,30 @@ train_bg() { # output file, run-dir, extra args...
     CIFAR_CPU_ISA=avx9000 run --separate-stderr "$BIN/cifar-eval" --quiet --device cpu "$(ls "$BATS_TEST_TMPDIR/generic"/snapshot-*.safetensors)"
     assert_failure 2
     [ "$stderr" = "cifar-eval: CIFAR_CPU_ISA=avx9000: unknown variant (generic, avx2, avx512)" ]
+}
+
+@test "--augment, --crop-padding, --cutout change the training exactly where they should" {
+    weights() { # name, options...: the data checksum of a one-epoch run
+        data_checksum "$(train "$BATS_TEST_TMPDIR/$1" --epochs 1 "${@:2}" | tail -1)"
+    }
+    default=$(weights default)
+    none=$(weights none --augment none)
+    [ "$none" != "$default" ]
+    # the seed's recipe spelled out, in either order; no cutout is the default
+    [ "$(weights both --augment flip,crop --crop-padding 4 --cutout 0)" = "$default" ]
+    # the padding only matters to the crop; a crop of padding 0 is the image
+    [ "$(weights nocrop --augment none --crop-padding 7)" = "$none" ]
+    [ "$(weights crop0 --augment crop --crop-padding 0)" = "$none" ]
+    flip=$(weights flip --augment flip)
+    crop=$(weights crop --augment crop)
+    [ "$flip" != "$none" ]
+    [ "$crop" != "$none" ]
+    [ "$flip" != "$default" ]
+    [ "$crop" != "$default" ]
+    [ "$(weights pad2 --crop-padding 2)" != "$default" ]
+    [ "$(weights cutout --cutout 6)" != "$default" ]
+    grep -qF '\"augment\":\"none\"' "$BATS_TEST_TMPDIR/none/snapshot-000006.safetensors"
+    grep -qF '\"cutout\":6' "$BATS_TEST_TMPDIR/cutout/snapshot-000006.safetensors"
 }
 
 @test "PyTorch loads the snapshot into python/cifar_resnet.py's model with strict=True" {

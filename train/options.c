@@ -31,6 +31,15 @@ static const char *usage_text =
     "  --seed N               initialisation, shuffling and augmentation (default 0)\n"
     "  --normalize M          dataset (its mean/std, default) | imagenet (the seed's constants)\n"
     "  --model FILE.json      network shape with the seed's Config fields (default: the seed's)\n"
+    "  --augment LIST         random augmentation of training images: a comma list of crop\n"
+    "                         and flip, or none (default crop,flip, as the seed)\n"
+    "  --crop-padding P       zero padding around the image before the random crop, in\n"
+    "                         pixels (default 4)\n"
+    "  --cutout SIZE          set a random SIZE x SIZE square of each training image to 0\n"
+    "                         after normalisation (DeVries & Taylor; default 0: none)\n"
+    "  --ema DECAY            also keep an exponential moving average of the weights and\n"
+    "                         BN buffers, updated every step (as timm's --model-ema; e.g.\n"
+    "                         0.999; default 0: none); in the snapshots, used by cifar-eval\n"
     "\n"
     "Validation:\n"
     "  --val-fraction F       hold out F (0 < F < 1) of the train split, stratified by class\n"
@@ -41,7 +50,9 @@ static const char *usage_text =
     "                         --val-fraction; default 0: never)\n"
     "\n"
     "Snapshots:\n"
-    "  --run-dir DIR          snapshots and metrics.jsonl (default ./run); one job at a time\n"
+    "  --run-dir DIR          snapshots, metrics.jsonl and tb/ (TensorBoard event files)\n"
+    "                         (default ./run); one job at a time\n"
+    "  --log-every N          TensorBoard: train loss and lr every N steps (default 50)\n"
     "  --save-every N         snapshot every N epochs (default 5), and always at the end\n"
     "  --save-interval T      also a snapshot at the first step after each T of training:\n"
     "                         90s, 10m, 1h (default 10m; 0 = off), written in the background\n"
@@ -96,6 +107,7 @@ enum {
     OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET, OPT_COMM,
     OPT_VAL_FRACTION, OPT_EARLY_STOP,
     OPT_SAVE_INTERVAL, OPT_SAVE_EVERY_STEPS, OPT_SIGNALS,
+    OPT_AUGMENT, OPT_CROP_PADDING, OPT_CUTOUT, OPT_EMA, OPT_LOG_EVERY,
 };
 
 static const struct option long_options[] = {
@@ -125,6 +137,11 @@ static const struct option long_options[] = {
     {"save-interval", required_argument, 0, OPT_SAVE_INTERVAL},
     {"save-every-steps", required_argument, 0, OPT_SAVE_EVERY_STEPS},
     {"signals-to-handle", required_argument, 0, OPT_SIGNALS},
+    {"augment", required_argument, 0, OPT_AUGMENT},
+    {"crop-padding", required_argument, 0, OPT_CROP_PADDING},
+    {"cutout", required_argument, 0, OPT_CUTOUT},
+    {"ema", required_argument, 0, OPT_EMA},
+    {"log-every", required_argument, 0, OPT_LOG_EVERY},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -151,6 +168,36 @@ static void train_options_default(TrainOptions *o) {
     o->save_interval = 600; /* README "Snapshots": why ten minutes */
     char err[256];
     if (signal_set_parse(SIGNALS_DEFAULT_TEXT, &o->signals, err, sizeof err) != 0) die("%s", err);
+    o->crop = o->flip = 1;
+    o->crop_padding = 4;
+    o->log_every = 50;
+}
+
+/* --augment LIST: crop and flip in any order, or none alone. */
+static void augment_parse(TrainOptions *o, const char *list) {
+    static const char *const names[] = {"crop", "flip", "none"};
+    char buf[64];
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf || buf[0] == '\0')
+        die_usage("--augment: expected crop, flip, crop,flip or none, got '%s'", list);
+    int seen[3] = {0, 0, 0};
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        int i = 0;
+        while (i < 3 && strcmp(item, names[i]) != 0) i++;
+        if (i == 3) die_usage("--augment: unknown augmentation '%s' (crop, flip or none)", item);
+        seen[i]++;
+    }
+    if (seen[2] && (seen[0] || seen[1] || seen[2] > 1))
+        die_usage("--augment: 'none' stands alone, got '%s'", list);
+    o->crop = seen[0] > 0;
+    o->flip = seen[1] > 0;
+}
+
+/* --ema DECAY: 0 (off) or a decay below 1. */
+static double ema_parse(const char *name, const char *text) {
+    double d = option_real(name, text, 0, 1);
+    if (d >= 1) die_usage("--ema: the decay must be below 1 (0 = no average), got '%s'", text);
+    return d;
 }
 
 /* The data path: the positional argument, else the last non-empty line on stdin
@@ -214,6 +261,11 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
             if (signal_set_parse(optarg, &o->signals, err, sizeof err) != 0) die_usage("%s", err);
             break;
         }
+        case OPT_AUGMENT: augment_parse(o, optarg); break;
+        case OPT_CROP_PADDING: o->crop_padding = (int)option_int(name, optarg, 0, 256); break;
+        case OPT_CUTOUT: o->cutout = (int)option_int(name, optarg, 0, 4096); break;
+        case OPT_EMA: o->ema_decay = ema_parse(name, optarg); break;
+        case OPT_LOG_EVERY: o->log_every = (int)option_int(name, optarg, 1, 1000000000); break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }
@@ -240,6 +292,11 @@ char *train_options_to_json(const TrainOptions *o) {
     cJSON_AddStringToObject(j, "precision", precision_names[o->precision]);
     if (o->val_fraction > 0) cJSON_AddNumberToObject(j, "val_fraction", o->val_fraction);
     if (o->early_stop) cJSON_AddNumberToObject(j, "early_stop", o->early_stop);
+    const char *augment = o->crop && o->flip ? "crop,flip" : o->crop ? "crop" : o->flip ? "flip" : "none";
+    cJSON_AddStringToObject(j, "augment", augment);
+    cJSON_AddNumberToObject(j, "crop_padding", o->crop_padding);
+    cJSON_AddNumberToObject(j, "cutout", o->cutout);
+    cJSON_AddNumberToObject(j, "ema", o->ema_decay);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     CHECK_ALLOC(text, 1024);

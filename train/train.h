@@ -40,6 +40,11 @@ typedef struct {
     int comm;              /* --comm: a CommKind, -1 = by device and launcher */
     double val_fraction;   /* 0: no validation hold-out */
     int early_stop;        /* 0: never; else stop after N epochs without a better val_acc */
+    int crop, flip;        /* --augment: which random augmentations (both by default) */
+    int crop_padding;      /* --crop-padding (4) */
+    int cutout;            /* --cutout: square side, 0 = none */
+    double ema_decay;      /* --ema: 0 = no moving average */
+    int log_every;         /* --log-every: steps between TensorBoard train scalars */
 } TrainOptions;
 
 /* Parse argv (launcher options already removed). Exits 2 on bad usage, 0 on --help. */

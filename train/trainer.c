@@ -644,7 +644,9 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     ec.test = w->data.eval;
     memcpy(ec.mean, w->mean, sizeof ec.mean);
     memcpy(ec.std, w->std, sizeof ec.std);
-    ec.pad = 4;
+    ec.pad = o->crop ? o->crop_padding : 0;
+    ec.flip = o->flip;
+    ec.cutout = o->cutout;
     ec.max_batch = o->batch_size;
     ec.seed = o->seed;
     ec.label_smoothing = (float)o->label_smoothing;

@@ -1,7 +1,7 @@
 /* augment_cuda.cu: augment.h's augment_batch on the device (declared in ops_cuda.h).
  * The dataset split sits on the device as uint8; one thread builds one output
  * pixel (all its channels) exactly as augment.c's augment_one does, with the same
- * rng_augment draw, so CPU and GPU batches are bit-identical: the normalisation is
+ * augment_draw, rng_cutout and augment_cut (augment.h), so CPU and GPU batches are bit-identical: the normalisation is
  * written with explicit _rn operations so that nvcc cannot fuse it into an FMA
  * (the CPU build does not).
  *
@@ -31,13 +31,10 @@ __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32
         const int x = (int)(t % w);
         const int64_t sample = idx[i];
         const int64_t row = staged ? (int64_t)i : sample;
-        AugmentDraw d;
-        d.dy = s.pad;
-        d.dx = s.pad;
-        d.flip = 0;
-        if (s.pad > 0 || s.flip) d = rng_augment(s.seed, (uint64_t)epoch, (uint64_t)sample, s.pad);
-        if (s.pad == 0) d.dy = d.dx = 0;
-        if (!s.flip) d.flip = 0;
+        const AugmentDraw d = augment_draw(&s, epoch, sample);
+        CutoutDraw cut = {0, 0};
+        if (s.cutout > 0) cut = rng_cutout(s.seed, (uint64_t)epoch, (uint64_t)sample, h, w);
+        const int cutout = augment_cut(&s, cut, y, x);
         const int sy = y + d.dy - s.pad;
         const int xx = d.flip ? w - 1 - x : x; /* flip after cropping, as torchvision */
         const int sx = xx + d.dx - s.pad;
@@ -47,7 +44,8 @@ __global__ void augment_kernel(AugmentSpec s, const uint8_t *pixels, const int32
         for (int ch = 0; ch < c; ch++) {
             const float scale = __fdiv_rn(1.0f, __fmul_rn(255.0f, s.std[ch]));
             const float shift = __fdiv_rn(-s.mean[ch], s.std[ch]);
-            act_store(out, o + ch, inside ? __fadd_rn(__fmul_rn((float)p[ch], scale), shift) : shift, BF16);
+            const float v = inside ? __fadd_rn(__fmul_rn((float)p[ch], scale), shift) : shift;
+            act_store(out, o + ch, cutout ? 0.0f : v, BF16);
         }
         if (y == 0 && x == 0) out_labels[i] = labels[row];
     }

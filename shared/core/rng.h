@@ -22,6 +22,7 @@ enum {
     RNG_STREAM_AUGMENT = 3,   /* crop/flip: counter = epoch << 40 | sample index */
     RNG_STREAM_SYNTH = 4,     /* synthetic dataset generator */
     RNG_STREAM_HOLDOUT = 5,   /* validation hold-out: counter = class << 32 | position */
+    RNG_STREAM_CUTOUT = 6,    /* cutout square: counter = epoch << 40 | sample index */
 };
 
 RNG_FN uint64_t rng_mix64(uint64_t z) {
@@ -60,6 +61,21 @@ RNG_FN AugmentDraw rng_augment(uint64_t seed, uint64_t epoch, uint64_t sample, i
     d.dy = (int)(((r & 0xFFFFFFFFull) * span) >> 32);
     d.dx = (int)((((r >> 32) & 0x7FFFFFFFull) * span) >> 31);
     d.flip = (int)((r >> 63) & 1);
+    return d;
+}
+
+/* The cutout square of one sample in one epoch (DeVries & Taylor 2017): its centre,
+ * uniform over the h x w image (the square may reach past the border and is clipped
+ * there, as in their code). */
+typedef struct {
+    int cy, cx;
+} CutoutDraw;
+
+RNG_FN CutoutDraw rng_cutout(uint64_t seed, uint64_t epoch, uint64_t sample, int h, int w) {
+    uint64_t r = rng_u64(seed, RNG_STREAM_CUTOUT, (epoch << 40) ^ sample);
+    CutoutDraw d;
+    d.cy = (int)(((r & 0xFFFFFFFFull) * (uint64_t)h) >> 32);
+    d.cx = (int)(((r >> 32) * (uint64_t)w) >> 32);
     return d;
 }
 

@@ -4,13 +4,12 @@
 #include "core/rng.h"
 
 /* One output pixel row: source row sy of the record (or zeros outside), mirrored
- * when flipped, then normalised. */
+ * when flipped, then normalised; 0 inside the cutout square. */
 static void augment_one(const AugmentSpec *s, const uint8_t *rec, int64_t sample, float *out) {
     const int h = s->h, w = s->w, c = s->c;
-    AugmentDraw d = {s->pad, s->pad, 0};
-    if (s->pad > 0 || s->flip) d = rng_augment(s->seed, (uint64_t)s->epoch, (uint64_t)sample, s->pad);
-    if (s->pad == 0) d.dy = d.dx = 0;
-    if (!s->flip) d.flip = 0;
+    const AugmentDraw d = augment_draw(s, s->epoch, sample);
+    CutoutDraw cut = {0, 0};
+    if (s->cutout > 0) cut = rng_cutout(s->seed, (uint64_t)s->epoch, (uint64_t)sample, h, w);
     float scale[4], shift[4];
     for (int ch = 0; ch < c; ch++) {
         scale[ch] = 1.0f / (255.0f * s->std[ch]);
@@ -22,7 +21,9 @@ static void augment_one(const AugmentSpec *s, const uint8_t *rec, int64_t sample
             int xx = d.flip ? w - 1 - x : x; /* flip after cropping, as torchvision */
             int sx = xx + d.dx - s->pad;
             float *o = out + ((int64_t)y * w + x) * c;
-            if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
+            if (augment_cut(s, cut, y, x)) {
+                for (int ch = 0; ch < c; ch++) o[ch] = 0.0f;
+            } else if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
                 for (int ch = 0; ch < c; ch++) o[ch] = shift[ch];
             } else {
                 const uint8_t *p = rec + ((int64_t)sy * w + sx) * c;

@@ -11,7 +11,8 @@ AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
     s.w = mc->img_width;
     s.c = mc->img_channels;
     s.pad = train ? e->cfg.pad : 0;
-    s.flip = train;
+    s.flip = train && e->cfg.flip;
+    s.cutout = train ? e->cfg.cutout : 0;
     s.seed = e->cfg.seed;
     s.epoch = epoch;
     memcpy(s.mean, e->cfg.mean, sizeof s.mean);

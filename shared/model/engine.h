@@ -4,7 +4,7 @@
  * An engine owns the model state on its device (params, BN buffers, momentum),
  * the dataset splits it was given (the GPU engine copies them to the device once,
  * as uint8, or streams their batches), and does per step: gather +
- * crop/flip/normalise the batch (augment.h, counter-based randomness keyed by
+ * crop/flip/normalise/cutout the batch (augment.h, counter-based randomness keyed by
  * (seed, epoch, sample index)), forward, backward, gradient all-reduce over the
  * communicator, SGD update. */
 #ifndef CIFAR_ENGINE_H
@@ -31,7 +31,9 @@ typedef struct {
     const Model *model;
     HostSplit train, test;     /* either may have count 0 (cifar-eval has no train) */
     float mean[4], std[4];     /* normalisation per channel (of pixel/255) */
-    int pad;                   /* random-crop padding (4) */
+    int pad;                   /* random-crop padding (4; 0 = no crop) */
+    int flip;                  /* 1 = random horizontal flip */
+    int cutout;                /* cutout square side (0 = none) */
     int max_batch;             /* per process */
     uint64_t seed;
     float label_smoothing;
@@ -90,8 +92,8 @@ struct Engine {
     void *impl;
 };
 
-/* The batch augmentation of an engine's data: training (crop + flip, keyed by
- * epoch) or evaluation (normalise only). */
+/* The batch augmentation of an engine's data: training (crop, flip and cutout as
+ * configured, keyed by epoch) or evaluation (normalise only). */
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train);
 
 /* ops->prefetch when the engine has one, else nothing. */
