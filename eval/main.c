@@ -32,6 +32,9 @@ static const char *usage_text =
     "  --device D         auto (GPU when usable, default) | cpu | cuda\n"
     "  --batch-size N     images per forward pass (default 500)\n"
     "  --threads N        CPU threads (default: all cores)\n"
+    "  --weights W        ema: the moving average of the weights when the snapshot has\n"
+    "                     one (cifar-train --ema), else its trained weights (default) |\n"
+    "                     raw: the trained weights; the report says which it used\n"
     "  --quiet            no progress output\n"
     "  -h, --help         this help\n"
     "\n" SETTINGS_HELP;
@@ -41,8 +44,11 @@ typedef struct {
     const char *data;
     const char *split;
     int json, batch, threads, quiet;
+    int raw_weights; /* --weights raw */
     DeviceChoice device;
 } EvalOptions;
+
+static const char *const weights_names[] = {"ema", "raw"};
 
 static const char *last_line_of_stdin(void) {
     static char path[4096];
@@ -57,6 +63,7 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
         {"json", no_argument, 0, 'j'},       {"device", required_argument, 0, 'D'},
         {"batch-size", required_argument, 0, 'b'}, {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},      {"help", no_argument, 0, 'h'},
+        {"weights", required_argument, 0, 'w'},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
@@ -73,6 +80,7 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
         case 'b': o->batch = (int)option_int("batch-size", optarg, 1, 1000000); break;
         case 't': o->threads = (int)option_int("threads", optarg, 1, 1024); break;
         case 'q': o->quiet = 1; break;
+        case 'w': o->raw_weights = option_choice("weights", optarg, weights_names, 2); break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-eval --help`\n", stderr); exit(2);
         }
@@ -85,6 +93,7 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
 
 typedef struct {
     int k;
+    const char *weights; /* "ema" or "raw": what was evaluated */
     int64_t total, correct;
     double loss_sum;
     int64_t *confusion; /* [true][predicted] */
@@ -114,7 +123,10 @@ static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *
 
 static void print_text(const EvalOptions *o, const char *data, const EvalResult *r,
                        const ClassNames *names) {
-    printf("snapshot: %s\ndata: %s (split %s, %" PRId64 " images)\n", o->snapshot, data, o->split, r->total);
+    printf("snapshot: %s\nweights: %s\ndata: %s (split %s, %" PRId64 " images)\n", o->snapshot,
+           strcmp(r->weights, "ema") == 0 ? "ema (the moving average; --weights raw for the trained ones)"
+                                          : "raw (the trained weights)",
+           data, o->split, r->total);
     printf("accuracy: %.2f%% (%" PRId64 "/%" PRId64 "), mean loss %.4f\n",
            100.0 * (double)r->correct / (double)r->total, r->correct, r->total,
            r->loss_sum / (double)r->total);
@@ -160,6 +172,7 @@ static void print_json(const EvalOptions *o, const char *data, const EvalResult 
                        const ClassNames *names) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "snapshot", o->snapshot);
+    cJSON_AddStringToObject(j, "weights", r->weights);
     cJSON_AddStringToObject(j, "data", data);
     cJSON_AddStringToObject(j, "split", o->split);
     cJSON_AddNumberToObject(j, "images", (double)r->total);
@@ -214,7 +227,7 @@ int main(int argc, char **argv) {
     log_set_quiet(o.quiet);
 
     CheckpointModel snap;
-    checkpoint_load_model(o.snapshot, &snap);
+    checkpoint_load_model(o.snapshot, !o.raw_weights, &snap);
     const CheckpointInfo *info = &snap.info;
     const char *data;
     Dataset *ds = open_data(&o, &snap.cfg, info, &data);
@@ -230,6 +243,7 @@ int main(int argc, char **argv) {
     EvalResult r;
     memset(&r, 0, sizeof r);
     r.k = snap.cfg.num_classes;
+    r.weights = snap.ema ? "ema" : "raw";
     r.confusion = xcalloc((size_t)r.k * r.k, sizeof(int64_t));
     run_eval(&o, e, split.count, split.labels, &r);
     /* the snapshot's names; a snapshot of before names took the dataset's */

@@ -52,6 +52,9 @@ static const char *usage_text =
     "  --device D         auto (GPU when usable, default) | cpu | cuda\n"
     "  --batch-size N     images per forward pass (default 256)\n"
     "  --threads N        CPU threads (default: all cores)\n"
+    "  --weights W        ema: the moving average of the weights when the snapshot has\n"
+    "                     one (cifar-train --ema), else its trained weights (default) |\n"
+    "                     raw: the trained weights\n"
     "  --quiet            no progress output\n"
     "  -h, --help         this help\n"
     "\n" SETTINGS_HELP
@@ -64,6 +67,7 @@ typedef struct {
     char **images; /* count paths */
     int64_t count;
     int top, json, batch, threads, quiet, resize;
+    int raw_weights; /* --weights raw */
     DeviceChoice device;
 } PredictOptions;
 
@@ -98,8 +102,10 @@ static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
         {"resize", no_argument, 0, 'r'},
         {"device", required_argument, 0, 'D'}, {"batch-size", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},       {"weights", required_argument, 0, 'w'},
+        {0, 0, 0, 0},
     };
+    static const char *const weights_names[] = {"ema", "raw"};
     memset(o, 0, sizeof *o);
     o->top = 1;
     o->batch = 256;
@@ -114,6 +120,7 @@ static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
         case 'b': o->batch = (int)option_int("batch-size", optarg, 1, 1000000); break;
         case 't': o->threads = (int)option_int("threads", optarg, 1, 1024); break;
         case 'q': o->quiet = 1; break;
+        case 'w': o->raw_weights = option_choice("weights", optarg, weights_names, 2); break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-predict --help`\n", stderr); exit(2);
         }
@@ -282,7 +289,7 @@ int main(int argc, char **argv) {
     log_set_quiet(o.quiet);
 
     CheckpointModel snap;
-    checkpoint_load_model(o.snapshot, &snap);
+    checkpoint_load_model(o.snapshot, !o.raw_weights, &snap);
     uint8_t *pixels = images_decode(&o, &snap.cfg);
     int32_t *labels = xcalloc((size_t)o.count, sizeof *labels); /* unknown: class 0 */
 

@@ -217,17 +217,29 @@ def to_tensor(path, name, dtype, shape, raw):
     return torch.frombuffer(bytearray(raw), dtype=TORCH_DTYPES[dtype]).reshape(shape).clone()
 
 
-def model_state(path, tensors):
+def model_state(path, tensors, prefix=""):
     """The model's state_dict of read_safetensors' tensors: the "optimizer.*" ones
-    (momentum: training state) left out."""
+    (momentum: training state) and the moving average's "ema.*" left out; with
+    prefix "ema.", the moving average (cifar-train --ema), the prefix stripped."""
+    if prefix:
+        return {name[len(prefix):]: to_tensor(path, name, *entry) for name, entry in tensors.items()
+                if name.startswith(prefix)}
     return {name: to_tensor(path, name, *entry) for name, entry in tensors.items()
-            if not name.startswith("optimizer.")}
+            if not name.startswith(("optimizer.", "ema."))}
 
 
-def load(path):
-    """(model in eval mode, metadata): the snapshot loaded with strict=True."""
+def has_ema(tensors):
+    """Whether the snapshot carries a moving average of its weights (cifar-train --ema)."""
+    return any(name.startswith("ema.") for name in tensors)
+
+
+def load(path, weights="ema"):
+    """(model in eval mode, metadata): the snapshot loaded with strict=True. weights
+    "ema": the moving average when the snapshot has one (as cifar-eval), else the
+    trained weights; "raw": the trained weights."""
     meta, tensors = read_safetensors(path)
-    return load_state(path, meta, model_state(path, tensors)), meta
+    prefix = "ema." if weights == "ema" and has_ema(tensors) else ""
+    return load_state(path, meta, model_state(path, tensors, prefix)), meta
 
 
 def load_state(path, meta, state):

@@ -10,7 +10,9 @@ checked), build nn.Sequential(ResNetBase(...), nn.Linear(n_channels[-1], K)) for
 "model" JSON in __metadata__ (the seed Config when absent) and
 load_state_dict(strict=True), refusing a dtype the model does not have. The
 "optimizer.*" tensors are training state, not model weights, and are left out.
-Here also: every loaded tensor equals the file's bit for bit.
+A snapshot of a run with --ema also holds the moving average as a second state
+dict under "ema.": it must load strictly into the same model too. Here also:
+every loaded tensor equals the file's bit for bit.
 
 Prints "OK ..." and exits 0, or prints the reason and exits 1.
 """
@@ -36,20 +38,25 @@ def main():
 
     try:
         meta, tensors = cifar_resnet.read_safetensors(path)
-        state = cifar_resnet.model_state(path, tensors)
-        model = cifar_resnet.load_state(path, meta, state)
+        prefixes = ["", "ema."] if cifar_resnet.has_ema(tensors) else [""]
+        states = [cifar_resnet.model_state(path, tensors, p) for p in prefixes]
+        models = [cifar_resnet.load_state(path, meta, s) for s in states]
     except (OSError, cifar_resnet.SnapshotError) as e:
         fail(str(e))
-    loaded = model.state_dict()
-    for name, t in state.items():
-        if not torch.equal(loaded[name], t):
-            fail(f"{path}: tensor {name}: values changed on loading")
-    skipped = len(tensors) - len(state)
+    for prefix, model, state in zip(prefixes, models, states):
+        loaded = model.state_dict()
+        for name, t in state.items():
+            if not torch.equal(loaded[name], t):
+                fail(f"{path}: tensor {prefix}{name}: values changed on loading")
+    state, model = states[0], models[0]
+    ema = len(states[1]) if len(states) > 1 else 0
+    skipped = len(tensors) - len(state) - ema
     n_params = sum(p.numel() for p in model.parameters())
     shape = cifar_resnet.model_shape(meta)
     print(
         f"OK {path}: {len(state)} tensors loaded strictly ({n_params} parameters), "
-        f"{skipped} optimizer tensors ignored, model {json.dumps(shape, separators=(',', ':'))}"
+        f"{skipped} optimizer tensors ignored, {ema} moving-average tensors loaded strictly too, "
+        f"model {json.dumps(shape, separators=(',', ':'))}"
     )
 
 

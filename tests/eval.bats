@@ -23,14 +23,14 @@ setup_file() {
 @test "--help lists the options and exits 0" {
     run "$BIN/cifar-eval" --help
     assert_success
-    for opt in --data --split --json --device --batch-size --threads --quiet; do
+    for opt in --data --split --json --device --batch-size --threads --weights --quiet; do
         assert_output --partial -- "$opt"
     done
 }
 
 @test "bad usage exits 2 with one line naming the option" {
     for args in "--device tpu $SNAP" "--batch-size 0 $SNAP" "--batch-size x $SNAP" "--threads -1 $SNAP" \
-        "--no-such-option $SNAP" "$SNAP $SNAP"; do
+        "--no-such-option $SNAP" "$SNAP $SNAP" "--weights mean $SNAP"; do
         # shellcheck disable=SC2086
         run --separate-stderr "$BIN/cifar-eval" $args
         [ "$status" -eq 2 ] || { echo "$args: status $status: $stderr"; false; }
@@ -170,6 +170,36 @@ assert r["split"] == "test" and r["snapshot"] == sys.argv[1], r
     [[ "$stderr" == *"d/cifar10.lmdb: "*"give --data"* ]] || { echo "$stderr"; false; }
     run "$BIN/cifar-eval" --quiet --data "$LMDB" "$snap"
     assert_success
+}
+
+@test "--weights: the moving average when the snapshot has one, the trained weights with raw" {
+    "$BIN/cifar-train" --quiet --epochs 2 --batch-size 64 --threads 1 --model "$BATS_FILE_TMPDIR/small.json" \
+        --ema 0.8 --run-dir "$BATS_TEST_TMPDIR/ema" "$LMDB" > "$BATS_TEST_TMPDIR/final"
+    ema_snap=$(tail -1 "$BATS_TEST_TMPDIR/final")
+    run "$BIN/cifar-eval" --quiet "$ema_snap"
+    assert_success
+    assert_line "weights: ema (the moving average; --weights raw for the trained ones)"
+    run "$BIN/cifar-eval" --quiet --json "$ema_snap"
+    assert_success
+    ema_json=$output
+    [[ "$ema_json" == *'"weights":"ema"'* ]]
+    run "$BIN/cifar-eval" --quiet --json --weights raw "$ema_snap"
+    assert_success
+    raw_json=$output
+    [[ "$raw_json" == *'"weights":"raw"'* ]]
+    # the two models differ: their mean losses do
+    loss() { echo "$1" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/'; }
+    [ "$(loss "$ema_json")" != "$(loss "$raw_json")" ]
+    # the raw weights of an --ema run are those of the same run without it
+    "$BIN/cifar-train" --quiet --epochs 2 --batch-size 64 --threads 1 --model "$BATS_FILE_TMPDIR/small.json" \
+        --run-dir "$BATS_TEST_TMPDIR/plain" "$LMDB" > "$BATS_TEST_TMPDIR/plain_final"
+    run "$BIN/cifar-eval" --quiet --json "$(tail -1 "$BATS_TEST_TMPDIR/plain_final")"
+    assert_success
+    [[ "$output" == *'"weights":"raw"'* ]]
+    [ "$(loss "$output")" = "$(loss "$raw_json")" ]
+    # a snapshot without an average is evaluated as it is
+    run "$BIN/cifar-eval" --quiet "$SNAP"
+    assert_line "weights: raw (the trained weights)"
 }
 
 @test "--device auto falls back to the CPU with one line naming why; --device cuda is refused" {

@@ -1,11 +1,13 @@
 /* test_ops_cuda: every op of the CUDA op table (net_cuda.cu) against the CPU table
  * on op_cases.h's case table (forward and backward, within each case's tolerance),
  * NaN through the GPU ReLU, the conv in ops.h's contract form (fp32 and tf32), our
- * batch-norm kernels repeatable bit for bit; the augmentation kernel bit for bit;
+ * batch-norm kernels repeatable bit for bit; the augmentation kernel (crop, flip,
+ * cutout) and the moving average's kernel bit for bit;
  * then the whole CUDA engine against the CPU engine on two tiny networks
  * (bottleneck and basic blocks): a few SGD steps (the second full batch is
  * captured as a CUDA graph, the third replays it, the fourth is a partial batch),
- * then the weights, BN buffers, momentum and an evaluation compared; and an
+ * then the weights, BN buffers, momentum, their moving average (--ema) and an
+ * evaluation compared (the batches with cutout); and an
  * engine that streams its splits through pinned buffers (CIFAR_CUDA_DATA=stream)
  * against one that keeps them in device memory, bit for bit.
  *
@@ -57,6 +59,7 @@ int main(int argc, char **argv) { return skip(argc, argv, "CPU-only build (no GP
 #include "data/dataset.h"
 #include "core/check.h"
 #include "comm/comm.h"
+#include "model/ema.h"
 #include "model/engine.h"
 #include "model/model.h"
 #include "backend-cpu/ops_cpu.h"
@@ -585,6 +588,28 @@ static void test_bn_coop_refused(CudaCtx *ctx) {
     free(x); free(z); free(dy); free(bias); free(g); free(b);
 }
 
+/* ema_update_cuda against ema.h's CPU loop, bit for bit, over a few updates. */
+static void test_ema(CudaCtx *ctx) {
+    const size_t n = 3001;
+    const float decays[] = {0.5f, 0.9f, 0.9999f};
+    float *avg = xmalloc(n * sizeof(float)), *val = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) avg[i] = (float)((double)(rng_u64(7, 1, i) >> 40) / 16777216.0 - 0.5);
+    float *gavg = dev_from(ctx, avg, n);
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < n; i++) val[i] = (float)((double)(rng_u64(7, 2 + k, i) >> 40) / 4194304.0 - 2.0);
+        float *gval = dev_from(ctx, val, n);
+        ema_update(n, avg, val, decays[k]);
+        ema_update_cuda(ctx, n, gavg, gval, decays[k]);
+        cuda_free(gval);
+    }
+    float *got = host_from(ctx, gavg, n);
+    expect_true("ema_update_cuda: bit-identical to the CPU's ema_update", memcmp(got, avg, n * sizeof(float)) == 0);
+    free(got);
+    cuda_free(gavg);
+    free(avg);
+    free(val);
+}
+
 static void test_augment(CudaCtx *ctx, int c, int pad, int flip, int cutout) {
     const int h = 12, w = 10, count = 40, n = 17;
     size_t rec = (size_t)h * w * c;
@@ -748,6 +773,7 @@ static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data,
     ec->pad = 4;
     ec->flip = 1;
     ec->cutout = 5;
+    ec->ema_decay = 0.6f;
     ec->max_batch = ENGINE_BATCH;
     ec->seed = 21;
     ec->label_smoothing = 0.1f;
@@ -799,6 +825,10 @@ static void engine_pair_init(Engine *a, Engine *b, const Model *m, float **param
     model_init(m, *params, *buffers, 5);
     a->ops->state_from_host(a, *params, *buffers, NULL);
     b->ops->state_from_host(b, *params, *buffers, NULL);
+    if (a->cfg.ema_decay > 0) { /* the average starts from the same weights */
+        a->ops->ema_from_host(a, *params, *buffers);
+        b->ops->ema_from_host(b, *params, *buffers);
+    }
 }
 
 static void test_engine(int bottleneck, Precision prec, float tol) {
@@ -850,6 +880,14 @@ static void test_engine(int bottleneck, Precision prec, float tol) {
     expect_tensors(name, &m, TENSOR_BUFFER, bg, bc, buffers, tol);
     snprintf(name, sizeof name, "engine %s %s after 4 steps: momentum", kind, pn);
     expect_tensors(name, &m, TENSOR_PARAM, mg, mc, NULL, tol);
+    /* the moving average (updated inside the captured graph from the second full step) */
+    cpu->ops->ema_to_host(cpu, pc, bc);
+    gpu->ops->ema_to_host(gpu, pg, bg);
+    snprintf(name, sizeof name, "engine %s %s after 4 steps: moving average of the params", kind, pn);
+    expect_tensors(name, &m, TENSOR_PARAM, pg, pc, params, tol);
+    snprintf(name, sizeof name, "engine %s %s after 4 steps: moving average of the BN buffers", kind, pn);
+    expect_tensors(name, &m, TENSOR_BUFFER, bg, bc, buffers, tol);
+    gpu->ops->state_to_host(gpu, pg, bg, mg);
     /* state_from_host(state_to_host(x)) is the identity through the layout conversion */
     gpu->ops->state_from_host(gpu, pg, bg, mg);
     float *pg2 = xmalloc(m.num_params * sizeof(float));
@@ -1142,6 +1180,7 @@ int main(int argc, char **argv) {
     test_augment(ctx, 3, 4, 1, 6);  /* cutout: squares clipped at the border too */
     test_augment(ctx, 1, 0, 1, 5);  /* odd side, flip only */
     test_augment(ctx, 3, 0, 0, 30); /* a square larger than the image */
+    test_ema(ctx);
     cuda_ctx_free(ctx);
 
     CudaCtx *t32 = cuda_ctx_create(0, 1, 0, 1);

@@ -331,6 +331,9 @@ static void snapshot_start_at(Worker *w, const char *path) {
     else
         w->engine->ops->state_to_host(w->engine, w->staging.params, w->staging.buffers,
                                       w->staging.momentum);
+    /* the moving average: a synchronous copy to the host (it is not staged) */
+    if (w->staging.ema_params)
+        w->engine->ops->ema_to_host(w->engine, w->staging.ema_params, w->staging.ema_buffers);
     w->snapshot_info.progress = w->progress;
     w->snapshot_info.progress.world_size = w->env->world_size;
     snprintf(w->snapshot_path, sizeof w->snapshot_path, "%s", path);
@@ -394,6 +397,10 @@ static void resume_or_init(Worker *w) {
         memset(&w->progress, 0, sizeof w->progress);
         model_init(&w->model, w->state.params, w->state.buffers, w->o->seed);
         memset(w->state.momentum, 0, w->model.num_params * sizeof(float));
+        if (w->state.ema_params) { /* the average starts from the initial weights, as timm's */
+            memcpy(w->state.ema_params, w->state.params, w->model.num_params * sizeof(float));
+            memcpy(w->state.ema_buffers, w->state.buffers, w->model.num_buffers * sizeof(float));
+        }
     } else if (w->progress.step_in_epoch > 0 && w->progress.world_size != w->env->world_size) {
         /* The partial epoch was sharded differently: redo it from its start. */
         log_warn("resuming with %d processes a partial epoch run with %d: the epoch restarts",
@@ -404,6 +411,8 @@ static void resume_or_init(Worker *w) {
         w->progress.partial_seen = w->progress.partial_seconds = 0;
     }
     w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
+    if (w->state.ema_params)
+        w->engine->ops->ema_from_host(w->engine, w->state.ema_params, w->state.ema_buffers);
     if (w->env->rank == 0) {
         if (resumed)
             log_info("resuming from %s/snapshot-%06" PRId64 ".safetensors: %" PRId64
@@ -653,6 +662,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     ec.momentum = (float)o->momentum;
     ec.weight_decay = (float)o->weight_decay;
     ec.nesterov = o->nesterov;
+    ec.ema_decay = (float)o->ema_decay;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int local = env->local_world_size > 0 ? env->local_world_size : 1;
     ec.threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
@@ -666,6 +676,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     comm_board_open(w->comm, o->run_dir, env->run_id);
     w->slow_epochs = xcalloc((size_t)env->world_size, sizeof *w->slow_epochs);
     train_state_alloc(&w->state, &w->model);
+    if (o->ema_decay > 0) train_state_alloc_ema(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
     w->perm = xmalloc((size_t)w->data.train.count * sizeof(int64_t));
     w->mine = xmalloc((size_t)sampler_per_rank(w->data.train.count, env->world_size) * sizeof(int64_t));
@@ -673,6 +684,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     w->hooks = test_hooks_from_env();
     w->writer = snapshot_writer_create();
     if (!w->engine->ops->state_stage) train_state_alloc(&w->staging, &w->model);
+    if (o->ema_decay > 0) train_state_alloc_ema(&w->staging, &w->model);
     /* Absolute, so cifar-eval finds the data from any folder. */
     w->dataset_abs = realpath(o->data_path, NULL);
     CheckpointInfo *info = &w->snapshot_info;
@@ -685,7 +697,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
 
 static void worker_free(Worker *w) {
     snapshot_writer_free(w->writer); /* before the engine: a job reads its staging */
-    if (!w->engine->ops->state_stage) train_state_free(&w->staging);
+    train_state_free(&w->staging); /* what was allocated of it */
     free(w->dataset_abs);
     free(w->slow_epochs);
     w->engine->ops->destroy(w->engine);

@@ -7,6 +7,7 @@
 
 #include "data/augment.h"
 #include "core/check.h"
+#include "model/ema.h"
 #include "model/engine.h"
 #include "model/model.h"
 #include "backend-cpu/ops_cpu.h"
@@ -18,6 +19,7 @@ typedef struct {
     float *logits;     /* max_batch * K */
     ModelRun *run;
     uint8_t *decay_mask;
+    float *ema_params, *ema_buffers; /* ema_decay > 0 only */
 } CpuEngine;
 
 static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
@@ -32,6 +34,10 @@ static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch,
     int32_t first_step = step == 0;
     net_cpu_ops()->sgd(NULL, m->num_params, c->params, c->grads, c->momentum, c->decay_mask, &lr,
                        e->cfg.momentum, e->cfg.weight_decay, e->cfg.nesterov, &first_step);
+    if (c->ema_params) {
+        ema_update(m->num_params, c->ema_params, c->params, e->cfg.ema_decay);
+        ema_update(m->num_buffers, c->ema_buffers, c->buffers, e->cfg.ema_decay);
+    }
     return loss;
 }
 
@@ -80,6 +86,22 @@ static void cpu_state_from_host(Engine *e, const float *params, const float *buf
         memset(c->momentum, 0, m->num_params * sizeof(float));
 }
 
+static void cpu_ema_to_host(Engine *e, float *params, float *buffers) {
+    CpuEngine *c = e->impl;
+    const Model *m = e->cfg.model;
+    if (!c->ema_params) die("cpu engine: no moving average (ema_decay is 0)");
+    memcpy(params, c->ema_params, m->num_params * sizeof(float));
+    memcpy(buffers, c->ema_buffers, m->num_buffers * sizeof(float));
+}
+
+static void cpu_ema_from_host(Engine *e, const float *params, const float *buffers) {
+    CpuEngine *c = e->impl;
+    const Model *m = e->cfg.model;
+    if (!c->ema_params) die("cpu engine: no moving average (ema_decay is 0)");
+    memcpy(c->ema_params, params, m->num_params * sizeof(float));
+    memcpy(c->ema_buffers, buffers, m->num_buffers * sizeof(float));
+}
+
 static void cpu_broadcast_buffers(Engine *e, int root) {
     CpuEngine *c = e->impl;
     comm_broadcast(e->cfg.comm, c->buffers, e->cfg.model->num_buffers * sizeof(float), root);
@@ -96,6 +118,8 @@ static void cpu_destroy(Engine *e) {
     free(c->batch_y);
     free(c->logits);
     free(c->decay_mask);
+    free(c->ema_params);
+    free(c->ema_buffers);
     free(c);
     free(e);
 }
@@ -107,6 +131,8 @@ static const EngineOps cpu_engine_ops = {
     NULL, /* prefetch: the CPU engine reads the batch where it lies */
     cpu_state_to_host,
     cpu_state_from_host,
+    cpu_ema_to_host,
+    cpu_ema_from_host,
     cpu_broadcast_buffers,
     cpu_destroy,
     NULL, /* state_stage: state_to_host is a memcpy already */
@@ -145,5 +171,9 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     c->run = cfg->train.count > 0 ? model_run_create(m, cfg->max_batch)
                                   : model_run_create_inference(m, cfg->max_batch);
     c->decay_mask = decay_mask_create(m);
+    if (cfg->ema_decay > 0) {
+        c->ema_params = xmalloc_aligned(m->num_params * sizeof(float));
+        c->ema_buffers = xmalloc_aligned((m->num_buffers ? m->num_buffers : 1) * sizeof(float));
+    }
     return e;
 }

@@ -20,14 +20,17 @@
 extern "C" {
 #endif
 
-/* Also guards engine.h's EngineOps, which the library hands back: 4 since the
- * prefetch entry was inserted after eval_batch (a library of an older build would
- * have its state_to_host called as prefetch); 5 since eval_batch returns logits; 6
- * since state_stage and state_staged were added at its end (an older library's
- * table is shorter) and comm_blame_laggard was inserted in this table before
- * engine_augment_spec. Both sides require the same version (cifar_cuda_init,
- * cuda_loader.c), so an entry may go anywhere as long as the version moves. */
-#define CUDA_HOST_API_VERSION 6
+/* Also guards engine.h's EngineOps, which the library hands back, and the
+ * EngineConfig and AugmentSpec it is given: 4 since the prefetch entry was inserted
+ * after eval_batch (a library of an older build would have its state_to_host called
+ * as prefetch); 5 since eval_batch returns logits; 6 since state_stage and
+ * state_staged were added at its end (an older library's table is shorter) and
+ * comm_blame_laggard was inserted in this table before engine_augment_spec; 7 since
+ * the moving average (ema_to_host, ema_from_host, ema_decay, ema_warmup) and the
+ * augmentation's flip and cutout fields. Both sides require the same version
+ * (cifar_cuda_init, cuda_loader.c), so an entry may go anywhere as long as the
+ * version moves. */
+#define CUDA_HOST_API_VERSION 7
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 

@@ -1,5 +1,7 @@
-/* cuda_sgd.cu: the SGD update (ops_cuda.h; shared parts in cuda_internal.h). */
+/* cuda_sgd.cu: the SGD update and the moving average of --ema (ops_cuda.h; shared
+ * parts in cuda_internal.h). */
 #include "backend-cuda/cuda_internal.h"
+#include "model/ema.h"
 
 /* ----------------------------------------------------------------- optimizer */
 
@@ -39,5 +41,16 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
     sgd_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
         n, param, grad, momentum_buf, decay_mask, 0.0f, lr_dev, momentum, weight_decay, nesterov, 0,
         first_step_dev);
+    CHECK_CUDA_LAST();
+}
+
+/* ema.h's moving average, one element per thread (ema_blend: bit-identical to the CPU). */
+__global__ void ema_kernel(size_t n, float *avg, const float *value, float decay) {
+    GRID_STRIDE(i, n) avg[i] = ema_blend(avg[i], value[i], decay);
+}
+
+extern "C" void ema_update_cuda(CudaCtx *ctx, size_t n, float *avg, const float *value, float decay) {
+    if (!n) return;
+    ema_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, avg, value, decay);
     CHECK_CUDA_LAST();
 }

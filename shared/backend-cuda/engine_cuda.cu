@@ -95,6 +95,7 @@ typedef struct {
     /* model state */
     float *params, *grads, *momentum, *buffers;
     float *stage;        /* num_params floats: layout conversion at state transfers */
+    float *ema_params, *ema_buffers; /* ema_decay > 0 only: the moving average (ema.h) */
     uint8_t *decay_mask;
     /* dataset: resident splits (NULL when streamed), or the staging of a batch */
     uint8_t *train_px, *test_px;
@@ -165,9 +166,16 @@ static size_t staging_layout(GpuEngine *g, const ModelConfig *mc, int max_batch)
 
 static int comm_world(const Engine *e) { return e->cfg.comm ? comm_world_size(e->cfg.comm) : 1; }
 
+/* The SGD update, then the moving average of the new state (inside the captured
+ * graph when the update is). Element-wise, so the conv weights' table layout does
+ * not matter: the average is converted with the params at transfers. */
 static void sgd_step(Engine *e, GpuEngine *g) {
     net_sgd(g->net, g->params, g->grads, g->momentum, g->decay_mask, &g->args->lr, e->cfg.momentum,
             e->cfg.weight_decay, e->cfg.nesterov, &g->args->first_step);
+    if (g->ema_params) {
+        ema_update_cuda(g->ctx, e->cfg.model->num_params, g->ema_params, g->params, e->cfg.ema_decay);
+        ema_update_cuda(g->ctx, e->cfg.model->num_buffers, g->ema_buffers, g->buffers, e->cfg.ema_decay);
+    }
 }
 
 /* Everything of one training step that depends only on device memory: the batch
@@ -529,6 +537,21 @@ static void snap_stage_free(GpuEngine *g) {
     CHECK_CUDA(cudaFreeHost(g->snap_host));
 }
 
+static void cuda_ema_to_host(Engine *e, float *params, float *buffers) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    if (!g->ema_params) die("cuda engine: no moving average (ema_decay is 0)");
+    flat_to_host(e, g, g->ema_params, params);
+    cuda_download(g->ctx, buffers, g->ema_buffers, e->cfg.model->num_buffers * sizeof(float));
+}
+
+static void cuda_ema_from_host(Engine *e, const float *params, const float *buffers) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    if (!g->ema_params) die("cuda engine: no moving average (ema_decay is 0)");
+    flat_from_host(e, g, params, g->ema_params);
+    cuda_upload(g->ctx, g->ema_buffers, buffers, e->cfg.model->num_buffers * sizeof(float));
+    cuda_ctx_sync(g->ctx);
+}
+
 static void cuda_broadcast_buffers(Engine *e, int root) {
     GpuEngine *g = (GpuEngine *)e->impl;
     Comm *c = e->cfg.comm;
@@ -568,6 +591,8 @@ static void cuda_destroy(Engine *e) {
     cuda_free(g->momentum);
     cuda_free(g->buffers);
     cuda_free(g->stage);
+    cuda_free(g->ema_params);
+    cuda_free(g->ema_buffers);
     cuda_free(g->decay_mask);
     cuda_free(g->train_px);
     cuda_free(g->test_px);
@@ -743,6 +768,8 @@ static const EngineOps cuda_engine_ops = {
     cuda_prefetch,
     cuda_state_to_host,
     cuda_state_from_host,
+    cuda_ema_to_host,
+    cuda_ema_from_host,
     cuda_broadcast_buffers,
     cuda_destroy,
     cuda_state_stage,
@@ -795,6 +822,10 @@ extern "C" Engine *engine_create_cuda(const EngineConfig *cfg, char *err, size_t
     g->buffers = (float *)cuda_alloc((nbuf ? nbuf : 1) * sizeof(float));
     cuda_memset_async(g->ctx, g->grads, 0, np * sizeof(float));
     cuda_memset_async(g->ctx, g->momentum, 0, np * sizeof(float));
+    if (cfg->ema_decay > 0) {
+        g->ema_params = (float *)cuda_alloc(np * sizeof(float));
+        g->ema_buffers = (float *)cuda_alloc((nbuf ? nbuf : 1) * sizeof(float));
+    }
     g->decay_mask = param_mask_upload(g, m, param_decays);
     if (g->bf16) bf16_shadows_init(g, m);
 

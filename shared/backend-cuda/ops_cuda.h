@@ -265,6 +265,10 @@ void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad
                          float momentum, float weight_decay, int nesterov,
                          const int *first_step_dev);
 
+/* ema.h's ema_update on device memory (avg, value: n floats), on the context's
+ * stream (capturable in a CUDA graph). */
+void ema_update_cuda(CudaCtx *ctx, size_t n, float *avg, const float *value, float decay);
+
 /* ---- the executor's op table (net_cuda.cu) ---- */
 
 /* net.h's NetOps for CUDA: ctx is a CudaCtx, memory is device memory. */

@@ -15,17 +15,26 @@
 #include "core/check.h"
 
 #define MOMENTUM_TENSOR "optimizer.momentum"
+#define EMA_PREFIX "ema."
 
 void train_state_alloc(TrainState *s, const Model *m) {
+    memset(s, 0, sizeof *s);
     s->params = xmalloc_aligned(m->num_params * sizeof(float));
     s->buffers = xmalloc_aligned((m->num_buffers ? m->num_buffers : 1) * sizeof(float));
     s->momentum = xmalloc_aligned(m->num_params * sizeof(float));
+}
+
+void train_state_alloc_ema(TrainState *s, const Model *m) {
+    s->ema_params = xmalloc_aligned(m->num_params * sizeof(float));
+    s->ema_buffers = xmalloc_aligned((m->num_buffers ? m->num_buffers : 1) * sizeof(float));
 }
 
 void train_state_free(TrainState *s) {
     free(s->params);
     free(s->buffers);
     free(s->momentum);
+    free(s->ema_params);
+    free(s->ema_buffers);
     memset(s, 0, sizeof *s);
 }
 
@@ -62,23 +71,45 @@ static int parse_floats(const char *text, float *out, int n) {
     return ok ? 0 : -1;
 }
 
-/* The tensor list of the model's state_dict followed by the momentum vector. */
-static SnapTensorIn *checkpoint_tensors(const Model *m, const TrainState *st, const int64_t *nbt,
-                                        int *count) {
-    SnapTensorIn *t = xcalloc((size_t)m->n_tensors + 1, sizeof *t);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const TensorInfo *ti = &m->tensors[i];
-        t[i].name = ti->name;
-        t[i].ndim = ti->ndim;
-        memcpy(t[i].shape, ti->shape, sizeof t[i].shape);
-        if (ti->kind == TENSOR_COUNTER) {
-            t[i].dtype = SNAP_I64;
-            t[i].data = nbt;
-        } else {
-            t[i].dtype = SNAP_F32;
-            t[i].data = (ti->kind == TENSOR_PARAM ? st->params : st->buffers) + ti->offset;
-        }
+/* A state dict entry of the model's tensor ti: name, shape, and its floats in
+ * params/buffers (or the step counter). */
+static SnapTensorIn state_tensor(const TensorInfo *ti, const char *name, const float *params,
+                                 const float *buffers, const int64_t *nbt) {
+    SnapTensorIn t;
+    memset(&t, 0, sizeof t);
+    t.name = name;
+    t.ndim = ti->ndim;
+    memcpy(t.shape, ti->shape, sizeof t.shape);
+    if (ti->kind == TENSOR_COUNTER) {
+        t.dtype = SNAP_I64;
+        t.data = nbt;
+    } else {
+        t.dtype = SNAP_F32;
+        t.data = (ti->kind == TENSOR_PARAM ? params : buffers) + ti->offset;
     }
+    return t;
+}
+
+/* "ema." + the name of every tensor, in one allocation (freed by the caller). */
+static char *ema_names(const Model *m, const char **names) {
+    size_t bytes = 0;
+    for (int i = 0; i < m->n_tensors; i++) bytes += strlen(EMA_PREFIX) + strlen(m->tensors[i].name) + 1;
+    char *all = xmalloc(bytes ? bytes : 1), *at = all;
+    for (int i = 0; i < m->n_tensors; i++) {
+        names[i] = at;
+        at += sprintf(at, EMA_PREFIX "%s", m->tensors[i].name) + 1;
+    }
+    return all;
+}
+
+/* The tensor list of the model's state_dict followed by the momentum vector, then
+ * the moving average's state dict when st has one (*names_out: its names; the step
+ * counters are the model's own). */
+static SnapTensorIn *checkpoint_tensors(const Model *m, const TrainState *st, const int64_t *nbt,
+                                        int *count, char **names_out) {
+    SnapTensorIn *t = xcalloc(2 * (size_t)m->n_tensors + 1, sizeof *t);
+    for (int i = 0; i < m->n_tensors; i++)
+        t[i] = state_tensor(&m->tensors[i], m->tensors[i].name, st->params, st->buffers, nbt);
     SnapTensorIn *mom = &t[m->n_tensors];
     mom->name = MOMENTUM_TENSOR;
     mom->dtype = SNAP_F32;
@@ -86,6 +117,13 @@ static SnapTensorIn *checkpoint_tensors(const Model *m, const TrainState *st, co
     mom->shape[0] = (int64_t)m->num_params;
     mom->data = st->momentum;
     *count = m->n_tensors + 1;
+    *names_out = NULL;
+    if (!st->ema_params) return t;
+    const char **names = xcalloc((size_t)m->n_tensors + 1, sizeof *names);
+    *names_out = ema_names(m, names);
+    for (int i = 0; i < m->n_tensors; i++)
+        t[(*count)++] = state_tensor(&m->tensors[i], names[i], st->ema_params, st->ema_buffers, nbt);
+    free(names);
     return t;
 }
 
@@ -93,7 +131,8 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
                      const CheckpointInfo *info, char *err, size_t errlen) {
     int64_t nbt = info->progress.step;
     int n_tensors;
-    SnapTensorIn *tensors = checkpoint_tensors(m, st, &nbt, &n_tensors);
+    char *ema_name_text;
+    SnapTensorIn *tensors = checkpoint_tensors(m, st, &nbt, &n_tensors, &ema_name_text);
     char *model_json = model_config_to_json(&m->cfg);
     char shape[64], mean[160], std[160], epochs[32], step[32], sie[32], partial[160], world[16],
         best[64];
@@ -131,6 +170,7 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
     free(classes);
     free(model_json);
     free(tensors);
+    free(ema_name_text);
     return rc;
 }
 
@@ -269,27 +309,59 @@ static void shape_str(int ndim, const int64_t *shape, char *buf, size_t buflen) 
     if (off < buflen) snprintf(buf + off, buflen - off, "]");
 }
 
-int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
-                          size_t errlen) {
+/* The tensors named prefix + each model tensor's name into params/buffers, every
+ * one checked (the step counters too, which are not copied). 0, or -1 + reason. */
+static int load_state_dict(const Snapshot *snap, const Model *m, const char *prefix, float *params,
+                           float *buffers, char *err, size_t errlen) {
     for (int i = 0; i < m->n_tensors; i++) {
         const TensorInfo *ti = &m->tensors[i];
-        const SnapTensor *t = snapshot_tensor(snap, ti->name);
+        char name[320];
+        snprintf(name, sizeof name, "%s%s", prefix, ti->name);
+        const SnapTensor *t = snapshot_tensor(snap, name);
         SnapDtype want = ti->kind == TENSOR_COUNTER ? SNAP_I64 : SNAP_F32;
         if (!t) {
-            snprintf(err, errlen, "tensor %s is missing: the snapshot is of another model", ti->name);
+            snprintf(err, errlen, "tensor %s is missing: the snapshot is of another model", name);
             return -1;
         }
         if (!tensor_matches(t, ti, want)) {
             char a[64], b[64];
             shape_str(t->ndim, t->shape, a, sizeof a);
             shape_str(ti->ndim, ti->shape, b, sizeof b);
-            snprintf(err, errlen, "tensor %s has shape %s, the model needs %s (%s)", ti->name, a, b,
+            snprintf(err, errlen, "tensor %s has shape %s, the model needs %s (%s)", name, a, b,
                      want == SNAP_I64 ? "I64" : "F32");
             return -1;
         }
         if (ti->kind == TENSOR_COUNTER) continue;
-        float *dst = (ti->kind == TENSOR_PARAM ? st->params : st->buffers) + ti->offset;
+        float *dst = (ti->kind == TENSOR_PARAM ? params : buffers) + ti->offset;
         memcpy(dst, t->data, ti->numel * sizeof(float));
+    }
+    return 0;
+}
+
+/* Whether the snapshot has an average: its first tensor's name with the prefix. */
+static int has_ema(const Snapshot *snap, const Model *m) {
+    if (m->n_tensors == 0) return 0;
+    char name[320];
+    snprintf(name, sizeof name, EMA_PREFIX "%s", m->tensors[0].name);
+    return snapshot_tensor(snap, name) != NULL;
+}
+
+int checkpoint_load_ema(const Snapshot *snap, const Model *m, float *params, float *buffers,
+                        char *err, size_t errlen) {
+    if (!has_ema(snap, m)) return 0;
+    return load_state_dict(snap, m, EMA_PREFIX, params, buffers, err, errlen) == 0 ? 1 : -1;
+}
+
+int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
+                          size_t errlen) {
+    if (load_state_dict(snap, m, "", st->params, st->buffers, err, errlen) != 0) return -1;
+    if (st->ema_params) {
+        int rc = checkpoint_load_ema(snap, m, st->ema_params, st->ema_buffers, err, errlen);
+        if (rc < 0) return -1;
+        if (rc == 0) { /* a snapshot of a run without --ema: the average starts here */
+            memcpy(st->ema_params, st->params, m->num_params * sizeof(float));
+            memcpy(st->ema_buffers, st->buffers, m->num_buffers * sizeof(float));
+        }
     }
     const SnapTensor *mom = snapshot_tensor(snap, MOMENTUM_TENSOR);
     if (mom) {
@@ -305,7 +377,7 @@ int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, 
     return 0;
 }
 
-void checkpoint_load_model(const char *path, CheckpointModel *out) {
+void checkpoint_load_model(const char *path, int prefer_ema, CheckpointModel *out) {
     char err[512];
     memset(out, 0, sizeof *out);
     model_config_seed(&out->cfg);
@@ -313,8 +385,8 @@ void checkpoint_load_model(const char *path, CheckpointModel *out) {
     if (!snap) die_permanent("%s: %s", path, err);
     if (model_build(&out->model, &out->cfg, err, sizeof err) != 0) die_permanent("%s: model: %s", path, err);
     train_state_alloc(&out->state, &out->model);
-    if (checkpoint_load_state(snap, &out->model, &out->state, err, sizeof err) != 0)
-        die_permanent("%s: %s", path, err);
+    out->ema = checkpoint_load_weights(snap, &out->model, &out->state, prefer_ema, err, sizeof err);
+    if (out->ema < 0) die_permanent("%s: %s", path, err);
     snapshot_free(snap);
 }
 
@@ -362,6 +434,13 @@ void checkpoint_for_inference(const char *path, char *buf, size_t buflen) {
     if (newest_snapshot(path, buf, buflen) != 0)
         die_permanent("%s: a folder without %s or a snapshot that loads ---> HINT: give a snapshot "
                       "file, or the --run-dir of a cifar-train run", path, CHECKPOINT_BEST_NAME);
+}
+
+int checkpoint_load_weights(const Snapshot *snap, const Model *m, TrainState *st, int prefer_ema,
+                            char *err, size_t errlen) {
+    if (checkpoint_load_state(snap, m, st, err, errlen) != 0) return -1;
+    if (!prefer_ema) return 0;
+    return checkpoint_load_ema(snap, m, st->params, st->buffers, err, errlen);
 }
 
 /* ------------------------------------------------------------ resume choice */

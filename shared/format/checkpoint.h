@@ -2,7 +2,10 @@
  *
  * The tensors are the model's state_dict (model->tensors: params, BN buffers,
  * num_batches_tracked) plus "optimizer.momentum" (the flat momentum buffer, one
- * F32 vector). __metadata__ holds the model config ("model"), the dataset it was
+ * F32 vector) and, for a run with --ema, the moving average (ema.h) as a second
+ * state dict under "ema." + each tensor's name ("ema.0.conv1.weight"; the step
+ * counters are the model's): it loads into the same PyTorch model, strictly, once
+ * the prefix is stripped. __metadata__ holds the model config ("model"), the dataset it was
  * trained on ("dataset", "dataset_shape"), the normalisation ("normalize_mean",
  * "normalize_std"), the progress ("epochs", "step", "step_in_epoch", partial-epoch
  * sums, "best_val": [accuracy, epoch] with a validation split), the training options ("options") and, when the dataset names its
@@ -38,9 +41,12 @@ typedef struct {
 
 typedef struct {
     float *params, *buffers, *momentum; /* num_params, num_buffers, num_params floats */
+    float *ema_params, *ema_buffers;    /* the moving average, or NULL (no --ema) */
 } TrainState;
 
 void train_state_alloc(TrainState *s, const Model *m);
+/* Also the moving average's buffers (a run with --ema). */
+void train_state_alloc_ema(TrainState *s, const Model *m);
 void train_state_free(TrainState *s);
 
 /* The metadata a snapshot carries besides the tensors. Strings are owned. */
@@ -71,7 +77,10 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
                           size_t errlen);
 
 /* Copy the tensors of an opened snapshot into st, checking every name, dtype and
- * shape against the model. momentum may be absent (zeroed). 0, or -1 + reason. */
+ * shape against the model. momentum may be absent (zeroed). When st has the
+ * moving average's buffers, the snapshot's "ema." tensors go there, or, in a
+ * snapshot without them, a copy of its weights (the average starts there). 0, or
+ * -1 + reason. */
 int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
                           size_t errlen);
 
@@ -81,12 +90,14 @@ typedef struct {
     CheckpointInfo info;
     Model model;
     TrainState state;
+    int ema; /* 1: state holds the moving average (cifar-train --ema), 0: the trained weights */
 } CheckpointModel;
 
 /* For the commands that run a snapshot (cifar-eval, cifar-predict): open it,
- * build its model and load its weights. Any failure ends the process (a
- * permanent one) naming path. checkpoint_model_free after. */
-void checkpoint_load_model(const char *path, CheckpointModel *out);
+ * build its model and load its weights: with prefer_ema, the moving average when
+ * the snapshot has one (checkpoint_load_weights; --weights raw: 0). Any failure
+ * ends the process (a permanent one) naming path. checkpoint_model_free after. */
+void checkpoint_load_model(const char *path, int prefer_ema, CheckpointModel *out);
 void checkpoint_model_free(CheckpointModel *m);
 
 /* The name of a run folder's best snapshot (by validation accuracy: cifar-train
@@ -99,6 +110,18 @@ void checkpoint_best_path(const char *run_dir, char *buf, size_t buflen);
  * its newest snapshot that opens (a corrupt one is skipped with a warning). The
  * path into buf; a folder with neither ends the process naming it. */
 void checkpoint_for_inference(const char *path, char *buf, size_t buflen);
+/* The snapshot's moving average into params/buffers (num_params, num_buffers
+ * floats): 1 when it has one, 0 when it has none (nothing written), -1 with a
+ * reason in err when it has a malformed one. */
+int checkpoint_load_ema(const Snapshot *snap, const Model *m, float *params, float *buffers,
+                        char *err, size_t errlen);
+
+/* The weights to evaluate or predict with: checkpoint_load_state, then, when
+ * prefer_ema and the snapshot has a moving average, the average in st->params and
+ * st->buffers instead. 1 when those are the average, 0 the trained weights, -1 +
+ * reason (cifar-eval --weights). */
+int checkpoint_load_weights(const Snapshot *snap, const Model *m, TrainState *st, int prefer_ema,
+                            char *err, size_t errlen);
 
 /* The resume choice of a run folder, the same on every rank: rank 0 takes the
  * newest snapshot that loads (a corrupt one is reported and the previous one

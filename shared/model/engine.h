@@ -6,7 +6,8 @@
  * as uint8, or streams their batches), and does per step: gather +
  * crop/flip/normalise/cutout the batch (augment.h, counter-based randomness keyed by
  * (seed, epoch, sample index)), forward, backward, gradient all-reduce over the
- * communicator, SGD update. */
+ * communicator, SGD update, and the moving average of the weights when asked
+ * (ema.h). */
 #ifndef CIFAR_ENGINE_H
 #define CIFAR_ENGINE_H
 
@@ -39,6 +40,7 @@ typedef struct {
     float label_smoothing;
     float momentum, weight_decay;
     int nesterov;
+    float ema_decay;           /* > 0: keep ema.h's moving average of params and buffers */
     int threads;               /* CPU engine */
     int device;                /* CUDA engine: device index (LOCAL_RANK) */
     Precision precision;
@@ -72,6 +74,11 @@ typedef struct {
     void (*state_to_host)(Engine *e, float *params, float *buffers, float *momentum);
     void (*state_from_host)(Engine *e, const float *params, const float *buffers,
                             const float *momentum);
+    /* The moving average (ema_decay > 0 only; host flat buffers as state_to_host,
+     * without momentum). Every train_step updates it after the SGD step; set it
+     * (the initial weights or a snapshot's average) before the first step. */
+    void (*ema_to_host)(Engine *e, float *params, float *buffers);
+    void (*ema_from_host)(Engine *e, const float *params, const float *buffers);
     /* BN running statistics from rank `root` to every rank (DDP's broadcast_buffers). */
     void (*broadcast_buffers)(Engine *e, int root);
     void (*destroy)(Engine *e);
