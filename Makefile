@@ -30,10 +30,11 @@ PYTHON_TORCH2 ?=
 # make install: BUILD + INSTALL; make test: all but BENCH; make deps: all). Open MPI is
 # in BUILD: the build probes it (the MPI communicator, libcifar-mpi.so).
 DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev \
-            libopenmpi-dev openmpi-bin
+            libopenmpi-dev openmpi-bin libprotobuf-c-dev
 DEB_PIPELINE = gnuplot-nox
 DEB_INSTALL = help2man man-db
-DEB_TEST = bats bats-assert bats-support python3-numpy python3-pil python3-torch clang libclang-rt-14-dev lmdb-utils
+DEB_TEST = bats bats-assert bats-support python3-numpy python3-pil python3-torch clang libclang-rt-14-dev lmdb-utils \
+           python3-venv protobuf-c-compiler
 DEB_BENCH = python3-matplotlib
 DEB_ALL = $(DEB_BUILD) $(DEB_PIPELINE) $(DEB_INSTALL) $(DEB_TEST) $(DEB_BENCH)
 
@@ -133,7 +134,7 @@ OBJ = $(BUILD)/$(MODE)
 
 CFLAGS_BASE = $(OPT) -g -std=gnu11 -Wall -Wextra -fopenmp -Ishared -MMD -MP
 CFLAGS += $(CFLAGS_BASE)
-LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lm -lpthread
+LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lprotobuf-c -lm -lpthread
 LDFLAGS += -fopenmp
 
 # comm_mpi.c needs mpi.h: it goes into $(BIN)/libcifar-mpi.so (below), not libcifar.a.
@@ -194,7 +195,7 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 GPU_TEST_BINS =
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-variants test-asan test-valgrind pipeline bench bench-snapshots bench-gpu fuzz clean plot
+.PHONY: proto all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-variants test-asan test-valgrind pipeline bench bench-snapshots bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -285,10 +286,26 @@ apt_ensure = missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missin
 
 deps:
 	@$(call apt_ensure,$(DEB_ALL)); echo "deps: all Debian packages present"
+	@$(MAKE) --no-print-directory $(TB_STAMP)
+
+# PyPI's tensorboard (and what it needs), pinned in $(TB_REQUIREMENTS), in a venv of Debian's python3 (python3-venv), for the
+# tests that read cifar-train's event files back with TensorBoard's own reader
+# (tests/tensorboard.bats); made by make deps and make test. Not under $(BUILD)
+# (make test-asan builds elsewhere and reads the same venv); make clean removes it.
+TB_VENV ?= build/tb-venv
+TB_REQUIREMENTS = tests/tensorboard-requirements.txt
+TB_PYTHON = $(TB_VENV)/bin/python
+TB_STAMP = $(TB_VENV)/.installed
+$(TB_STAMP): $(TB_REQUIREMENTS)
+	/usr/bin/python3 -m venv --clear $(TB_VENV)
+	$(TB_PYTHON) -m pip install --quiet --disable-pip-version-check -r $(TB_REQUIREMENTS)
+	$(TB_PYTHON) -c 'from tensorboard.backend.event_processing import event_accumulator'
+	touch $@
 
 # Called by test (and test-asan), pipeline and install: each installs only what it uses.
 deps-check:
 	@$(call apt_ensure,$(DEB_BUILD) $(DEB_PIPELINE) $(DEB_INSTALL) $(DEB_TEST))
+	@$(MAKE) --no-print-directory $(TB_STAMP)
 deps-pipeline:
 	@$(call apt_ensure,$(DEB_BUILD) $(DEB_PIPELINE))
 deps-install:
@@ -319,8 +336,9 @@ else
 endif
 
 BATS_FILES ?= tests/*.bats
-test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm
+test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm $(TB_STAMP)
 	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) \
+	  TB_PYTHON=$(abspath $(TB_PYTHON)) \
 	  TEST_COMM=$(abspath $(OBJ)/tests/test_comm) bats $(BATS_FILES)
 
 # The learning, accuracy and tolerance tests again under every CPU variant of the ops
@@ -376,7 +394,13 @@ fuzz:
 	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD) $(BIN)
+	rm -rf $(BUILD) $(BIN) $(TB_VENV)
+
+# The protobuf-c code of TensorBoard's event (shared/format/tb_event.proto), kept in
+# the repository so that building needs libprotobuf-c only; tests/tensorboard.bats
+# checks that it is what protoc-c makes of the .proto.
+proto:
+	cd shared/format && protoc-c --c_out=. tb_event.proto
 
 # ---- install, uninstall ----
 # make install [PREFIX=/usr/local] [DESTDIR=staging]:

@@ -19,6 +19,7 @@
 #include "data/sampler.h"
 #include "format/safetensors.h"
 #include "snapshot_writer.h"
+#include "format/tb_events.h"
 #include "test_hooks.h"
 #include "train.h"
 
@@ -267,7 +268,35 @@ typedef struct {
      * per rank, the epochs running it was more than 20% slower than the median */
     double compute_seconds;
     int *slow_epochs;
+    TbWriter *tb; /* rank 0: RUN_DIR/tb's event file */
 } Worker;
+
+/* ---- TensorBoard (rank 0) ---- */
+
+/* Events after the resumed step are dropped (they are redone), then this
+ * process's event file is opened. */
+static void tb_start(Worker *w) {
+    char err[4400];
+    w->tb = tb_open(w->o->run_dir, w->progress.step, err, sizeof err);
+    if (!w->tb) die("%s ---> HINT: the run folder must be writable", err);
+}
+
+static void tb_put(Worker *w, const char *tag, int64_t step, double value) {
+    char err[4400];
+    if (tb_scalar(w->tb, tag, step, value, err, sizeof err) != 0) die("%s", err);
+}
+
+static void tb_sync(Worker *w) {
+    char err[4400];
+    if (w->tb && tb_flush(w->tb, err, sizeof err) != 0) die("%s", err);
+}
+
+/* Every --log-every steps: the step's loss (rank 0's batch) and learning rate. */
+static void tb_step(Worker *w, float loss, float lr) {
+    if (!w->tb || w->progress.step % w->o->log_every != 0) return;
+    tb_put(w, "train/loss", w->progress.step, loss);
+    tb_put(w, "train/lr", w->progress.step, lr);
+}
 
 static int64_t steps_per_epoch(const Worker *w) {
     int64_t per_rank = sampler_per_rank(w->data.train.count, w->env->world_size);
@@ -419,6 +448,7 @@ static void resume_or_init(Worker *w) {
                      " epochs done, step %" PRId64,
                      w->o->run_dir, snapshot_step, w->progress.epochs, w->progress.step);
         metrics_truncate(w->o->run_dir, w->progress.epochs);
+        tb_start(w);
     }
 }
 
@@ -517,6 +547,7 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         w->progress.partial_correct += correct;
         w->progress.partial_seen += n;
         *lr_out = lr;
+        tb_step(w, loss, lr);
         run_test_hooks(w);
         if (w->env->rank == 0 && !o->quiet) {
             char extra[64];
@@ -578,6 +609,29 @@ static int slowest_of(const double *v, int n) {
     return k;
 }
 
+/* An epoch's metrics.jsonl numbers as TensorBoard scalars "epoch/<field>" (val_loss
+ * and val_acc with a hold-out), at the step that ends it, then the file synced. */
+static void tb_epoch(Worker *w, const EpochMetrics *m) {
+    const int64_t step = w->progress.step;
+    const struct {
+        const char *tag;
+        double value;
+    } scalars[] = {
+        {"epoch/train_loss", m->train_loss}, {"epoch/train_acc", m->train_acc},
+        {"epoch/test_loss", m->test_loss},   {"epoch/test_acc", m->test_acc},
+        {"epoch/lr", m->lr},                 {"epoch/images_per_s", m->images_per_s},
+        {"epoch/seconds", m->seconds},       {"epoch/epoch", (double)m->epoch},
+        {"epoch/world_size", m->world_size}, {"epoch/restarts", m->restarts},
+    };
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
+        tb_put(w, scalars[i].tag, step, scalars[i].value);
+    if (m->has_val) {
+        tb_put(w, "epoch/val_loss", step, m->val_loss);
+        tb_put(w, "epoch/val_acc", step, m->val_acc);
+    }
+    tb_sync(w);
+}
+
 /* Returns 1 when the epoch's validation accuracy is the best so far (always 0
  * without a hold-out); the first epoch is the first best. */
 static int finish_epoch(Worker *w, int64_t epoch, double lr) {
@@ -619,6 +673,7 @@ static int finish_epoch(Worker *w, int64_t epoch, double lr) {
     if (w->env->rank == 0) {
         metrics_append(w->o->run_dir, &m);
         stragglers_report(w, rank_seconds);
+        tb_epoch(w, &m);
         char val[96] = "";
         if (m.has_val)
             snprintf(val, sizeof val, " | val loss %.4f acc %.2f%%%s", m.val_loss, 100 * m.val_acc,
@@ -696,6 +751,8 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
 }
 
 static void worker_free(Worker *w) {
+    tb_sync(w);
+    tb_close(w->tb);
     snapshot_writer_free(w->writer); /* before the engine: a job reads its staging */
     train_state_free(&w->staging); /* what was allocated of it */
     free(w->dataset_abs);

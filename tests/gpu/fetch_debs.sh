@@ -18,5 +18,6 @@ rm -f ./*.deb # one version of each package: run.sh unpacks them all
 # libc (zlib for libpng; libgfortran and libquadmath for OpenBLAS).
 apt-get download libpng-dev libpng16-16 zlib1g-dev libturbojpeg0-dev libturbojpeg0 \
     liblmdb-dev liblmdb0 libcjson-dev libcjson1 libopenblas-dev libopenblas0 \
-    libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libquadmath0
+    libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libquadmath0 \
+    libprotobuf-c-dev libprotobuf-c1
 ls -l "$repo/.debs"

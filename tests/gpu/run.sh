@@ -198,8 +198,8 @@ if command -v dpkg >/dev/null; then found "dpkg (unpacks .debs)"; else say "note
 # The probe is run, not only linked: libraries built for a newer glibc than this
 # machine's fail there ("version GLIBC_2.xx not found").
 deps_ok() {
-    printf '#include <png.h>\n#include <turbojpeg.h>\n#include <lmdb.h>\n#include <cjson/cJSON.h>\n#include <cblas.h>\nint main(void){return 0;}\n' >"$work/deps.c"
-    gcc $1 "$work/deps.c" -o "$work/deps" $2 -lpng -lturbojpeg -llmdb -lcjson -lopenblas >"$work/deps.log" 2>&1 &&
+    printf '#include <png.h>\n#include <turbojpeg.h>\n#include <lmdb.h>\n#include <cjson/cJSON.h>\n#include <cblas.h>\n#include <protobuf-c/protobuf-c.h>\nint main(void){return 0;}\n' >"$work/deps.c"
+    gcc $1 "$work/deps.c" -o "$work/deps" $2 -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lprotobuf-c >"$work/deps.log" 2>&1 &&
         "$work/deps" >>"$work/deps.log" 2>&1
 }
 # deb_unpack FILE ROOT: dpkg -x, or the data member of the ar archive through tar.
@@ -215,7 +215,7 @@ deb_unpack() {
 dep_inc=""
 dep_lib=""
 if deps_ok "" ""; then
-    found "build libraries (libpng, libturbojpeg, lmdb, cJSON, OpenBLAS): installed"
+    found "build libraries (libpng, libturbojpeg, lmdb, cJSON, OpenBLAS, protobuf-c): installed"
 else
     debs=${CIFAR_DEBS:-$repo/.debs}
     if ls "$debs"/*.deb >/dev/null 2>&1; then
@@ -237,7 +237,7 @@ else
             fail "build dependencies: see the missing line above"
         fi
     else
-        lacks "build libraries (libpng, libturbojpeg, lmdb, cJSON, OpenBLAS)" "not installed and no .deb files in $debs: make them with tests/gpu/fetch_debs.sh and carry .debs"
+        lacks "build libraries (libpng, libturbojpeg, lmdb, cJSON, OpenBLAS, protobuf-c)" "not installed and no .deb files in $debs: make them with tests/gpu/fetch_debs.sh and carry .debs"
         fail "build dependencies missing"
     fi
 fi
