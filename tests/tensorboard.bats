@@ -44,6 +44,11 @@ tb() { "$TB_PYTHON" "$BATS_TEST_DIRNAME/tb_read.py" "$@"; }
     # the epochs end at steps 6, 12, 18
     [ "$(grep '^epoch/test_acc ' <<< "$output" | cut -d' ' -f2 | tr '\n' ' ')" = "6 12 18 " ]
     grep '^train/loss ' <<< "$output" | awk '{ if (!($3 > 0 && $3 < 100)) exit 1 }'
+    # rerunning the finished run adds no event and no file
+    train "$dir" --epochs 3 --log-every 4 >/dev/null
+    [ "$(ls "$dir/tb" | wc -l)" -eq 1 ]
+    run tb metrics "$dir"
+    assert_success
     # the default: every 50 steps (none in 18)
     train "$BATS_TEST_TMPDIR/default" --epochs 3 >/dev/null
     run tb accumulate "$BATS_TEST_TMPDIR/default"

@@ -23,9 +23,13 @@
 #define TB_MAX_FILE ((size_t)1 << 31)
 
 struct TbWriter {
-    int fd;
+    int fd;            /* -1 until the first scalar */
+    char dir[4096];
+    long long latest;  /* the latest seconds among the older files' names, or -1 */
     char path[4096];
 };
+
+static int create_file(TbWriter *w, char *err, size_t errlen);
 
 uint32_t tb_masked_crc(const void *data, size_t len) {
     uint32_t c = crc32c_extend(0, data, len);
@@ -63,6 +67,7 @@ static int write_event(TbWriter *w, const Tensorboard__Event *ev, char *err, siz
 }
 
 int tb_scalar(TbWriter *w, const char *tag, int64_t step, double value, char *err, size_t errlen) {
+    if (w->fd < 0 && create_file(w, err, errlen) != 0) return -1;
     Tensorboard__SummaryValue v = TENSORBOARD__SUMMARY_VALUE__INIT;
     v.tag = (char *)tag;
     v.value_case = TENSORBOARD__SUMMARY_VALUE__VALUE_SIMPLE_VALUE;
@@ -80,16 +85,14 @@ int tb_scalar(TbWriter *w, const char *tag, int64_t step, double value, char *er
 }
 
 int tb_flush(TbWriter *w, char *err, size_t errlen) {
-    if (fsync(w->fd) == 0) return 0;
+    if (w->fd < 0 || fsync(w->fd) == 0) return 0;
     snprintf(err, errlen, "%s: cannot flush the events: %s", w->path, strerror(errno));
     return -1;
 }
 
-const char *tb_path(const TbWriter *w) { return w->path; }
-
 void tb_close(TbWriter *w) {
     if (!w) return;
-    close(w->fd);
+    if (w->fd >= 0) close(w->fd);
     free(w);
 }
 
@@ -195,8 +198,10 @@ static int truncate_all(const char *dir, int64_t max_step, long long *latest, ch
     return rc;
 }
 
-/* This process's new file, named after every older one. */
-static int create_file(TbWriter *w, const char *dir, long long latest, char *err, size_t errlen) {
+/* This process's new file, named after every older one, and its first event. */
+static int create_file(TbWriter *w, char *err, size_t errlen) {
+    const char *dir = w->dir;
+    const long long latest = w->latest;
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = '\0';
@@ -220,6 +225,7 @@ static int create_file(TbWriter *w, const char *dir, long long latest, char *err
     if (write_event(w, &ev, err, errlen) != 0 || fs_fsync_parent(w->path) != 0) {
         if (!err[0]) snprintf(err, errlen, "%s: %s", w->path, strerror(errno));
         close(w->fd);
+        w->fd = -1;
         return -1;
     }
     return 0;
@@ -237,9 +243,8 @@ TbWriter *tb_open(const char *run_dir, int64_t resume_step, char *err, size_t er
     long long latest;
     if (truncate_all(dir, resume_step, &latest, err, errlen) != 0) return NULL;
     TbWriter *w = xcalloc(1, sizeof *w);
-    if (create_file(w, dir, latest, err, errlen) != 0) {
-        free(w);
-        return NULL;
-    }
+    w->fd = -1;
+    w->latest = latest;
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
     return w;
 }

@@ -35,8 +35,9 @@ extern "C" {
 typedef struct TbWriter TbWriter;
 
 /* Prepare RUN_DIR/tb (created when missing) for a run resuming at `resume_step`
- * (0: a fresh run) as above, and open this process's new file. NULL with a reason
- * in err (the path named). */
+ * (0: a fresh run) as above. This process's new file is created by its first
+ * scalar (a rerun of a finished run adds none). NULL with a reason in err (the
+ * path named). */
 TbWriter *tb_open(const char *run_dir, int64_t resume_step, char *err, size_t errlen);
 
 /* One scalar event. 0, or -1 with a reason in err. */
@@ -45,8 +46,6 @@ int tb_scalar(TbWriter *w, const char *tag, int64_t step, double value, char *er
 /* fsync the file. 0, or -1 with a reason in err. */
 int tb_flush(TbWriter *w, char *err, size_t errlen);
 
-/* This process's file (for messages). */
-const char *tb_path(const TbWriter *w);
 
 void tb_close(TbWriter *w);
 
