@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """The moving average of two consecutive snapshots of a cifar-train --ema run.
 
-    /usr/bin/python3 tests/check_ema.py DECAY BEFORE.safetensors AFTER.safetensors
+    /usr/bin/python3 tests/check_ema.py DECAY BEFORE.safetensors AFTER.safetensors [WARMUP_STEP]
 
 AFTER must be one optimizer step after BEFORE (a run of one step per epoch,
 snapshots every epoch). For every float tensor of the state dict (weights and
 BN running statistics): ema.X(after) == DECAY * ema.X(before) + (1 - DECAY) * X(after),
 computed here in float32 one rounding per operation, as ema.h does, so bit for
-bit; the step counters of the average are the model's. Prints "OK ..." and exits
+bit; the step counters of the average are the model's. With WARMUP_STEP
+(--ema-warmup; the step index of AFTER's update, 0 for the first), DECAY is
+replaced by min(DECAY, 1 - (1 + WARMUP_STEP)^(-2/3)) rounded to float32 (ema.h's
+ema_decay_at). Prints "OK ..." and exits
 0, or names the first tensor that differs and exits 1. numpy only.
 """
 import os
@@ -28,6 +31,8 @@ def arrays(path):
 
 def main():
     decay = np.float32(float(sys.argv[1]))
+    if len(sys.argv) > 4:
+        decay = np.float32(min(float(decay), 1.0 - (1.0 + int(sys.argv[4])) ** (-2.0 / 3.0)))
     before, after = arrays(sys.argv[2]), arrays(sys.argv[3])
     names = [n for n in after if not n.startswith(("ema.", "optimizer."))]
     if not all("ema." + n in after and "ema." + n in before for n in names):
@@ -46,8 +51,8 @@ def main():
             print(f"check_ema: ema.{n}[{i}] = {got[i]!r}, the rule gives {want[i]!r}", file=sys.stderr)
             sys.exit(1)
     changed = sum(int(np.sum(after["ema." + n] != after[n])) for n in names)
-    print(f"OK: {len(names)} tensors, {floats} floats follow the rule; {changed} differ from the weights")
-    if changed == 0:
+    print(f"OK: {len(names)} tensors, {floats} floats follow the rule (decay {decay!r}); {changed} differ from the weights")
+    if changed == 0 and decay > 0:
         print("check_ema: the average equals the weights", file=sys.stderr)
         sys.exit(1)
 

@@ -597,10 +597,11 @@ static void test_ema(CudaCtx *ctx) {
     float *gavg = dev_from(ctx, avg, n);
     for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < n; i++) val[i] = (float)((double)(rng_u64(7, 2 + k, i) >> 40) / 4194304.0 - 2.0);
-        float *gval = dev_from(ctx, val, n);
+        float *gval = dev_from(ctx, val, n), *gdecay = dev_from(ctx, &decays[k], 1);
         ema_update(n, avg, val, decays[k]);
-        ema_update_cuda(ctx, n, gavg, gval, decays[k]);
+        ema_update_cuda(ctx, n, gavg, gval, gdecay);
         cuda_free(gval);
+        cuda_free(gdecay);
     }
     float *got = host_from(ctx, gavg, n);
     expect_true("ema_update_cuda: bit-identical to the CPU's ema_update", memcmp(got, avg, n * sizeof(float)) == 0);
@@ -774,6 +775,7 @@ static void engine_test_config(EngineConfig *ec, const Model *m, HostSplit data,
     ec->flip = 1;
     ec->cutout = 5;
     ec->ema_decay = 0.6f;
+    ec->ema_warmup = 1; /* the decay changes every step: read from device memory by the graph */
     ec->max_batch = ENGINE_BATCH;
     ec->seed = 21;
     ec->label_smoothing = 0.1f;

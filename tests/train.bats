@@ -309,14 +309,33 @@ each_snapshot_resumes_exactly() { # run-dir, reference snapshot, train args...
     run ! grep -qF '"ema.0.conv.weight"' "$BATS_TEST_TMPDIR/plain/snapshot-000006.safetensors"
 }
 
+@test "--ema-warmup: the first update copies the weights, later ones decay by min(DECAY, 1 - (1 + step)^(-2/3))" {
+    dir="$BATS_TEST_TMPDIR/run"
+    train "$dir" --epochs 3 --batch-size 384 --save-every 1 --keep 0 --ema 0.75 --ema-warmup >/dev/null
+    run "$PY" "$BATS_TEST_DIRNAME/check_ema.py" 0.75 "$dir/snapshot-000001.safetensors" \
+        "$dir/snapshot-000001.safetensors" 0
+    assert_success
+    assert_output --partial "(decay 0.0); 0 differ from the weights"
+    # step index 2: 1 - 3^(-2/3) = 0.519..., below 0.75
+    run "$PY" "$BATS_TEST_DIRNAME/check_ema.py" 0.75 "$dir/snapshot-000002.safetensors" \
+        "$dir/snapshot-000003.safetensors" 2
+    assert_success
+    assert_output --partial "(decay 0.519"
+    run "$BIN/cifar-train" --ema-warmup "$LMDB"
+    assert_failure 2
+    assert_output --partial "needs --ema DECAY"
+}
+
 @test "--ema: a resumed run is bit-identical to an uninterrupted one, average included" {
-    ref=$(train "$BATS_TEST_TMPDIR/ref" --epochs 3 --save-every 1 --ema 0.9 | tail -1)
-    grep -qF '"ema.0.conv.weight"' "$ref"
-    dir="$BATS_TEST_TMPDIR/killed"
-    CIFAR_TEST_DIE_AFTER_STEPS=10 run train "$dir" --epochs 3 --save-every 1 --ema 0.9
-    assert_failure
-    resumed=$(train "$dir" --epochs 3 --save-every 1 --ema 0.9 | tail -1)
-    [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
+    for warmup in "" --ema-warmup; do
+        ref=$(train "$BATS_TEST_TMPDIR/ref$warmup" --epochs 3 --save-every 1 --ema 0.9 $warmup | tail -1)
+        grep -qF '"ema.0.conv.weight"' "$ref"
+        dir="$BATS_TEST_TMPDIR/killed$warmup"
+        CIFAR_TEST_DIE_AFTER_STEPS=10 run train "$dir" --epochs 3 --save-every 1 --ema 0.9 $warmup
+        assert_failure
+        resumed=$(train "$dir" --epochs 3 --save-every 1 --ema 0.9 $warmup | tail -1)
+        [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
+    done
 }
 
 @test "--ema on a run that had none: the average starts from the snapshot's weights" {

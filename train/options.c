@@ -40,6 +40,8 @@ static const char *usage_text =
     "  --ema DECAY            also keep an exponential moving average of the weights and\n"
     "                         BN buffers, updated every step (as timm's --model-ema; e.g.\n"
     "                         0.999; default 0: none); in the snapshots, used by cifar-eval\n"
+    "  --ema-warmup           the average's decay warms up: min(DECAY, 1 - (1 + step)^(-2/3))\n"
+    "                         (timm's --model-ema-warmup): for runs of a few thousand steps\n"
     "\n"
     "Validation:\n"
     "  --val-fraction F       hold out F (0 < F < 1) of the train split, stratified by class\n"
@@ -107,7 +109,7 @@ enum {
     OPT_NORMALIZE, OPT_KEEP, OPT_MODEL, OPT_PRECISION, OPT_DETERMINISTIC, OPT_QUIET, OPT_COMM,
     OPT_VAL_FRACTION, OPT_EARLY_STOP,
     OPT_SAVE_INTERVAL, OPT_SAVE_EVERY_STEPS, OPT_SIGNALS,
-    OPT_AUGMENT, OPT_CROP_PADDING, OPT_CUTOUT, OPT_EMA, OPT_LOG_EVERY,
+    OPT_AUGMENT, OPT_CROP_PADDING, OPT_CUTOUT, OPT_EMA, OPT_LOG_EVERY, OPT_EMA_WARMUP,
 };
 
 static const struct option long_options[] = {
@@ -142,6 +144,7 @@ static const struct option long_options[] = {
     {"cutout", required_argument, 0, OPT_CUTOUT},
     {"ema", required_argument, 0, OPT_EMA},
     {"log-every", required_argument, 0, OPT_LOG_EVERY},
+    {"ema-warmup", no_argument, 0, OPT_EMA_WARMUP},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -265,6 +268,7 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
         case OPT_CROP_PADDING: o->crop_padding = (int)option_int(name, optarg, 0, 256); break;
         case OPT_CUTOUT: o->cutout = (int)option_int(name, optarg, 0, 4096); break;
         case OPT_EMA: o->ema_decay = ema_parse(name, optarg); break;
+        case OPT_EMA_WARMUP: o->ema_warmup = 1; break;
         case OPT_LOG_EVERY: o->log_every = (int)option_int(name, optarg, 1, 1000000000); break;
         case 'h': fputs(usage_text, stdout); exit(0);
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
@@ -272,6 +276,7 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
     }
     if (o->early_stop && o->val_fraction == 0)
         die_usage("--early-stop needs a validation split: give --val-fraction");
+    if (o->ema_warmup && o->ema_decay == 0) die_usage("--ema-warmup: needs --ema DECAY (the average it warms up)");
     if (argc - optind > 1) die_usage("expected one DATA.lmdb, got %d arguments", argc - optind);
     o->data_path = optind < argc ? argv[optind] : data_path_from_stdin();
 }
@@ -297,6 +302,7 @@ char *train_options_to_json(const TrainOptions *o) {
     cJSON_AddNumberToObject(j, "crop_padding", o->crop_padding);
     cJSON_AddNumberToObject(j, "cutout", o->cutout);
     cJSON_AddNumberToObject(j, "ema", o->ema_decay);
+    cJSON_AddBoolToObject(j, "ema_warmup", o->ema_warmup);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     CHECK_ALLOC(text, 1024);

@@ -44,6 +44,7 @@ typedef struct {
     int crop_padding;      /* --crop-padding (4) */
     int cutout;            /* --cutout: square side, 0 = none */
     double ema_decay;      /* --ema: 0 = no moving average */
+    int ema_warmup;        /* --ema-warmup */
     int log_every;         /* --log-every: steps between TensorBoard train scalars */
 } TrainOptions;
 

@@ -718,6 +718,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     ec.weight_decay = (float)o->weight_decay;
     ec.nesterov = o->nesterov;
     ec.ema_decay = (float)o->ema_decay;
+    ec.ema_warmup = o->ema_warmup;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int local = env->local_world_size > 0 ? env->local_world_size : 1;
     ec.threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);

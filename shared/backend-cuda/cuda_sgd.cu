@@ -44,13 +44,16 @@ extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const 
     CHECK_CUDA_LAST();
 }
 
-/* ema.h's moving average, one element per thread (ema_blend: bit-identical to the CPU). */
-__global__ void ema_kernel(size_t n, float *avg, const float *value, float decay) {
+/* ema.h's moving average, one element per thread (ema_blend: bit-identical to the
+ * CPU); the decay read from device memory when the kernel runs (graph replays). */
+__global__ void ema_kernel(size_t n, float *avg, const float *value, const float *decay_dev) {
+    const float decay = *decay_dev;
     GRID_STRIDE(i, n) avg[i] = ema_blend(avg[i], value[i], decay);
 }
 
-extern "C" void ema_update_cuda(CudaCtx *ctx, size_t n, float *avg, const float *value, float decay) {
+extern "C" void ema_update_cuda(CudaCtx *ctx, size_t n, float *avg, const float *value,
+                                const float *decay_dev) {
     if (!n) return;
-    ema_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, avg, value, decay);
+    ema_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(n, avg, value, decay_dev);
     CHECK_CUDA_LAST();
 }

@@ -57,6 +57,7 @@
 #include "backend-cuda/cuda_check.h"
 #include "backend-cuda/loader_cuda.h"
 #include "backend-cuda/ops_cuda.h"
+#include "model/ema.h"
 #include "model/engine.h"
 #include "model/model.h"
 #include "model/net.h"
@@ -71,6 +72,7 @@ typedef struct {
     int64_t epoch;
     float lr;
     int32_t first_step;
+    float ema_decay; /* this step's (ema_decay_at) */
 } StepArgs;
 
 /* Where a split's batches are read by the augmentation: the whole split resident
@@ -173,8 +175,8 @@ static void sgd_step(Engine *e, GpuEngine *g) {
     net_sgd(g->net, g->params, g->grads, g->momentum, g->decay_mask, &g->args->lr, e->cfg.momentum,
             e->cfg.weight_decay, e->cfg.nesterov, &g->args->first_step);
     if (g->ema_params) {
-        ema_update_cuda(g->ctx, e->cfg.model->num_params, g->ema_params, g->params, e->cfg.ema_decay);
-        ema_update_cuda(g->ctx, e->cfg.model->num_buffers, g->ema_buffers, g->buffers, e->cfg.ema_decay);
+        ema_update_cuda(g->ctx, e->cfg.model->num_params, g->ema_params, g->params, &g->args->ema_decay);
+        ema_update_cuda(g->ctx, e->cfg.model->num_buffers, g->ema_buffers, g->buffers, &g->args->ema_decay);
     }
 }
 
@@ -377,6 +379,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
     g->h_args->epoch = epoch;
     g->h_args->lr = lr;
     g->h_args->first_step = step == 0;
+    g->h_args->ema_decay = ema_decay_at(e->cfg.ema_decay, step, e->cfg.ema_warmup);
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     CHECK_CUDA(cudaMemcpyAsync(g->args, g->h_args, sizeof(StepArgs), cudaMemcpyHostToDevice, s));
     batch_stage(g, &g->train_src, &e->cfg.train, idx, n);

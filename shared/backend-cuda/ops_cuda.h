@@ -266,8 +266,9 @@ void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad
                          const int *first_step_dev);
 
 /* ema.h's ema_update on device memory (avg, value: n floats), on the context's
- * stream (capturable in a CUDA graph). */
-void ema_update_cuda(CudaCtx *ctx, size_t n, float *avg, const float *value, float decay);
+ * stream (capturable in a CUDA graph), the decay read from decay_dev (one float in
+ * device memory) when the kernel runs. */
+void ema_update_cuda(CudaCtx *ctx, size_t n, float *avg, const float *value, const float *decay_dev);
 
 /* ---- the executor's op table (net_cuda.cu) ---- */
 

@@ -3,7 +3,11 @@
  * state dict, the parameters and the BN running statistics alike:
  *     avg = decay * avg + (1 - decay) * value
  * starting from the model's initial state (num_batches_tracked is the model's own:
- * a counter is not averaged). ema_blend is the one expression both devices use:
+ * a counter is not averaged). With warm-up (--ema-warmup, timm's ModelEmaV3
+ * use_warmup with its defaults, gamma 1 and power 2/3) the decay of the update
+ * after `updates` earlier ones is min(decay, 1 - (1 + updates)^(-2/3)): the first
+ * update copies the weights, and the average forgets the early weights quickly
+ * (ema_decay_at: host code, in double, rounded once to the float both devices use). ema_blend is the one expression both devices use:
  * on the GPU with explicit round-to-nearest operations so that nvcc cannot fuse it
  * into an FMA (the CPU build does not fuse either), so the two are bit-identical
  * (test_ops_cuda). ema_update is the CPU loop; ema_update_cuda (ops_cuda.h) the
@@ -11,7 +15,9 @@
 #ifndef CIFAR_EMA_H
 #define CIFAR_EMA_H
 
+#include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define EMA_FN static inline __host__ __device__
@@ -25,6 +31,13 @@ EMA_FN float ema_blend(float avg, float value, float decay) {
 #else
     return decay * avg + (1.0f - decay) * value;
 #endif
+}
+
+/* The decay of one update: `decay`, or with warm-up as above. */
+static inline float ema_decay_at(float decay, int64_t updates, int warmup) {
+    if (!warmup) return decay;
+    double d = 1.0 - pow(1.0 + (double)updates, -2.0 / 3.0);
+    return (float)(d < (double)decay ? d : (double)decay);
 }
 
 /* avg[i] = ema_blend(avg[i], value[i], decay) for i < n. */

@@ -41,6 +41,7 @@ typedef struct {
     float momentum, weight_decay;
     int nesterov;
     float ema_decay;           /* > 0: keep ema.h's moving average of params and buffers */
+    int ema_warmup;            /* 1: its decay warms up (ema_decay_at, by the step index) */
     int threads;               /* CPU engine */
     int device;                /* CUDA engine: device index (LOCAL_RANK) */
     Precision precision;
