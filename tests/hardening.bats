@@ -35,7 +35,8 @@ setup_file() {
     export BASE_SNAP=$(ls "$T/base"/snapshot-*.safetensors)
     cp -r "$T/base" "$T/ref"
     export REF2=$(data_checksum "$(train "$T/ref" --epochs 2 | tail -1)")
-    # The fault points of one snapshot write (epoch 2 on top of base), as the shim counts them.
+    # The fault points of one snapshot write (epoch 2 on top of base), as the shim counts them
+    # (the epoch's TensorBoard events in RUN_DIR/tb first: their writes and fsyncs).
     cp -r "$T/base" "$T/probe"
     LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe" FI_LOG="$T/snapshot-points.log" \
         train "$T/probe" --epochs 2 >/dev/null

@@ -24,6 +24,7 @@
 
 struct TbWriter {
     int fd;            /* -1 until the first scalar */
+    int dirty;         /* written since the last fsync */
     char dir[4096];
     long long latest;  /* the latest seconds among the older files' names, or -1 */
     char path[4096];
@@ -63,6 +64,7 @@ static int write_event(TbWriter *w, const Tensorboard__Event *ev, char *err, siz
     int rc = fs_write_all(w->fd, rec, len + 16);
     free(rec);
     if (rc != 0) snprintf(err, errlen, "%s: cannot write an event: %s", w->path, strerror(errno));
+    w->dirty = 1;
     return rc;
 }
 
@@ -85,7 +87,11 @@ int tb_scalar(TbWriter *w, const char *tag, int64_t step, double value, char *er
 }
 
 int tb_flush(TbWriter *w, char *err, size_t errlen) {
-    if (w->fd < 0 || fsync(w->fd) == 0) return 0;
+    if (w->fd < 0 || !w->dirty) return 0;
+    if (fsync(w->fd) == 0) {
+        w->dirty = 0;
+        return 0;
+    }
     snprintf(err, errlen, "%s: cannot flush the events: %s", w->path, strerror(errno));
     return -1;
 }
@@ -222,13 +228,16 @@ static int create_file(TbWriter *w, char *err, size_t errlen) {
     ev.wall_time = wall_time_now();
     ev.what_case = TENSORBOARD__EVENT__WHAT_FILE_VERSION;
     ev.file_version = (char *)TB_FILE_VERSION;
-    if (write_event(w, &ev, err, errlen) != 0 || fs_fsync_parent(w->path) != 0) {
-        if (!err[0]) snprintf(err, errlen, "%s: %s", w->path, strerror(errno));
+    int rc = write_event(w, &ev, err, errlen);
+    if (rc == 0 && fs_fsync_parent(w->path) != 0) {
+        snprintf(err, errlen, "%s: created, but cannot fsync its folder: %s", w->path, strerror(errno));
+        rc = -1;
+    }
+    if (rc != 0) {
         close(w->fd);
         w->fd = -1;
-        return -1;
     }
-    return 0;
+    return rc;
 }
 
 TbWriter *tb_open(const char *run_dir, int64_t resume_step, char *err, size_t errlen) {

@@ -43,7 +43,8 @@ TbWriter *tb_open(const char *run_dir, int64_t resume_step, char *err, size_t er
 /* One scalar event. 0, or -1 with a reason in err. */
 int tb_scalar(TbWriter *w, const char *tag, int64_t step, double value, char *err, size_t errlen);
 
-/* fsync the file. 0, or -1 with a reason in err. */
+/* fsync the file when something was written since the last time. 0, or -1 with a
+ * reason in err. */
 int tb_flush(TbWriter *w, char *err, size_t errlen);
 
 
