@@ -1,9 +1,9 @@
 /* augment_cuda.cu: augment.h's augment_batch on the device (declared in ops_cuda.h).
  * The dataset split sits on the device as uint8; one thread builds one output
  * pixel (all its channels) exactly as augment.c's augment_one does, with the same
- * augment_draw, rng_cutout and augment_cut (augment.h), so CPU and GPU batches are bit-identical: the normalisation is
- * written with explicit _rn operations so that nvcc cannot fuse it into an FMA
- * (the CPU build does not).
+ * augment_draw, rng_cutout and augment_cut (augment.h), so CPU and GPU batches
+ * are bit-identical: the normalisation is written with explicit _rn operations so
+ * that nvcc cannot fuse it into an FMA (the CPU build does not).
  *
  * Staged batches (a split streamed through pinned buffers, engine_cuda.cu): the
  * pixels and labels hold the batch's records in batch order, so sample i's record
