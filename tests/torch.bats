@@ -3,7 +3,8 @@
 # runs as written, the module's accuracy on a trained snapshot of the seed's network
 # equals cifar-eval's and three wrong rebuilds of the network (each loads with
 # strict=True) do not, and tests/make_reference.py rebuilds tests/data/reference.bin
-# with the module. python3-torch is in `make deps`: nothing here skips.
+# with the module; an --ema snapshot loads its moving average, as cifar-eval does.
+# python3-torch is in `make deps`: nothing here skips.
 
 bats_require_minimum_version 1.5.0
 load helpers
@@ -87,4 +88,16 @@ correct_of() { # snapshot: cifar-eval's count of correct test images
     run "$PY" "$BATS_TEST_DIRNAME/make_reference.py" --check "$BATS_TEST_DIRNAME/data/reference.bin"
     assert_success
     assert_output --partial "matches"
+}
+
+@test "cifar_resnet.load takes an --ema snapshot's moving average, as cifar-eval does" {
+    "$BIN/cifar-train" --quiet --epochs 2 --batch-size 64 --threads 2 --ema 0.9 --ema-warmup \
+        --run-dir "$BATS_TEST_TMPDIR/ema" "$LMDB" > "$BATS_TEST_TMPDIR/final"
+    snap=$(tail -1 "$BATS_TEST_TMPDIR/final")
+    want=$(correct_of "$snap")
+    run "$PY" "$BATS_TEST_DIRNAME/eval_torch.py" "$snap" "$LMDB"
+    assert_success
+    echo "# cifar-eval (the average): $want/256, cifar_resnet: ${output% *}/256" >&3
+    diff=$((${output% *} - want))
+    [ "${diff#-}" -le 2 ]
 }
