@@ -41,9 +41,26 @@ predict_fails() { # status regexp args...
     run "$BIN/cifar-predict" --help
     assert_success
     assert_output --partial "usage: cifar-predict [OPTIONS] SNAPSHOT|RUN_DIR [IMAGE...]"
-    for opt in --top --json --resize --device --batch-size --threads --quiet --help; do
+    for opt in --top --json --resize --device --batch-size --threads --weights --quiet --help; do
         assert_output --partial -- "$opt"
     done
+}
+
+@test "--weights: an --ema snapshot's moving average by default, the trained weights with raw (as cifar-eval)" {
+    "$BIN/cifar-train" --quiet --epochs 2 --batch-size 16 --threads 1 --model "$BATS_FILE_TMPDIR/small.json" \
+        --ema 0.5 --run-dir "$BATS_TEST_TMPDIR/ema" "$DATA/cifar10.lmdb" > "$BATS_TEST_TMPDIR/final"
+    snap=$(tail -1 "$BATS_TEST_TMPDIR/final")
+    hits() { # predict args...: images whose top class is their label
+        "$BIN/cifar-predict" --quiet --threads 1 "$@" "$snap" < "$IMAGES" | cut -f2 |
+            paste - <(cut -f2 "$LABELS") | awk -F'\t' '{ split("cat dog bird", n, " "); if ($1 == n[$2 + 1]) h++ } END { print h + 0 }'
+    }
+    correct() { "$BIN/cifar-eval" --quiet --json --threads 1 "$@" "$snap" | sed 's/.*"correct":\([0-9]*\).*/\1/'; }
+    [ "$(hits)" = "$(correct)" ]
+    [ "$(hits --weights raw)" = "$(correct --weights raw)" ]
+    # the two are other weights: their probabilities differ
+    img=$(head -1 "$IMAGES")
+    [ "$("$BIN/cifar-predict" --quiet "$snap" "$img")" != "$("$BIN/cifar-predict" --quiet --weights raw "$snap" "$img")" ]
+    predict_fails 2 "--weights: unknown value" --weights mean "$snap" "$img"
 }
 
 @test "bad usage exits 2 with one line" {

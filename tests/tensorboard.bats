@@ -57,6 +57,15 @@ tb() { "$TB_PYTHON" "$BATS_TEST_DIRNAME/tb_read.py" "$@"; }
     [ "$(grep -c '^epoch/' <<< "$output")" -eq 30 ]
 }
 
+@test "with --val-fraction the validation loss and accuracy are epoch scalars too" {
+    dir="$BATS_TEST_TMPDIR/run"
+    train "$dir" --epochs 2 --val-fraction 0.25 >/dev/null
+    grep -q '"val_acc"' "$dir/metrics.jsonl"
+    run tb metrics "$dir"
+    assert_success
+    assert_output "OK: 2 epochs x 12 scalars match metrics.jsonl"
+}
+
 @test "killed mid-epoch and rerun: the events continue without a duplicate, equal to an uninterrupted run's" {
     train "$BATS_TEST_TMPDIR/ref" --epochs 3 --log-every 2 >/dev/null
     dir="$BATS_TEST_TMPDIR/killed"

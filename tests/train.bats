@@ -296,6 +296,8 @@ each_snapshot_resumes_exactly() { # run-dir, reference snapshot, train args...
         train "$dir" --epochs 3 --save-every 10 --signals-to-handle SIGINT,SIGTERM
     [ "$status" -eq 138 ]
     [ -z "$(ls "$dir" | grep snapshot-)" ]
+}
+
 @test "--ema: the snapshot carries the average, updated by timm's rule after every step" {
     dir="$BATS_TEST_TMPDIR/run"
     # 384 images in one batch: one step per epoch, a snapshot after each
