@@ -35,7 +35,7 @@ static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch,
     net_cpu_ops()->sgd(NULL, m->num_params, c->params, c->grads, c->momentum, c->decay_mask, &lr,
                        e->cfg.momentum, e->cfg.weight_decay, e->cfg.nesterov, &first_step);
     if (c->ema_params) {
-        float decay = ema_decay_at(e->cfg.ema_decay, step, e->cfg.ema_warmup);
+        float decay = engine_ema_decay(e, step);
         ema_update(m->num_params, c->ema_params, c->params, decay);
         ema_update(m->num_buffers, c->ema_buffers, c->buffers, decay);
     }

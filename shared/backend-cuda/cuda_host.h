@@ -26,8 +26,9 @@ extern "C" {
  * as prefetch); 5 since eval_batch returns logits; 6 since state_stage and
  * state_staged were added at its end (an older library's table is shorter) and
  * comm_blame_laggard was inserted in this table before engine_augment_spec; 7 since
- * the moving average (ema_to_host, ema_from_host, ema_decay, ema_warmup) and the
- * augmentation's flip and cutout fields. Both sides require the same version
+ * the moving average (ema_to_host, ema_from_host, ema_decay, ema_warmup, this
+ * table's engine_ema_decay: the warm-up's pow stays in the command, the library
+ * imports no libm) and the augmentation's flip and cutout fields. Both sides require the same version
  * (cifar_cuda_init, cuda_loader.c), so an entry may go anywhere as long as the
  * version moves. */
 #define CUDA_HOST_API_VERSION 7
@@ -60,6 +61,7 @@ typedef struct {
     void (*comm_blame_laggard)(char *buf, size_t len); /* version 6 */
     /* engine.h */
     AugmentSpec (*engine_augment_spec)(const Engine *e, int64_t epoch, int train);
+    float (*engine_ema_decay)(const Engine *e, int64_t step);
 } CudaHostApi;
 
 /* The table of this executable (cuda_loader.c). */

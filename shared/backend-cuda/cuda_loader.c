@@ -84,6 +84,7 @@ static const CudaHostApi g_host_api = {
     .dist_env_read = dist_env_read,
     .comm_blame_laggard = comm_blame_laggard,
     .engine_augment_spec = engine_augment_spec,
+    .engine_ema_decay = engine_ema_decay,
 };
 
 const CudaHostApi *cuda_host_api(void) { return &g_host_api; }

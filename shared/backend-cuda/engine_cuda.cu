@@ -57,7 +57,6 @@
 #include "backend-cuda/cuda_check.h"
 #include "backend-cuda/loader_cuda.h"
 #include "backend-cuda/ops_cuda.h"
-#include "model/ema.h"
 #include "model/engine.h"
 #include "model/model.h"
 #include "model/net.h"
@@ -379,7 +378,7 @@ static float cuda_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch
     g->h_args->epoch = epoch;
     g->h_args->lr = lr;
     g->h_args->first_step = step == 0;
-    g->h_args->ema_decay = ema_decay_at(e->cfg.ema_decay, step, e->cfg.ema_warmup);
+    g->h_args->ema_decay = engine_ema_decay(e, step);
     CHECK_CUDA(cudaMemcpyAsync(g->idx, g->h_idx, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
     CHECK_CUDA(cudaMemcpyAsync(g->args, g->h_args, sizeof(StepArgs), cudaMemcpyHostToDevice, s));
     batch_stage(g, &g->train_src, &e->cfg.train, idx, n);

@@ -155,6 +155,8 @@ void rendezvous_share(const DistEnv *env, void *blob, size_t len, double timeout
     host()->rendezvous_share(env, blob, len, timeout_s);
 }
 
+float engine_ema_decay(const Engine *e, int64_t step) { return host()->engine_ema_decay(e, step); }
+
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
     return host()->engine_augment_spec(e, epoch, train);
 }

@@ -7,8 +7,10 @@
  * use_warmup with its defaults, gamma 1 and power 2/3) the decay of the update
  * after `updates` earlier ones is min(decay, 1 - (1 + updates)^(-2/3)): the first
  * update copies the weights, and the average forgets the early weights quickly
- * (ema_decay_at: host code, in double, rounded once to the float both devices use). ema_blend is the one expression both devices use:
- * on the GPU with explicit round-to-nearest operations so that nvcc cannot fuse it
+ * (ema_decay_at: host code of the command, in double, rounded once to the float
+ * both devices use; the GPU library asks the command for it, engine_ema_decay, and
+ * links no libm). ema_blend is the one expression both devices use: on the GPU
+ * with explicit round-to-nearest operations so that nvcc cannot fuse it
  * into an FMA (the CPU build does not fuse either), so the two are bit-identical
  * (test_ops_cuda). ema_update is the CPU loop; ema_update_cuda (ops_cuda.h) the
  * kernel. */

@@ -1,7 +1,12 @@
 /* engine.c: what every engine shares (engine.h). */
 #include <string.h>
 
+#include "model/ema.h"
 #include "model/engine.h"
+
+float engine_ema_decay(const Engine *e, int64_t step) {
+    return ema_decay_at(e->cfg.ema_decay, step, e->cfg.ema_warmup);
+}
 
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train) {
     const ModelConfig *mc = &e->cfg.model->cfg;

@@ -104,6 +104,10 @@ struct Engine {
  * configured, keyed by epoch) or evaluation (normalise only). */
 AugmentSpec engine_augment_spec(const Engine *e, int64_t epoch, int train);
 
+/* The moving average's decay for the update of global step `step` (ema.h's
+ * ema_decay_at of the engine's ema_decay and ema_warmup). */
+float engine_ema_decay(const Engine *e, int64_t step);
+
 /* ops->prefetch when the engine has one, else nothing. */
 void engine_prefetch(Engine *e, const int64_t *idx, int n, int train);
 
