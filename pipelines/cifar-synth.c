@@ -113,9 +113,16 @@ static void png_on_error(png_structp png, png_const_charp msg) {
     die("%s: cannot write PNG (%s)", path, msg);
 }
 
-static void png_save(const char *path, const uint8_t *px, int S, int C) {
-    FILE *f = fopen(path, "wb");
-    CHECK_STDIO(f != NULL, path);
+typedef struct {
+    const char *path;
+    const uint8_t *px;
+    int S, C;
+} PngJob;
+
+static int png_write_stream(FILE *f, void *ctx) {
+    const PngJob *j = ctx;
+    const char *path = j->path;
+    int S = j->S, C = j->C;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, (void *)path, png_on_error, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     CHECK_ALLOC(info, sizeof(void *));
@@ -124,10 +131,19 @@ static void png_save(const char *path, const uint8_t *px, int S, int C) {
                  C == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_write_info(png, info);
-    for (int y = 0; y < S; y++) png_write_row(png, px + (size_t)y * (size_t)S * (size_t)C);
+    for (int y = 0; y < S; y++) png_write_row(png, j->px + (size_t)y * (size_t)S * (size_t)C);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    CHECK_STDIO(fclose(f) == 0, path);
+    return fflush(f) == 0 ? 0 : -1;
+}
+
+/* Images go through fs_write_atomic without fsync: the annotation file, written
+ * last after a syncfs, commits them (as cifar-unpack does). */
+static void png_save(const char *path, const uint8_t *px, int S, int C) {
+    PngJob job = {path, px, S, C};
+    char err[4400];
+    if (fs_write_atomic_stdio(path, png_write_stream, &job, FS_ATOMIC_DEFER_SYNC, err, sizeof err))
+        check_fail(__FILE__, __LINE__, path, err, NULL);
 }
 
 static void jpeg_save(tjhandle tj, const char *path, const uint8_t *px, int S, int C) {
@@ -136,22 +152,19 @@ static void jpeg_save(tjhandle tj, const char *path, const uint8_t *px, int S, i
     if (tjCompress2(tj, px, S, 0, S, C == 1 ? TJPF_GRAY : TJPF_RGB, &jpg, &size,
                     C == 1 ? TJSAMP_GRAY : TJSAMP_444, 95, 0))
         die("%s: cannot encode JPEG (%s)", path, tjGetErrorStr2(tj));
-    FILE *f = fopen(path, "wb");
-    CHECK_STDIO(f != NULL, path);
-    CHECK_STDIO(fwrite(jpg, 1, size, f) == size, path);
-    CHECK_STDIO(fclose(f) == 0, path);
+    fs_write_buf_or_die(path, jpg, size, FS_ATOMIC_DEFER_SYNC);
     tjFree(jpg);
 }
 
 /* ------------------------------------------------------------------ splits */
 
-static void json_save(const char *path, cJSON *root) {
+static void json_save(const char *path, const char *image_dir, cJSON *root) {
+    fs_syncfs_or_die(image_dir);
     char *text = cJSON_PrintUnformatted(root);
     CHECK_ALLOC(text, 1 << 20);
-    FILE *f = fopen(path, "wb");
-    CHECK_STDIO(f != NULL, path);
-    CHECK_STDIO(fputs(text, f) >= 0 && fputc('\n', f) != EOF, path);
-    CHECK_STDIO(fclose(f) == 0, path);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* the NUL becomes the final newline */
+    fs_write_buf_or_die(path, text, n + 1, 0);
     free(text);
 }
 
@@ -180,7 +193,7 @@ static void split_write(const SynthOptions *o, const char *name, long long n, ui
         cJSON_AddItemToArray(cats, cJSON_CreateNumber(label));
     }
     snprintf(path, sizeof path, "%s/annotations/cifar10_%s.json", o->out, name);
-    json_save(path, root);
+    json_save(path, dir, root);
     cJSON_Delete(root);
     free(px);
 }

@@ -51,11 +51,14 @@ static void png_on_error(png_structp png, png_const_charp msg) {
     die("%s: cannot write PNG (%s)", path, msg);
 }
 
-/* One 32x32 RGB image (HWC) to `path`. Fast zlib level: these files are read
- * once by cifar-prep, not archived. */
-static void png_save(const char *path, const uint8_t *hwc) {
-    FILE *f = fopen(path, "wb");
-    CHECK_STDIO(f != NULL, path);
+typedef struct {
+    const char *path;
+    const uint8_t *hwc;
+} PngJob;
+
+static int png_write_stream(FILE *f, void *ctx) {
+    const char *path = ((PngJob *)ctx)->path;
+    const uint8_t *hwc = ((PngJob *)ctx)->hwc;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, (void *)path, png_on_error, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     CHECK_ALLOC(info, sizeof(void *));
@@ -67,7 +70,17 @@ static void png_save(const char *path, const uint8_t *hwc) {
     for (int y = 0; y < SIDE; y++) png_write_row(png, hwc + (size_t)y * SIDE * 3);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    CHECK_STDIO(fclose(f) == 0, path);
+    return fflush(f) == 0 ? 0 : -1;
+}
+
+/* One 32x32 RGB image (HWC) to `path`, by fs_write_atomic without its fsyncs: the
+ * annotation file, written last after a syncfs, commits a split's images. Fast zlib
+ * level: these files are read once by cifar-prep, not archived. */
+static void png_save(const char *path, const uint8_t *hwc) {
+    PngJob job = {path, hwc};
+    char err[4400];
+    if (fs_write_atomic_stdio(path, png_write_stream, &job, FS_ATOMIC_DEFER_SYNC, err, sizeof err))
+        check_fail(__FILE__, __LINE__, path, err, NULL);
 }
 
 /* The record's three planes (R, G, B) interleaved into rows of RGB pixels. */
@@ -133,18 +146,15 @@ static void batch_unpack(const char *path, const char *image_dir, int64_t *next,
     CHECK_STDIO(fclose(f) == 0, path);
 }
 
-/* The annotation document, written whole under a temporary name, then renamed. */
-static void json_commit(const char *path, cJSON *root) {
+/* The annotation document, written whole by fs_write_atomic after a syncfs that
+ * makes the split's images (written without fsync) durable first. */
+static void json_commit(const char *path, const char *image_dir, cJSON *root) {
+    fs_syncfs_or_die(image_dir);
     char *text = cJSON_PrintUnformatted(root);
     CHECK_ALLOC(text, 1 << 20);
-    char tmp[4300];
-    fs_temp_name(path, tmp, sizeof tmp);
-    FILE *f = fopen(tmp, "wb");
-    CHECK_STDIO(f != NULL, tmp);
-    CHECK_STDIO(fputs(text, f) >= 0 && fputc('\n', f) != EOF, tmp);
-    CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, tmp);
-    CHECK_STDIO(fclose(f) == 0, tmp);
-    CHECK_STDIO(fs_commit_rename(tmp, path) == 0, path);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* the NUL becomes the final newline: the buffer is not a string after */
+    fs_write_buf_or_die(path, text, n + 1, 0);
     free(text);
 }
 
@@ -166,7 +176,7 @@ static void split_unpack(const char *batch_dir, const char *out, const char *nam
         batch_unpack(path, image_dir, &next, images, cats);
     }
     snprintf(path, sizeof path, "%s/annotations/cifar10_%s.json", out, name);
-    json_commit(path, root);
+    json_commit(path, image_dir, root);
     cJSON_Delete(root);
     log_info("%s: %lld images", name, (long long)next);
 }

@@ -177,7 +177,7 @@ static uint8_t *images_decode(const PredictOptions *o, const ModelConfig *cfg) {
     for (int64_t i = 0; i < o->count; i++) {
         const char *path = o->images[i];
         uint8_t *out = pixels + (size_t)i * rec;
-        if (image_file_read(AT_FDCWD, path, &file, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
+        if (image_file_read(AT_FDCWD, path, 1, &file, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
         ImageShape got;
         int rc = o->resize ? image_decode_resized(dec, file, len, want, out, &scratch, &scratch_cap, &got,
                                                   why, sizeof why)

@@ -7,10 +7,13 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/check.h"
@@ -101,6 +104,16 @@ static int convert_fail(const Convert *cv, int64_t i, Slot *s, const char *why) 
     return -1;
 }
 
+/* Said once per run, for the first image met: the others are dropped the same way. */
+static void alpha_note(const Convert *cv, int64_t i) {
+    static atomic_int said;
+    if (atomic_exchange(&said, 1)) return;
+    char path[PATH_MAX];
+    convert_image_path(cv->job->image_dir, cv->job->ann->files[i], path, sizeof path);
+    log_warn("%s: has an alpha channel (transparency), dropped: the dataset keeps gray or RGB "
+             "pixels only (said once; other such images are converted the same way)", path);
+}
+
 /* Decode record i into out and add it to the slot's sums; 0, or -1 with s->err. */
 static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t *out) {
     const ConvertJob *job = cv->job;
@@ -108,8 +121,7 @@ static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t
     size_t len;
     ImageShape got;
     const char *name = job->ann->files[i];
-    while (*name == '/') name++; /* "<dir>/<name>" names a file under dir even then */
-    if (image_file_read(cv->dirfd, name, &ws->file, &ws->file_cap, &len, why, sizeof why))
+    if (image_file_read(cv->dirfd, name, job->outside_ok, &ws->file, &ws->file_cap, &len, why, sizeof why))
         return convert_fail(cv, i, s, why);
     int rc = image_decode(ws->dec, ws->file, len, &job->shape, out, cv->rec, &got, why, sizeof why);
     if (rc == IMAGE_MISMATCH)
@@ -117,6 +129,7 @@ static int convert_one(Convert *cv, WorkerState *ws, int64_t i, Slot *s, uint8_t
                  got.height, got.width, got.channels, job->shape.height, job->shape.width,
                  job->shape.channels, job->shape_from);
     if (rc != IMAGE_OK) return convert_fail(cv, i, s, why);
+    if (image_decoder_dropped_alpha(ws->dec)) alpha_note(cv, i);
     slot_stats(s, out, (size_t)got.width * (size_t)got.height, got.channels);
     return 0;
 }

@@ -22,6 +22,7 @@ typedef struct {
     int threads;
     DatasetWriter *writer;
     const char *out_path;    /* for writer error messages */
+    int outside_ok;          /* --allow-outside-symlinks */
     int writeback_fd;        /* >= 0: the writer's file, opened read-only: the kernel is
                                 asked to start writing it out as records arrive */
 } ConvertJob;

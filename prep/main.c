@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "annotations.h"
@@ -45,11 +46,17 @@ static const char USAGE[] =
     "                          one name per line (default: the annotation files'\n"
     "                          \"classes\" list, when they have one); stored in OUT\n"
     "      --threads N         decoding threads (default: online cores)\n"
-    "  -f, --force             replace an existing OUT\n"
+    "  -f, --force             replace an existing OUT (a regular file only; never an\n"
+    "                          input of this run)\n"
+    "      --allow-outside-symlinks\n"
+    "                          read images through symlinks that lead outside their\n"
+    "                          image folder (refused by default)\n"
     "  -q, --quiet             no progress or summary on stderr\n"
     "  -h, --help              this help\n"
     "\n"
     "Images are PNG or JPEG, all of one height/width/channel count (1 or 3).\n"
+    "Image names are paths relative to the image folder: no leading '/', no \"..\"\n"
+    "component, no NUL.\n"
     "Exit status: 0 done, 1 failure (one line naming the file), 2 bad usage.\n";
 
 typedef struct {
@@ -66,6 +73,7 @@ typedef struct {
     const char *classes_file;
     int force;
     int quiet;
+    int outside_ok; /* --allow-outside-symlinks */
     int n_splits;
     SplitSpec splits[DATASET_MAX_SPLITS];
 } Options;
@@ -173,7 +181,8 @@ static void options_parse(int argc, char **argv, Options *o) {
         {"num-classes", required_argument, NULL, 'k'}, {"threads", required_argument, NULL, 't'},
         {"classes", required_argument, NULL, 'c'},
         {"force", no_argument, NULL, 'f'},            {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},
+        {"allow-outside-symlinks", no_argument, NULL, 'L'}, {NULL, 0, NULL, 0},
     };
     memset(o, 0, sizeof *o);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -188,6 +197,7 @@ static void options_parse(int argc, char **argv, Options *o) {
         case 't': o->threads = parse_int(optarg, "--threads", 1, 1024); break;
         case 'c': o->classes_file = optarg; break;
         case 'f': o->force = 1; break;
+        case 'L': o->outside_ok = 1; break;
         case 'q': o->quiet = 1; break;
         case 'h': fputs(USAGE, stdout); exit(0);
         case ':': die_usage("%s needs a value; see --help", argv[optind - 1]);
@@ -217,9 +227,46 @@ static void output_check(const Options *o) {
     if (fs_is_dir(o->out)) die("%s: is a folder; give -o a file name", o->out);
     if (fs_exists(o->out) && !o->force)
         die("%s: already exists (use --force to replace it)", o->out);
+    /* -f replaces a regular file only: renaming over /dev/null, a FIFO or a device
+     * would replace the node itself (and a symlink is not ours to replace). */
+    const char *kind = fs_not_regular(o->out);
+    if (kind)
+        die("%s: is %s, not a regular file: --force replaces only a regular file (a previous "
+            "dataset) ---> HINT: give -o a file name", o->out, kind);
     char dir[PATH_CAP];
     fs_dirname(o->out, dir, sizeof dir);
     if (!fs_is_dir(dir)) die("%s: the output folder %s does not exist", o->out, dir);
+}
+
+static int same_file(const struct stat *a, const char *path) {
+    struct stat b;
+    return stat(path, &b) == 0 && a->st_dev == b.st_dev && a->st_ino == b.st_ino;
+}
+
+static void refuse_output_is_input(const Options *o, const char *input) {
+    die("%s: is an input of this run (%s): refusing to overwrite it ---> HINT: give -o another "
+        "file name", o->out, input);
+}
+
+/* An existing OUT (replaced with -f) must not be an annotation file: checked before
+ * any annotation file is read. */
+static void output_not_annotations(const Options *o) {
+    struct stat out;
+    if (stat(o->out, &out) != 0) return;
+    for (int i = 0; i < o->n_splits; i++)
+        if (same_file(&out, o->splits[i].ann)) refuse_output_is_input(o, o->splits[i].ann);
+}
+
+/* ... nor one of the images: checked before any image is read. */
+static void output_not_images(const Options *o, const Annotations *anns) {
+    struct stat out;
+    if (stat(o->out, &out) != 0) return;
+    char path[PATH_CAP];
+    for (int i = 0; i < o->n_splits; i++)
+        for (int64_t j = 0; j < anns[i].count; j++) {
+            convert_image_path(o->splits[i].dir, anns[i].files[j], path, sizeof path);
+            if (same_file(&out, path)) refuse_output_is_input(o, path);
+        }
 }
 
 /* The class names: --classes, else the annotation files' (which must agree), else
@@ -253,7 +300,12 @@ static int labels_check(const Options *o, Annotations *anns, const ClassNames *n
     if (max >= k) {
         for (int i = 0; i < o->n_splits; i++)
             for (int64_t j = 0; j < anns[i].count; j++)
-                if (anns[i].labels[j] >= k)
+                if (anns[i].labels[j] >= k && !o->num_classes && names->count == 0)
+                    die("%s: categories[%lld] = %d is above the largest label cifar-prep accepts, "
+                        "%d (at most %d classes)",
+                        o->splits[i].ann, (long long)j, anns[i].labels[j], CLASSES_MAX - 1,
+                        CLASSES_MAX);
+                else if (anns[i].labels[j] >= k)
                     die("%s: categories[%lld] = %d is out of range for %d classes (%s)",
                         o->splits[i].ann, (long long)j, anns[i].labels[j], k,
                         o->num_classes ? "--num-classes" : o->classes_file ? o->classes_file
@@ -263,12 +315,16 @@ static int labels_check(const Options *o, Annotations *anns, const ClassNames *n
 }
 
 /* The shape of the first image of the first split: every other must match it. */
-static ImageShape shape_probe(const char *path) {
+static ImageShape shape_probe(const Options *o, const char *dir, const char *name, const char *path) {
     uint8_t *buf = NULL;
     size_t cap = 0, len;
     char why[768];
     ImageShape shape;
-    if (image_file_read(AT_FDCWD, path, &buf, &cap, &len, why, sizeof why)) die("%s: %s", path, why);
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0) die("%s: cannot open the image folder (%s)", dir, strerror(errno));
+    if (image_file_read(dirfd, name, o->outside_ok, &buf, &cap, &len, why, sizeof why))
+        die("%s: %s", path, why);
+    close(dirfd);
     ImageDecoder *dec = image_decoder_create();
     if (image_probe(dec, buf, len, &shape, why, sizeof why) != IMAGE_OK) die("%s: %s", path, why);
     image_decoder_free(dec);
@@ -282,6 +338,7 @@ int main(int argc, char **argv) {
     options_parse(argc, argv, &o);
     log_set_quiet(o.quiet);
     output_check(&o);
+    output_not_annotations(&o);
 
     Annotations anns[DATASET_MAX_SPLITS];
     char err[1024];
@@ -294,10 +351,11 @@ int main(int argc, char **argv) {
     memset(&info, 0, sizeof info);
     classes_choose(&o, anns, &info.classes);
     int k = labels_check(&o, anns, &info.classes);
+    output_not_images(&o, anns);
 
     char first[PATH_CAP];
     convert_image_path(o.splits[0].dir, anns[0].files[0], first, sizeof first);
-    ImageShape shape = shape_probe(first);
+    ImageShape shape = shape_probe(&o, o.splits[0].dir, anns[0].files[0], first);
 
     char out_dir[PATH_CAP];
     fs_dirname(o.out, out_dir, sizeof out_dir);
@@ -319,7 +377,7 @@ int main(int argc, char **argv) {
     int64_t total = 0;
     for (int i = 0; i < o.n_splits; i++) {
         ConvertJob job = {o.splits[i].name, o.splits[i].dir, &anns[i], shape, first,
-                          o.threads, w, o.out, writeback_fd};
+                          o.threads, w, o.out, o.outside_ok, writeback_fd};
         convert_split(&job, &info.splits[i]);
         total += anns[i].count;
     }

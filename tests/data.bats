@@ -166,3 +166,46 @@ peak_rss_anon() { # pid
     assert_success
     assert_output --partial "accuracy:"
 }
+
+# ------------------------------------------------------------ format version 3 (issue 20)
+
+@test "record 42 stored as an exact copy of record 43 (a flipped overflow-page pointer) fails its checksum" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/d.lmdb"
+    "$T/lmdb_poke" copy "$BATS_TEST_TMPDIR/d.lmdb" train 43 42
+    run train "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/d.lmdb" --epochs 1
+    assert_one_line_failure "split \"train\" record 42 fails its checksum"
+    # The same copy in a version-2 file goes unnoticed (why version 3 covers the index).
+    "$T/lmdb_poke" v2 "$LMDB" "$BATS_TEST_TMPDIR/v2.lmdb"
+    "$T/lmdb_poke" copy "$BATS_TEST_TMPDIR/v2.lmdb" train 43 42
+    run train "$BATS_TEST_TMPDIR/r2" "$BATS_TEST_TMPDIR/v2.lmdb" --epochs 1
+    assert_success
+}
+
+@test "a mean changed in the metadata (0.4 -> 0.9) fails the metadata checksum" {
+    cp "$LMDB" "$BATS_TEST_TMPDIR/d.lmdb"
+    "$PY" - "$BATS_TEST_TMPDIR/d.lmdb" <<'PYEOF'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, 'rb').read())
+at = b.index(b'"mean":[0.') + len(b'"mean":[0.')
+b[at] = ord('9') if b[at] != ord('9') else ord('1')
+open(p, 'wb').write(b)
+PYEOF
+    run train "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/d.lmdb" --epochs 1
+    assert_one_line_failure "cifar-train: $BATS_TEST_TMPDIR/d.lmdb: the metadata fails its checksum"
+    run "$BIN/cifar-eval" --quiet --threads 1 --data "$BATS_TEST_TMPDIR/d.lmdb" "$SNAP"
+    assert_one_line_failure "the metadata fails its checksum"
+}
+
+@test "a version-2 file trains the same, with a note that its checksums cover less" {
+    "$T/lmdb_poke" v2 "$LMDB" "$BATS_TEST_TMPDIR/v2.lmdb"
+    run --separate-stderr train "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/v2.lmdb" --epochs 1
+    assert_success
+    [[ "$stderr" == *"v2.lmdb: format version 2: its checksums cover neither a record's index nor the metadata"* ]]
+    [ "$(data_checksum "${lines[-1]}")" = "$(data_checksum "$SNAP")" ]
+    # Its records are still verified: a flipped byte is named.
+    "$T/lmdb_poke" flip "$BATS_TEST_TMPDIR/v2.lmdb" test 7 >/dev/null
+    run "$BIN/cifar-eval" --quiet --threads 1 --data "$BATS_TEST_TMPDIR/v2.lmdb" "$SNAP"
+    assert_failure 1
+    assert_output --partial "split \"test\" record 7 fails its checksum"
+}

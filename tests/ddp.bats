@@ -280,3 +280,33 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     [[ "$stderr" == *"CPU workers on several nodes: the shared-memory communicator needs every rank on one machine (world size 2, 1 on this node)"* ]] || { echo "$stderr"; false; }
     [[ "$stderr" == *"mpirun or srun --mpi=pmix"* ]]
 }
+
+# The worker of the launcher whose RANK is r.
+worker_rank() { # launcher r
+    local p
+    for p in $(workers_of "$1"); do
+        if tr '\0' '\n' < "/proc/$p/environ" | grep -qx "RANK=$2"; then echo "$p"; return 0; fi
+    done
+    return 1
+}
+
+@test "SIGTERM to a rank waiting for a stopped peer ends the wait at once (exit 143), not after the timeout" {
+    dir="$BATS_TEST_TMPDIR/run"
+    CIFAR_COMM_TIMEOUT=300 ddp_bg "$dir" --max-restarts 0 --epochs 50
+    launcher=$!
+    wait_until 50 two_workers "$launcher"
+    sleep 0.5
+    rank0=$(worker_rank "$launcher" 0)
+    rank1=$(worker_rank "$launcher" 1)
+    kill -STOP "$rank1"
+    sleep 0.5                       # rank 0 now waits for rank 1 in a collective
+    kill -TERM "$rank0"
+    # Within 10 s (the grace is half a second; the collective timeout is 300 s).
+    wait_until 100 grep -q "rank 0: stopped by signal 15 while waiting for its peers" "$BATS_TEST_TMPDIR/err"
+    kill -CONT "$rank1"
+    status=0
+    wait "$launcher" || status=$?
+    cat "$BATS_TEST_TMPDIR/err"
+    [ "$status" -ne 0 ]
+    [ -z "$(leftover_processes)" ]
+}

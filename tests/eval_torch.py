@@ -53,7 +53,7 @@ def main():
     shape = cifar_resnet.model_shape(meta)
     dump = subprocess.run(["mdb_dump", "-n", "-s", "test", lmdb], check=True,
                           capture_output=True, text=True).stdout
-    labels, pixels = zip(*parse_dump(dump.splitlines(keepends=True)))
+    labels, pixels = zip(*parse_dump(dump.splitlines(keepends=True), "test"))
     hwc = (shape["img_height"], shape["img_width"], shape["img_channels"])
     images = torch.frombuffer(bytearray(b"".join(pixels)), dtype=torch.uint8).reshape(len(labels), *hwc)
     with torch.no_grad():

@@ -124,8 +124,14 @@ static int fi_fd_point(int fd, int kind, const char *kind_name) {
     return fi_point(kind, kind_name, path);
 }
 
+/* A file reopened through /proc/self/fd/N (how the dataset writer hands LMDB its
+ * exclusive temporary) is matched by the path it resolves to. */
 static void fi_fd_opened(int fd, const char *path) {
-    if (fd >= 0 && fd < FI_MAX_FD) fi_fd_match[fd] = (unsigned char)fi_path_matches(path);
+    if (fd < 0 || fd >= FI_MAX_FD) return;
+    char real[1024];
+    ssize_t n = strncmp(path, "/proc/self/fd/", 14) == 0 ? readlink(path, real, sizeof real - 1) : -1;
+    if (n > 0) real[n] = '\0';
+    fi_fd_match[fd] = (unsigned char)fi_path_matches(n > 0 ? real : path);
 }
 
 #define FI_REAL(ret, name, ...)                                    \

@@ -87,6 +87,12 @@ train() { # run-dir, extra args...
         --run-dir "$dir" "$@" "$LMDB"
 }
 
+train_verbose() { # run-dir, extra args...: train with the log on stderr
+    local dir=$1; shift
+    "$BIN/cifar-train" --threads 1 --batch-size 32 --model "$MODEL" --save-every 1 \
+        --run-dir "$dir" "$@" "$LMDB"
+}
+
 # The command failed the way a user should see it: status 1, a message naming
 # `what`, no sanitizer report.
 assert_clean_failure() { # what
@@ -100,10 +106,17 @@ no_temporaries() { # dir
     [ -z "$(ls -A "$1" | grep -- '\.tmp-')" ] || { ls -la "$1"; false; }
 }
 
-# A value file in the dataset format (version 2): int32 LE label, the CRC-32C of
-# label and pixels, then `bytes` pixel bytes.
-record_file() { # out label bytes
+# A value file in the dataset format (version 3): int32 LE label, the CRC-32C of the
+# split name, index, label and pixels, then `bytes` pixel bytes.
+record_file() { # out label bytes split index
     "$PYTHON" "$BATS_TEST_DIRNAME/dataset_record.py" make "$@"
+}
+
+# Put a metadata document (a file) and its checksum (version 3) into a dataset.
+meta_put() { # lmdb json-file
+    "$PYTHON" "$BATS_TEST_DIRNAME/dataset_record.py" meta-crc "$2" | tr -d '\n' > "$2.crc"
+    "$T/lmdbput" "$1" meta dataset "$2"
+    "$T/lmdbput" "$1" meta dataset.crc32c "$2.crc"
 }
 
 meta_json() { # version
@@ -152,12 +165,12 @@ dataset_refused() { # lmdb reason
 
 @test "an LMDB record of the wrong length is named" {
     cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
-    record_file "$BATS_TEST_TMPDIR/rec" 3 100
+    record_file "$BATS_TEST_TMPDIR/rec" 3 100 train 5
     "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" train 00000005 "$BATS_TEST_TMPDIR/rec"
     run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/w.lmdb"
     assert_clean_failure "record train/00000005 has 108 bytes, expected 200"
     cp "$LMDB" "$BATS_TEST_TMPDIR/w.lmdb"
-    record_file "$BATS_TEST_TMPDIR/rec" 3 1000
+    record_file "$BATS_TEST_TMPDIR/rec" 3 1000 test 31
     "$T/lmdbput" "$BATS_TEST_TMPDIR/w.lmdb" test 00000031 "$BATS_TEST_TMPDIR/rec"
     dataset_refused "$BATS_TEST_TMPDIR/w.lmdb" "record test/00000031 has 1008 bytes"
     # An empty value
@@ -169,11 +182,11 @@ dataset_refused() { # lmdb reason
 
 @test "an LMDB label out of range (too large, negative) is named" {
     cp "$LMDB" "$BATS_TEST_TMPDIR/l.lmdb"
-    record_file "$BATS_TEST_TMPDIR/rec" 10 192
+    record_file "$BATS_TEST_TMPDIR/rec" 10 192 test 7
     "$T/lmdbput" "$BATS_TEST_TMPDIR/l.lmdb" test 00000007 "$BATS_TEST_TMPDIR/rec"
     dataset_refused "$BATS_TEST_TMPDIR/l.lmdb" "record test/00000007 has label 10, outside [0, 10)"
     cp "$LMDB" "$BATS_TEST_TMPDIR/l.lmdb"
-    record_file "$BATS_TEST_TMPDIR/rec" -1 192
+    record_file "$BATS_TEST_TMPDIR/rec" -1 192 train 127
     "$T/lmdbput" "$BATS_TEST_TMPDIR/l.lmdb" train 00000127 "$BATS_TEST_TMPDIR/rec"
     run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/l.lmdb"
     assert_clean_failure "record train/00000127 has label -1"
@@ -183,14 +196,14 @@ dataset_refused() { # lmdb reason
     cp "$LMDB" "$BATS_TEST_TMPDIR/m.lmdb"
     "$T/lmdbput" "$BATS_TEST_TMPDIR/m.lmdb" test 00000004
     dataset_refused "$BATS_TEST_TMPDIR/m.lmdb" "split \"test\" holds 31 records, the metadata says 32"
-    record_file "$BATS_TEST_TMPDIR/rec" 1 192
+    record_file "$BATS_TEST_TMPDIR/rec" 1 192 test 99
     "$T/lmdbput" "$BATS_TEST_TMPDIR/m.lmdb" test 00000099 "$BATS_TEST_TMPDIR/rec"
     dataset_refused "$BATS_TEST_TMPDIR/m.lmdb" "record test/00000004 is missing"
 }
 
 @test "an LMDB from another tool (no metadata, foreign metadata) is refused" {
     # Caffe-style: keys in the unnamed table, no "meta".
-    record_file "$BATS_TEST_TMPDIR/rec" 1 192
+    record_file "$BATS_TEST_TMPDIR/rec" 1 192 - 0
     "$T/lmdbput" "$BATS_TEST_TMPDIR/caffe.lmdb" - 00000000_cat.png "$BATS_TEST_TMPDIR/rec"
     dataset_refused "$BATS_TEST_TMPDIR/caffe.lmdb" "no cifar-lmdb metadata"
     printf '{"format":"imagenet-lmdb","version":1}' > "$BATS_TEST_TMPDIR/meta"
@@ -207,37 +220,58 @@ dataset_refused() { # lmdb reason
 
 @test "dataset metadata from a newer format version is refused as such" {
     cp "$LMDB" "$BATS_TEST_TMPDIR/v.lmdb"
+    meta_json 4 > "$BATS_TEST_TMPDIR/meta"
+    meta_put "$BATS_TEST_TMPDIR/v.lmdb" "$BATS_TEST_TMPDIR/meta"
+    dataset_refused "$BATS_TEST_TMPDIR/v.lmdb" "written by a newer cifar-prep (format version 4"
+    # The same document at version 3 is accepted: only the version was wrong.
     meta_json 3 > "$BATS_TEST_TMPDIR/meta"
-    "$T/lmdbput" "$BATS_TEST_TMPDIR/v.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
-    dataset_refused "$BATS_TEST_TMPDIR/v.lmdb" "written by a newer cifar-prep (format version 3"
-    # The same document at version 2 is accepted: only the version was wrong.
-    meta_json 2 > "$BATS_TEST_TMPDIR/meta"
-    "$T/lmdbput" "$BATS_TEST_TMPDIR/v.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    meta_put "$BATS_TEST_TMPDIR/v.lmdb" "$BATS_TEST_TMPDIR/meta"
     run "$BIN/cifar-eval" --quiet --threads 1 --data "$BATS_TEST_TMPDIR/v.lmdb" "$BASE_SNAP"
     assert_success
 }
 
 @test "dataset metadata with bad sizes is refused" {
     cp "$LMDB" "$BATS_TEST_TMPDIR/s.lmdb"
-    meta_json 2 | sed 's/"channels":3/"channels":9/' > "$BATS_TEST_TMPDIR/meta"
-    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    meta_json 3 | sed 's/"channels":3/"channels":9/' > "$BATS_TEST_TMPDIR/meta"
+    meta_put "$BATS_TEST_TMPDIR/s.lmdb" "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"channels\" must be an integer"
-    meta_json 2 | sed 's/"height":8/"height":1e300/' > "$BATS_TEST_TMPDIR/meta"
-    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    meta_json 3 | sed 's/"height":8/"height":1e300/' > "$BATS_TEST_TMPDIR/meta"
+    meta_put "$BATS_TEST_TMPDIR/s.lmdb" "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" "metadata \"height\" must be an integer"
     # A split name with a newline: the reason stays on one line (a fuzzer find).
-    meta_json 2 | sed 's/"test":/"te\\nst":/' > "$BATS_TEST_TMPDIR/meta"
+    meta_json 3 | sed 's/"test":/"te\\nst":/' > "$BATS_TEST_TMPDIR/meta"
     grep -q 'te\\nst' "$BATS_TEST_TMPDIR/meta"
-    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    meta_put "$BATS_TEST_TMPDIR/s.lmdb" "$BATS_TEST_TMPDIR/meta"
     dataset_refused "$BATS_TEST_TMPDIR/s.lmdb" 'metadata has an invalid split name "te?st"'
     # Height and width swapped to a size the records do not have.
-    meta_json 2 | sed 's/"height":8/"height":4/' > "$BATS_TEST_TMPDIR/meta"
-    "$T/lmdbput" "$BATS_TEST_TMPDIR/s.lmdb" meta dataset "$BATS_TEST_TMPDIR/meta"
+    meta_json 3 | sed 's/"height":8/"height":4/' > "$BATS_TEST_TMPDIR/meta"
+    meta_put "$BATS_TEST_TMPDIR/s.lmdb" "$BATS_TEST_TMPDIR/meta"
     run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$BATS_TEST_TMPDIR/s.lmdb"
     assert_clean_failure "has 200 bytes, expected 104"
 }
 
 # ------------------------------------------------------------ corrupt snapshots
+
+# Set element 0 of a snapshot's F32 tensor to a value (nan, inf) and fix the data
+# checksum (FNV-1a 64 of the data section), so that only the value is wrong.
+snapshot_poison() { # in out tensor value
+    "$PYTHON" - "$@" <<'EOF'
+import json, struct, sys
+src, dst, name, value = sys.argv[1:5]
+b = bytearray(open(src, 'rb').read())
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+start = 8 + n + h[name]['data_offsets'][0]
+b[start:start + 4] = struct.pack('<f', float(value))
+s = 0xcbf29ce484222325
+for x in bytes(b[8 + n:]):
+    s = ((s ^ x) * 0x100000001b3) & 0xffffffffffffffff
+old = h['__metadata__']['data_checksum']
+b[8:8 + n] = bytes(b[8:8 + n]).replace(old.encode(), ('%016x' % s).encode())
+open(dst, 'wb').write(b)
+EOF
+}
+
 
 @test "a snapshot with a flipped byte: eval refuses it, train skips to the previous one" {
     cp "$BASE_SNAP" "$BATS_TEST_TMPDIR/f.safetensors"
@@ -503,4 +537,146 @@ vm_floor() { # binary
     echo "$output"
     [ "$status" -eq 0 ] || assert_clean_failure "cifar-prep: "
     no_temporaries "$BATS_TEST_TMPDIR"
+}
+
+# ------------------------------------------------------------ files that are not ours (issue 20)
+
+@test "RUN/lock as a symlink or a FIFO is refused, its target untouched" {
+    dir="$BATS_TEST_TMPDIR/run"
+    mkdir -p "$dir"
+    echo precious > "$BATS_TEST_TMPDIR/victim"
+    ln -s "$BATS_TEST_TMPDIR/victim" "$dir/lock"
+    run train "$dir" --epochs 1
+    assert_clean_failure "$dir/lock: a symlink, not a regular file: the run folder lock is not followed"
+    [ "$(cat "$BATS_TEST_TMPDIR/victim")" = precious ]
+    rm "$dir/lock"
+    mkfifo "$dir/lock"
+    run timeout -k 2 30 "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$dir" "$LMDB"
+    assert_clean_failure "$dir/lock: not a regular file: the run folder lock is not used"
+    [ -p "$dir/lock" ]
+}
+
+@test "metrics.jsonl as a symlink is refused, never appended through" {
+    dir="$BATS_TEST_TMPDIR/run"
+    mkdir -p "$dir"
+    echo precious > "$BATS_TEST_TMPDIR/victim"
+    ln -s "$BATS_TEST_TMPDIR/victim" "$dir/metrics.jsonl"
+    run train "$dir" --epochs 1
+    assert_clean_failure "$dir/metrics.jsonl is a symlink, not a regular file: not replaced"
+    [ "$(cat "$BATS_TEST_TMPDIR/victim")" = precious ]
+    [ -L "$dir/metrics.jsonl" ]
+}
+
+@test "a FIFO as cifar-eval's snapshot or as a snapshot in the run folder never blocks" {
+    mkfifo "$BATS_TEST_TMPDIR/s.safetensors"
+    run timeout -k 2 30 "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/s.safetensors"
+    assert_clean_failure "s.safetensors: a FIFO, not a regular file"
+    dir="$BATS_TEST_TMPDIR/run"
+    cp -r "$T/base" "$dir"
+    mkfifo "$dir/snapshot-999999.safetensors"
+    run timeout -k 2 60 "$BIN/cifar-train" --quiet --threads 1 --batch-size 32 --model "$MODEL" \
+        --save-every 1 --run-dir "$dir" --epochs 2 "$LMDB"
+    assert_success
+    assert_output --partial "snapshot-999999.safetensors: skipping this snapshot: a FIFO, not a regular file"
+    [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
+}
+
+@test "a stray snapshot-1000000 (a copy of an old one) neither wins the resume nor makes --keep delete the newest" {
+    dir="$BATS_TEST_TMPDIR/run"
+    train "$dir" --epochs 3 --keep 3 >/dev/null
+    cp "$dir/snapshot-000004.safetensors" "$dir/snapshot-1000000.safetensors"
+    run train_verbose "$dir" --epochs 4 --keep 2
+    assert_success
+    # Resumed from the most progress recorded inside a snapshot, named as the file read.
+    assert_output --partial "resuming from $dir/snapshot-000012.safetensors: 3 epochs done"
+    [ -f "$dir/snapshot-000016.safetensors" ]
+    [ -f "$dir/snapshot-000012.safetensors" ]
+    [ -f "$dir/snapshot-1000000.safetensors" ] # not this run's to delete either
+    [ ! -f "$dir/snapshot-000008.safetensors" ]
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 4 ]
+    # The rerun has nothing left to do.
+    run train_verbose "$dir" --epochs 4 --keep 2
+    assert_success
+    assert_output --partial "resuming from $dir/snapshot-000016.safetensors: 4 epochs done"
+    assert_output --partial "already trained for 4 epochs"
+}
+
+@test "a snapshot holding NaN or infinite weights: eval refuses it by name, resume falls back to the previous finite one" {
+    for v in nan inf; do
+        s="$BATS_TEST_TMPDIR/$v.safetensors"
+        snapshot_poison "$BASE_SNAP" "$s" 1.weight "$v"
+        run "$BIN/cifar-eval" --quiet --threads 1 "$s"
+        if [ "$v" = nan ]; then word=NaN; else word=infinite; fi
+        assert_clean_failure "$v.safetensors: tensor 1.weight holds $word values (element 0)"
+    done
+    snapshot_poison "$BASE_SNAP" "$BATS_TEST_TMPDIR/m.safetensors" optimizer.momentum nan
+    run "$BIN/cifar-eval" --quiet --threads 1 "$BATS_TEST_TMPDIR/m.safetensors"
+    assert_clean_failure "tensor optimizer.momentum holds NaN values"
+    dir="$BATS_TEST_TMPDIR/run"
+    cp -r "$T/base" "$dir"
+    train "$dir" --epochs 2 >/dev/null
+    latest=$(ls "$dir"/snapshot-*.safetensors | sort | tail -1)
+    snapshot_poison "$latest" "$latest" 1.weight nan
+    run train "$dir" --epochs 2
+    assert_success
+    assert_output --partial "$(basename "$latest"): skipping this snapshot: tensor 1.weight holds NaN values"
+    [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
+}
+
+# ------------------------------------------------------------ messages that mislead (issue 20)
+
+@test "a 0-byte LMDB is called empty, not 'Bad file descriptor'" {
+    : > "$BATS_TEST_TMPDIR/empty.lmdb"
+    dataset_refused "$BATS_TEST_TMPDIR/empty.lmdb" "an empty file (0 bytes), not a cifar-prep LMDB"
+    refute_output --partial "Bad file descriptor"
+}
+
+@test "numbers are decimal: --lr 0x10 (strtod's 16), inf and nan are refused" {
+    for v in 0x10 0X1p-3 inf nan; do
+        run "$BIN/cifar-train" --lr "$v" --run-dir "$BATS_TEST_TMPDIR/r" "$LMDB"
+        [ "$status" -eq 2 ] || { echo "--lr $v: status $status"; echo "$output"; false; }
+        assert_output --partial "--lr: expected a number in [0, 100], got '$v'"
+    done
+    [ ! -e "$BATS_TEST_TMPDIR/r" ]
+}
+
+@test "a --run-dir with a line break is refused (the last stdout line is the snapshot's path)" {
+    run "$BIN/cifar-train" --quiet --run-dir "$BATS_TEST_TMPDIR/a
+b" "$LMDB"
+    [ "$status" -eq 2 ]
+    assert_output --partial "--run-dir: the folder name holds a line break"
+    [ ! -e "$BATS_TEST_TMPDIR/a" ]
+}
+
+@test "WORLD_SIZE without RANK is refused instead of training alone" {
+    WORLD_SIZE=2 run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$LMDB"
+    [ "$status" -eq 2 ] || { echo "status $status"; echo "$output"; false; }
+    assert_output --partial "WORLD_SIZE is set but RANK is not: this process does not know its rank"
+    [ ! -e "$BATS_TEST_TMPDIR/r/metrics.jsonl" ]
+}
+
+@test "a snapshot of another dataset of the same shape is refused on resume; --fine-tune continues on purpose" {
+    other="$BATS_TEST_TMPDIR/other"
+    make_dataset "$other" --train 128 --test 32 --size 8 --seed 8
+    dir="$BATS_TEST_TMPDIR/run"
+    cp -r "$T/base" "$dir"
+    run "$BIN/cifar-train" --quiet --threads 1 --batch-size 32 --model "$MODEL" --run-dir "$dir" \
+        --epochs 2 "$other/cifar10.lmdb"
+    assert_clean_failure "the snapshot was trained on other data of the same shape (dataset identity"
+    assert_output --partial "--fine-tune to continue on this data on purpose"
+    [ -z "$(ls "$dir" | grep snapshot-000008)" ]
+    run "$BIN/cifar-train" --threads 1 --batch-size 32 --model "$MODEL" --run-dir "$dir" \
+        --epochs 2 --fine-tune "$other/cifar10.lmdb"
+    assert_success
+    assert_output --partial "trained on other data (dataset identity"
+    assert_output --partial "continuing on this data (--fine-tune)"
+    # The same data rebuilt (cifar-prep -f: the same bytes) is the same dataset.
+    cp -r "$DATA" "$BATS_TEST_TMPDIR/again"
+    "$BIN/cifar-prep" --quiet -f "$BATS_TEST_TMPDIR/again" >/dev/null
+    dir2="$BATS_TEST_TMPDIR/run2"
+    cp -r "$T/base" "$dir2"
+    run "$BIN/cifar-train" --quiet --threads 1 --batch-size 32 --model "$MODEL" --save-every 1 \
+        --run-dir "$dir2" --epochs 2 "$BATS_TEST_TMPDIR/again/cifar10.lmdb"
+    assert_success
+    [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
 }

@@ -5,10 +5,16 @@
  *                                     INDEX of SPLIT, in the file itself (pwrite at
  *                                     the record's offset in the file); prints the offset
  *   lmdb_poke v1 IN OUT               write OUT as a format-version-1 copy of the
- *                                     version-2 IN (records without their checksum)
+ *                                     version-3 IN (records without their checksum)
+ *   lmdb_poke v2 IN OUT               ... a version-2 copy (checksums of label and pixels
+ *                                     only, no metadata checksum)
+ *   lmdb_poke copy FILE SPLIT FROM TO  store record FROM's value under key TO as well
+ *                                     (what a flipped overflow-page pointer does: record
+ *                                     TO reads as an exact copy of FROM)
  * Exit 1 with a message on any failure. */
 #include <fcntl.h>
 #include <lmdb.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,8 +74,36 @@ static int flip(const char *path, const char *split, long index) {
     return 0;
 }
 
-/* Copy every table; records lose bytes [4, 8) and the metadata says version 1. */
-static int downgrade(const char *in, const char *out) {
+/* CRC-32C (Castagnoli), bit by bit: the tests' own, independent of the project's. */
+static uint32_t crc32c(const unsigned char *p, size_t n) {
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
+    }
+    return c ^ 0xffffffffu;
+}
+
+/* A record as version `to` stores it: version 1 drops bytes [4, 8), version 2 keeps
+ * them as the CRC-32C of label and pixels. */
+static size_t record_downgrade(const MDB_val *v, int to, char *buf) {
+    memcpy(buf, v->mv_data, 4);
+    if (to == 1) {
+        memcpy(buf + 4, (char *)v->mv_data + 8, v->mv_size - 8);
+        return v->mv_size - 4;
+    }
+    memcpy(buf, v->mv_data, v->mv_size);
+    unsigned char *body = malloc(v->mv_size);
+    memcpy(body, v->mv_data, 4);
+    memcpy(body + 4, (char *)v->mv_data + 8, v->mv_size - 8);
+    uint32_t c = crc32c(body, v->mv_size - 4);
+    free(body);
+    for (int b = 0; b < 4; b++) buf[4 + b] = (char)(c >> (8 * b));
+    return v->mv_size;
+}
+
+/* Copy every table as format version `to` (1 or 2). */
+static int downgrade(const char *in, const char *out, int to) {
     MDB_env *src = env_open(in, MDB_RDONLY), *dst;
     unlink(out);
     dst = env_open(out, 0);
@@ -93,15 +127,18 @@ static int downgrade(const char *in, const char *out) {
         while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
             char *buf = malloc(v.mv_size + 16);
             size_t len = v.mv_size;
-            if (strcmp(table, "meta") == 0) {
-                char *at = memmem(v.mv_data, v.mv_size, "\"version\":2", 11);
-                if (!at) fail(in, "metadata is not version 2");
+            int is_meta = strcmp(table, "meta") == 0;
+            if (is_meta && (k.mv_size != 7 || memcmp(k.mv_data, "dataset", 7) != 0)) {
+                free(buf); /* the metadata checksum came with version 3 */
+                continue;
+            }
+            if (is_meta) {
+                char *at = memmem(v.mv_data, v.mv_size, "\"version\":3", 11);
+                if (!at) fail(in, "metadata is not version 3");
                 memcpy(buf, v.mv_data, v.mv_size);
-                buf[at - (char *)v.mv_data + 10] = '1';
+                buf[at - (char *)v.mv_data + 10] = (char)('0' + to);
             } else {
-                memcpy(buf, v.mv_data, 4);
-                memcpy(buf + 4, (char *)v.mv_data + 8, v.mv_size - 8);
-                len = v.mv_size - 4;
+                len = record_downgrade(&v, to, buf);
             }
             MDB_val nv = {len, buf};
             LMDB_OK(mdb_put(wt, b, &k, &nv, MDB_APPEND), table);
@@ -117,9 +154,34 @@ static int downgrade(const char *in, const char *out) {
     return 0;
 }
 
+static int copy_record(const char *path, const char *split, long from, long to) {
+    MDB_env *env = env_open(path, 0);
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    LMDB_OK(mdb_txn_begin(env, NULL, 0, &txn), path);
+    LMDB_OK(mdb_dbi_open(txn, split, 0, &dbi), split);
+    char kf[16], kt[16];
+    snprintf(kf, sizeof kf, "%08ld", from);
+    snprintf(kt, sizeof kt, "%08ld", to);
+    MDB_val k = {8, kf}, v;
+    LMDB_OK(mdb_get(txn, dbi, &k, &v), kf);
+    char *copy = malloc(v.mv_size);
+    memcpy(copy, v.mv_data, v.mv_size);
+    MDB_val k2 = {8, kt}, v2 = {v.mv_size, copy};
+    LMDB_OK(mdb_put(txn, dbi, &k2, &v2, 0), kt);
+    LMDB_OK(mdb_txn_commit(txn), path);
+    mdb_env_close(env);
+    free(copy);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "flip") == 0) return flip(argv[2], argv[3], atol(argv[4]));
-    if (argc == 4 && strcmp(argv[1], "v1") == 0) return downgrade(argv[2], argv[3]);
-    fprintf(stderr, "usage: lmdb_poke flip FILE SPLIT INDEX | lmdb_poke v1 IN OUT\n");
+    if (argc == 4 && strcmp(argv[1], "v1") == 0) return downgrade(argv[2], argv[3], 1);
+    if (argc == 4 && strcmp(argv[1], "v2") == 0) return downgrade(argv[2], argv[3], 2);
+    if (argc == 6 && strcmp(argv[1], "copy") == 0)
+        return copy_record(argv[2], argv[3], atol(argv[4]), atol(argv[5]));
+    fprintf(stderr, "usage: lmdb_poke flip FILE SPLIT INDEX | lmdb_poke v1|v2 IN OUT | "
+                    "lmdb_poke copy FILE SPLIT FROM TO\n");
     return 2;
 }

@@ -157,3 +157,26 @@ shm_train() { # nproc, run-dir, extra args...
     run "$BATS_TEST_DIRNAME/../pipelines/mpi.sh"
     assert_failure 2
 }
+
+@test "SIGTERM to a rank waiting for a stopped peer (MPI): the wait ends at once, exit 143 named" {
+    dir="$BATS_TEST_TMPDIR/run"
+    CIFAR_COMM_TIMEOUT=300 mpi_train 2 "$dir" --quiet --epochs 200 > /dev/null 2> "$BATS_TEST_TMPDIR/err" &
+    job=$!
+    for _ in $(seq 100); do [ -s "$dir/metrics.jsonl" ] && break; sleep 0.1; done
+    rank_of() { pgrep -f "cifar-train.*$dir" | while read -r p; do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"; done | head -1; }
+    victim=$(rank_of 1)
+    waiter=$(rank_of 0)
+    [ -n "$victim" ]
+    [ -n "$waiter" ]
+    kill -STOP "$victim"
+    sleep 0.5                        # rank 0 now waits for rank 1 in a collective
+    kill -TERM "$waiter"
+    wait_until 100 grep -q "rank 0: stopped by signal 15 while waiting for its peers (MPI" "$BATS_TEST_TMPDIR/err"
+    kill -KILL "$victim" 2>/dev/null || [ $? -eq 1 ] # cleanup: mpirun may have ended it already
+    status=0
+    wait "$job" || status=$?
+    cat "$BATS_TEST_TMPDIR/err"
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]            # ended, not by our 120 s timeout
+}

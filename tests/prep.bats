@@ -42,7 +42,7 @@ need_mdb_dump() { command -v mdb_dump >/dev/null || { echo "needs mdb_dump (lmdb
 # Records of SPLIT as "label hexpixels" lines, through mdb_dump; fails when a
 # record's CRC-32C (bytes 4..8: of the label, then the pixels) does not match.
 records() { # file split
-    mdb_dump -n -s "$2" "$1" | "$PY" "$BATS_TEST_DIRNAME/dataset_record.py" records
+    mdb_dump -n -s "$2" "$1" | "$PY" "$BATS_TEST_DIRNAME/dataset_record.py" records "$2"
 }
 
 meta_json() { # file
@@ -116,7 +116,7 @@ for i, (img, lab) in enumerate(zip(imgs, ann['categories'])):
     l, h = recs[i].split()
     assert int(l) == lab, (i, l, lab)
     assert bytes.fromhex(h) == img.tobytes(), i
-assert meta['format'] == 'cifar-lmdb' and meta['version'] == 2
+assert meta['format'] == 'cifar-lmdb' and meta['version'] == 3
 assert (meta['height'], meta['width'], meta['channels']) == (8, 8, 3)
 assert meta['num_classes'] == max(ann['categories']) + 1
 x = np.stack(imgs).astype(np.float64) / 255
@@ -457,7 +457,7 @@ PY
     if [ "$(id -u)" = 0 ]; then umount "$D/ro"; fi
     assert_failure 1
     [ "${#lines[@]}" -eq 1 ]
-    assert_output --regexp "^cifar-prep: $D/ro/out.lmdb: cannot create the temporary file $D/ro/out.lmdb.tmp-[0-9]+ \((Read-only file system|Permission denied)\)$"
+    assert_output --regexp "^cifar-prep: $D/ro/out.lmdb: cannot create $D/ro/out.lmdb.tmp-[0-9]+: (Read-only file system|Permission denied)( \(.*\))?$"
     [ -z "$left" ]
 }
 
@@ -490,4 +490,194 @@ PY
     [ "$rc" -eq 130 ] || { echo "exit status $rc"; cat "$D/err"; false; }
     grep -q "interrupted; removed the partial output" "$D/err"
     no_leftovers "$D/slow"
+}
+
+# ------------------------------------------------------------------ trust boundaries (issue 20)
+
+# Rewrite an annotation file with a Python statement over `a` (the document).
+ann_edit() { # file python-statement
+    "$PY" - "$1" "$2" <<'PYEOF'
+import json, sys
+path, stmt = sys.argv[1:3]
+a = json.load(open(path))
+exec(stmt)
+open(path, 'w').write(json.dumps(a))
+PYEOF
+}
+
+@test "-f with a FIFO, a symlink or a folder as OUT: refused, the node left as it was" {
+    mkfifo "$BATS_TEST_TMPDIR/fifo"
+    run timeout -k 2 30 "$BIN/cifar-prep" --quiet -f -o "$BATS_TEST_TMPDIR/fifo" "$D"
+    assert_failure 1
+    assert_output "cifar-prep: $BATS_TEST_TMPDIR/fifo: is a FIFO, not a regular file: --force replaces only a regular file (a previous dataset) ---> HINT: give -o a file name"
+    [ -p "$BATS_TEST_TMPDIR/fifo" ]
+    echo precious > "$BATS_TEST_TMPDIR/victim"
+    ln -s "$BATS_TEST_TMPDIR/victim" "$BATS_TEST_TMPDIR/link.lmdb"
+    prep_fails ".*/link.lmdb: is a symlink, not a regular file: --force" -f -o "$BATS_TEST_TMPDIR/link.lmdb" "$D"
+    [ -L "$BATS_TEST_TMPDIR/link.lmdb" ]
+    [ "$(cat "$BATS_TEST_TMPDIR/victim")" = precious ]
+    # A previous dataset (a regular file) is still replaced.
+    run "$BIN/cifar-prep" --quiet -o "$BATS_TEST_TMPDIR/ok.lmdb" "$D"
+    assert_success
+    run "$BIN/cifar-prep" --quiet -f -o "$BATS_TEST_TMPDIR/ok.lmdb" "$D"
+    assert_success
+    [ -f "$BATS_TEST_TMPDIR/ok.lmdb" ]
+}
+
+@test "-f with a device as OUT (root: /dev/null's twin): refused, still a device" {
+    [ "$(id -u)" -eq 0 ] || skip_because "needs root to make a device node"
+    mknod "$BATS_TEST_TMPDIR/null" c 1 3
+    prep_fails ".*/null: is a device, not a regular file" -f -o "$BATS_TEST_TMPDIR/null" "$D"
+    [ -c "$BATS_TEST_TMPDIR/null" ]
+}
+
+@test "-f -o naming an input (annotation file, image) is refused before anything is read or written" {
+    ann="$D/annotations/cifar10_train.json"
+    cp "$ann" "$BATS_TEST_TMPDIR/ann.before"
+    prep_fails "$ann: is an input of this run \($ann\): refusing to overwrite it" -f -o "$ann" "$D"
+    cmp "$ann" "$BATS_TEST_TMPDIR/ann.before"
+    img="$D/train_cifar10/$(ls "$D/train_cifar10" | sed -n 3p)"
+    cp "$img" "$BATS_TEST_TMPDIR/img.before"
+    run "$BIN/cifar-prep" --quiet -f -o "$img" "$D"
+    assert_failure 1
+    assert_output "cifar-prep: $img: is an input of this run ($img): refusing to overwrite it ---> HINT: give -o another file name"
+    cmp "$img" "$BATS_TEST_TMPDIR/img.before"
+    # Through another name of the same file (a hard link) too.
+    ln "$ann" "$BATS_TEST_TMPDIR/same.json"
+    run "$BIN/cifar-prep" --quiet -f -o "$BATS_TEST_TMPDIR/same.json" "$D"
+    assert_failure 1
+    assert_output --partial "is an input of this run ($ann)"
+}
+
+@test "annotation names: '..' and absolute paths refused; a symlink out of the image folder only with --allow-outside-symlinks" {
+    ann="$D/annotations/cifar10_train.json"
+    cp "$D/train_cifar10/$(ls "$D/train_cifar10" | grep png | head -1)" "$BATS_TEST_TMPDIR/outside.png"
+    cp "$ann" "$BATS_TEST_TMPDIR/ann.orig"
+    ann_edit "$ann" "a['images'][2] = '../../outside.png'"
+    prep_fails "$ann: images\[2\] \"../../outside.png\" has a \"..\" component: names are paths inside the image folder$" "$D"
+    ann_edit "$ann" "a['images'][2] = 'sub/../../x.png'"
+    prep_fails "$ann: images\[2\] \"sub/../../x.png\" has a \"..\" component" "$D"
+    ann_edit "$ann" "a['images'][2] = '$BATS_TEST_TMPDIR/outside.png'"
+    prep_fails "$ann: images\[2\] \".*/outside.png\" is an absolute path" "$D"
+    # A symlink in the image folder that leads out of it.
+    cp "$BATS_TEST_TMPDIR/ann.orig" "$ann"
+    name=$(ls "$D/train_cifar10" | grep png | sed -n 2p)
+    rm "$D/train_cifar10/$name"
+    ln -s "$BATS_TEST_TMPDIR/outside.png" "$D/train_cifar10/$name"
+    prep_fails "$D/train_cifar10/$name: the name leads outside the image folder \(through a symlink\): refused ---> HINT: --allow-outside-symlinks" "$D"
+    run "$BIN/cifar-prep" --quiet --allow-outside-symlinks "$D"
+    assert_success
+    # One that stays inside is read as ever.
+    rm "$D/train_cifar10/$name" "$D/cifar10.lmdb"
+    cp "$BATS_TEST_TMPDIR/outside.png" "$D/train_cifar10/real.png"
+    ln -s real.png "$D/train_cifar10/$name"
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_success
+}
+
+@test "a FIFO as an image or as an annotation file is refused at once, not waited on" {
+    name=$(ls "$D/train_cifar10" | sed -n 4p)
+    rm "$D/train_cifar10/$name"
+    mkfifo "$D/train_cifar10/$name"
+    run timeout -k 2 30 "$BIN/cifar-prep" --quiet "$D"
+    assert_failure 1
+    assert_output "cifar-prep: $D/train_cifar10/$name: not a regular file"
+    # The first image (read alone, for the shape) too.
+    rm "$D/train_cifar10/$name"
+    cp -r "$BASE/train_cifar10/$name" "$D/train_cifar10/$name"
+    first=$(ls "$D/train_cifar10" | head -1)
+    rm "$D/train_cifar10/$first"
+    mkfifo "$D/train_cifar10/$first"
+    run timeout -k 2 30 "$BIN/cifar-prep" --quiet "$D"
+    assert_failure 1
+    assert_output "cifar-prep: $D/train_cifar10/$first: not a regular file"
+    rm "$D/annotations/cifar10_test.json"
+    mkfifo "$D/annotations/cifar10_test.json"
+    run timeout -k 2 30 "$BIN/cifar-prep" --quiet "$D"
+    assert_failure 1
+    assert_output "cifar-prep: $D/annotations/cifar10_test.json: cannot read the annotation file (it is a FIFO, not a regular file)"
+}
+
+@test "a label above the class cap without --num-classes names the cap, not --num-classes" {
+    ann="$D/annotations/cifar10_train.json"
+    ann_edit "$ann" "a['categories'][1] = 1000000"
+    prep_fails "$ann: categories\[1\] = 1000000 is above the largest label cifar-prep accepts, 999999 \(at most 1000000 classes\)$" "$D"
+    refute_output --partial "--num-classes"
+}
+
+@test "annotation JSON: the nesting limit, trailing data, a duplicate key and a NUL in a name are named" {
+    ann="$D/annotations/cifar10_train.json"
+    "$PY" -c "import sys; sys.stdout.write('[' * 200000 + ']' * 200000)" > "$ann"
+    prep_fails "$ann: JSON nested deeper than 1000 levels near byte [0-9]+ \(the parser's limit" "$D"
+    cp "$BASE/annotations/cifar10_train.json" "$ann"
+    printf ' {"more": 1}' >> "$ann"
+    prep_fails "$ann: unexpected data after the JSON document at byte [0-9]+$" "$D"
+    cp "$BASE/annotations/cifar10_train.json" "$ann"
+    "$PY" - "$ann" <<'PYEOF'
+import sys
+p = sys.argv[1]
+t = open(p).read().strip()
+open(p, 'w').write(t[:-1] + ', "images": ["x.png"]}')
+PYEOF
+    prep_fails "$ann: the key \"images\" appears more than once$" "$D"
+    cp "$BASE/annotations/cifar10_train.json" "$ann"
+    sed -i 's/"img_000001\.\(png\|jpg\)"/"img_000001.\1\\u0000.evil"/' "$ann"
+    grep -q 'u0000' "$ann"
+    prep_fails "$ann: a NUL character \(\\\\u0000\) in a string at byte [0-9]+: names cannot hold one$" "$D"
+}
+
+# A 2x2 PNG (color type 6: RGBA, or 2: RGB) made with zlib alone.
+png_rgba() { # out color-type
+    "$PY" - "$1" "$2" <<'PYEOF'
+import struct, sys, zlib
+out, ctype = sys.argv[1], int(sys.argv[2])
+ch = 4 if ctype == 6 else 3
+raw = b''.join(b'\0' + bytes([10 * (x + y + c) for x in range(8) for c in range(ch)]) for y in range(8))
+def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))
+open(out, 'wb').write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 8, 8, 8, ctype, 0, 0, 0))
+                      + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+PYEOF
+}
+
+@test "RGBA PNGs: the dropped alpha channel is said once" {
+    for i in 3 5 6; do
+        name=$(ls "$D/train_cifar10" | sed -n ${i}p)
+        png_rgba "$D/train_cifar10/$name" 6
+    done
+    run "$BIN/cifar-prep" --quiet --threads 1 "$D"
+    assert_success
+    [ "$(grep -c 'has an alpha channel' <<< "$output")" -eq 1 ] || { echo "$output"; false; }
+    assert_output --partial "has an alpha channel (transparency), dropped: the dataset keeps gray or RGB pixels only"
+    # Without alpha, nothing is said.
+    rm "$D/cifar10.lmdb"
+    for i in 3 5 6; do
+        name=$(ls "$D/train_cifar10" | sed -n ${i}p)
+        png_rgba "$D/train_cifar10/$name" 2
+    done
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_success
+    refute_output --partial "alpha"
+}
+
+@test "a large annotation file (1M entries) is parsed within twice its size of memory" {
+    "$PY" - "$D" <<'PYEOF'
+import json, sys
+d = sys.argv[1]
+n = 1000000
+json.dump({"images": ["img_%07d.png" % i for i in range(n)], "categories": [i % 10 for i in range(n)]},
+          open(d + '/annotations/cifar10_train.json', 'w'))
+PYEOF
+    size_kb=$(( $(stat -c %s "$D/annotations/cifar10_train.json") / 1024 ))
+    # Peak resident memory (kB) of a command, from getrusage (no sampling).
+    peak_kb() { "$PY" -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$@"; }
+    base=$(peak_kb "$BIN/cifar-prep" --help)
+    # It stops at the first image (there are none of these names): the parse is what ran.
+    run "$BIN/cifar-prep" --quiet "$D"
+    assert_failure 1
+    assert_output --partial "img_0000000.png: cannot read the image"
+    peak=$(peak_kb "$BIN/cifar-prep" --quiet "$D")
+    echo "file ${size_kb} kB, peak ${peak} kB, at --help ${base} kB"
+    [ $(( peak - base )) -le $(( 2 * size_kb )) ]
 }

@@ -146,3 +146,45 @@ PY
     wait $!
     wait "$r0"
 }
+
+@test "an impostor on rank 0's port that knows CIFAR_JOB_ID but not the token: the rank names the refusal at once" {
+    rank 0 2 "$JOB" CIFAR_JOB_TOKEN=a-guess    # the impostor holds the port
+    r0=$!
+    listening >/dev/null
+    rank 1 2 "$JOB" CIFAR_JOB_TOKEN=s3cret CIFAR_COMM_TIMEOUT=60
+    status=0
+    wait $! || status=$?
+    cat "$OUT/err-1-$JOB"
+    [ "$status" -eq 1 ]
+    grep -q "rank 1: the rendezvous at 127.0.0.1:$PORT refused this rank: this rank's CIFAR_JOB_TOKEN differs from rank 0's" "$OUT/err-1-$JOB"
+    [ -z "$(grep "timed out" "$OUT/err-1-$JOB")" ]
+    kill "$r0"
+    wait "$r0" || [ $? -eq 143 ]
+}
+
+# SIGTERM to a rank of the exchange: it must be gone within 10 s (its grace is half a
+# second; CIFAR_COMM_TIMEOUT is 300), with status 143 and `message` in its stderr.
+stops_on_sigterm() { # pid rank message
+    kill -TERM "$1"
+    local status=0
+    timeout 10 tail --pid="$1" -f /dev/null || status=$?
+    [ "$status" -eq 0 ] || { echo "rank $2 still waits 10 s after SIGTERM"; kill -9 "$1"; false; }
+    status=0
+    wait "$1" || status=$?
+    cat "$OUT/err-$2-$JOB"
+    [ "$status" -eq 143 ]
+    grep -q "$3" "$OUT/err-$2-$JOB"
+}
+
+@test "SIGTERM ends a rendezvous wait at once (rank 0 waiting for its ranks, a rank waiting for rank 0): exit 143" {
+    rank 0 2 "$JOB" CIFAR_COMM_TIMEOUT=300
+    r0=$!
+    listening >/dev/null
+    sleep 0.2
+    stops_on_sigterm "$r0" 0 "rank 0: stopped by signal 15 during the rendezvous at 127.0.0.1:$PORT"
+    # A rank whose rank 0 never comes.
+    rank 1 2 "$JOB" CIFAR_COMM_TIMEOUT=300
+    r1=$!
+    sleep 0.3
+    stops_on_sigterm "$r1" 1 "rank 1: stopped by signal 15 during the rendezvous"
+}

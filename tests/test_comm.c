@@ -599,7 +599,11 @@ static void test_timeout_parse(void) {
 
 #define RV_BLOB 128
 
-/* One rank of a rendezvous, from its environment (test_comm rendezvous-rank DIR). */
+static volatile int g_rv_stop;
+static void rv_on_stop(int sig) { g_rv_stop = sig; }
+
+/* One rank of a rendezvous, from its environment (test_comm rendezvous-rank DIR);
+ * SIGTERM asks it to stop, as cifar-train's handler does. */
 static int rendezvous_rank_main(const char *dir) {
     log_set_program("test_comm");
     char err[256];
@@ -608,6 +612,8 @@ static int rendezvous_rank_main(const char *dir) {
         fprintf(stderr, "dist_env_read: %s\n", err);
         return 5;
     }
+    signal(SIGTERM, rv_on_stop);
+    env.stop_signal = &g_rv_stop;
     unsigned char blob[RV_BLOB] = {0};
     if (env.rank == 0 && getrandom(blob, sizeof blob, 0) != (ssize_t)sizeof blob) {
         perror("getrandom");

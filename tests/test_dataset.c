@@ -221,7 +221,7 @@ static void test_info_parse(void) {
         const char *from, *to, *why;
     } bad[] = {
         {"cifar-lmdb", "other-lmdb", "wrong format"},
-        {"\"version\":1", "\"version\":3", "newer version"},
+        {"\"version\":1", "\"version\":4", "newer version"},
         {"\"version\":1", "\"version\":0", "version 0"},
         {"\"version\":1", "\"version\":1.5", "fractional version"},
         {"\"height\":32", "\"height\":0", "height 0"},

@@ -387,6 +387,43 @@ static void test_atomic(void) {
     free(after);
 }
 
+/* Issue 20 item 2: the temporary's name is predictable ("<path>.tmp-<pid>", the pid
+ * published in the run folder's lock); a symlink planted there must never receive
+ * the snapshot, and the final name is replaced only when it is a regular file. */
+static void test_planted_names(void) {
+    char path[512], tmp[600], victim[512], err[512] = "";
+    path_in(victim, sizeof victim, "victim");
+    write_bytes(victim, "precious", 8);
+    path_in(path, sizeof path, "planted.safetensors");
+    fs_temp_name(path, tmp, sizeof tmp);
+    EXPECT(symlink(victim, tmp) == 0, "symlink: %s", strerror(errno));
+    EXPECT(write_sample(path, err, sizeof err) == 0, "write beside a planted temporary: %s", err);
+    size_t n = 0;
+    unsigned char *v = read_bytes(victim, &n);
+    EXPECT(n == 8 && memcmp(v, "precious", 8) == 0, "the symlink's target was written (%zu bytes)", n);
+    free(v);
+    struct stat st;
+    EXPECT(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "the snapshot is not a regular file");
+    EXPECT(lstat(tmp, &st) != 0, "the planted temporary is still there");
+
+    /* A symlink, a FIFO or a folder under the final name: refused, never replaced. */
+    const char *kinds[] = {"a symlink", "a FIFO", "a folder"};
+    for (int k = 0; k < 3; k++) {
+        char target[512];
+        snprintf(target, sizeof target, "%s/final-%d.safetensors", g_dir, k);
+        int made = k == 0 ? symlink(victim, target) : k == 1 ? mkfifo(target, 0644) : mkdir(target, 0755);
+        EXPECT(made == 0, "make %s: %s", kinds[k], strerror(errno));
+        EXPECT(write_sample(target, err, sizeof err) == -1 && strstr(err, kinds[k]) &&
+                   strstr(err, "not replaced"),
+               "%s as the final name: %s", kinds[k], err);
+        EXPECT(lstat(target, &st) == 0 && !S_ISREG(st.st_mode), "%s was replaced", kinds[k]);
+    }
+    v = read_bytes(victim, &n);
+    EXPECT(n == 8 && memcmp(v, "precious", 8) == 0, "the victim changed");
+    free(v);
+    EXPECT(count_temps(g_dir) == 0, "a temporary left after a refusal");
+}
+
 static void touch(const char *dir, const char *name) {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -421,12 +458,21 @@ static void test_list_prune(void) {
     }
     snapshot_list_free(l, n);
 
-    snapshot_prune(dir, 0);
+    snapshot_prune(dir, 0, INT64_MAX);
     l = snapshot_list(dir, &n);
     EXPECT(n == 4, "prune keep=0 removed files (%d left)", n);
     snapshot_list_free(l, n);
 
-    snapshot_prune(dir, 2);
+    /* A run at step 10 never deletes a name beyond it (a copied snapshot-1000000
+     * once made --keep delete the real newest ones): it keeps 10 and 2, removes 1. */
+    snapshot_prune(dir, 2, 10);
+    l = snapshot_list(dir, &n);
+    EXPECT(n == 3 && strstr(l[0], order[0]) && strstr(l[1], order[1]) && strstr(l[2], order[2]),
+           "prune up to step 10 kept the wrong ones (%d left)", n);
+    snapshot_list_free(l, n);
+    touch(dir, "snapshot-000001.safetensors");
+
+    snapshot_prune(dir, 2, INT64_MAX);
     l = snapshot_list(dir, &n);
     EXPECT(n == 2 && strstr(l[0], order[0]) && strstr(l[1], order[1]), "prune kept the wrong ones");
     snapshot_list_free(l, n);
@@ -439,7 +485,7 @@ static void test_list_prune(void) {
     path_in(p, sizeof p, "absent-run");
     l = snapshot_list(p, &n);
     EXPECT(l == NULL && n == 0, "missing folder");
-    snapshot_prune(p, 1);
+    snapshot_prune(p, 1, INT64_MAX);
 }
 
 int main(void) {
@@ -455,6 +501,7 @@ int main(void) {
     test_corrupt_written();
     test_corrupt_crafted();
     test_atomic();
+    test_planted_names();
     test_list_prune();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -62,6 +62,8 @@ static const char *usage_text =
     "  --keep K               keep the newest K snapshots of any kind (default 3, 0 = all)\n"
     "  --signals-to-handle L  signals that write a snapshot at the next step and stop\n"
     "                         (exit 128+N): a comma list (default " SIGNALS_DEFAULT_TEXT ")\n"
+    "  --fine-tune            resume from a snapshot of another dataset of the same shape\n"
+    "                         (refused otherwise: its recorded dataset identity differs)\n"
     "\n"
     "Devices:\n"
     "  --device D             auto (GPU when usable, default) | cpu | cuda\n"
@@ -110,6 +112,7 @@ enum {
     OPT_VAL_FRACTION, OPT_EARLY_STOP,
     OPT_SAVE_INTERVAL, OPT_SAVE_EVERY_STEPS, OPT_SIGNALS,
     OPT_AUGMENT, OPT_CROP_PADDING, OPT_CUTOUT, OPT_EMA, OPT_LOG_EVERY, OPT_EMA_WARMUP,
+    OPT_FINE_TUNE,
 };
 
 static const struct option long_options[] = {
@@ -129,6 +132,7 @@ static const struct option long_options[] = {
     {"device", required_argument, 0, OPT_DEVICE},
     {"normalize", required_argument, 0, OPT_NORMALIZE},
     {"keep", required_argument, 0, OPT_KEEP},
+    {"fine-tune", no_argument, 0, OPT_FINE_TUNE},
     {"model", required_argument, 0, OPT_MODEL},
     {"precision", required_argument, 0, OPT_PRECISION},
     {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
@@ -231,12 +235,20 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
         case OPT_SMOOTH: o->label_smoothing = option_real(name, optarg, 0, 0.999); break;
         case OPT_SEED: o->seed = (uint64_t)option_int(name, optarg, 0, (1LL << 62)); break;
         case OPT_THREADS: o->threads = (int)option_int(name, optarg, 1, 1024); break;
-        case OPT_RUN_DIR: o->run_dir = optarg; break;
+        case OPT_RUN_DIR:
+            /* The snapshot's path is printed as the last stdout line (the pipeline
+             * contract): a line break in it would make that line another path. */
+            if (strpbrk(optarg, "\n\r"))
+                die_usage("--run-dir: the folder name holds a line break, which would break the "
+                          "last-line contract (the snapshot path is the last stdout line)");
+            o->run_dir = optarg;
+            break;
         case OPT_DEVICE: o->device = (DeviceChoice)option_choice(name, optarg, device_choice_names, 3); break;
         case OPT_NORMALIZE:
             o->normalize = (NormalizeChoice)option_choice(name, optarg, normalize_names, 2);
             break;
         case OPT_KEEP: o->keep = (int)option_int(name, optarg, 0, 1000000); break;
+        case OPT_FINE_TUNE: o->fine_tune = 1; break;
         case OPT_MODEL: o->model_file = optarg; break;
         case OPT_PRECISION:
             o->precision = (Precision)option_choice(name, optarg, precision_names, 3);

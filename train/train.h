@@ -33,6 +33,7 @@ typedef struct {
     DeviceChoice device;
     NormalizeChoice normalize;
     int keep;
+    int fine_tune;         /* --fine-tune: resume from a snapshot of other data */
     const char *model_file;
     Precision precision;
     int deterministic;

@@ -46,6 +46,7 @@ typedef struct {
     uint32_t holdout_crc;  /* CRC-32C of the hold-out's marks (one byte per train record) */
     const uint8_t **train_records, **eval_records;
     int32_t *train_labels, *eval_labels;
+    char identity[DATASET_IDENTITY_CHARS + 1]; /* of the metadata and both splits */
 } TrainData;
 
 static void train_data_load(TrainData *d, const char *path, int in_memory) {
@@ -57,6 +58,7 @@ static void train_data_load(TrainData *d, const char *path, int in_memory) {
     d->info = *dataset_info(d->ds);
     host_split_load(d->ds, path, "train", 1, in_memory, &d->train);
     host_split_load(d->ds, path, "test", 0, in_memory, &d->test);
+    dataset_identity(d->ds, d->identity);
 }
 
 /* Record i of `from` appended to (records, labels) at *at. */
@@ -183,17 +185,34 @@ static void format_seconds_list(const double *v, int n, char *buf, size_t len) {
     if (off < len) snprintf(buf + off, len - off, "]");
 }
 
+/* metrics.jsonl rewritten whole with `text` (fs_write_atomic: never appended to in
+ * place, so a symlink planted under its name is refused, never written through). */
+static void metrics_write(const char *path, const char *text, size_t len) {
+    char err[4400];
+    if (fs_write_atomic_buf(path, text, len, err, sizeof err) != 0)
+        check_fail(__FILE__, __LINE__, path, err, NULL);
+}
+
+/* The metrics file's content, "" when there is none yet. */
+static char *metrics_read(const char *path, size_t *len) {
+    char *text = fs_read_file(path, (size_t)1 << 30, len);
+    if (!text && errno != ENOENT) CHECK_STDIO(0, path);
+    if (!text) {
+        text = xstrdup("");
+        *len = 0;
+    }
+    return text;
+}
+
 static void metrics_append(const char *run_dir, const EpochMetrics *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    size_t ranks_len = (size_t)m->world_size * 24 + 8;
-    char *ranks = xmalloc(ranks_len);
+    size_t ranks_len = (size_t)m->world_size * 24 + 8, line_len = ranks_len + 1024;
+    char *ranks = xmalloc(ranks_len), *line = xmalloc(line_len);
     format_seconds_list(m->rank_seconds, m->world_size, ranks, ranks_len);
-    FILE *f = fopen(path, "a");
-    CHECK_STDIO(f != NULL, path);
     char val[96] = "";
     if (m->has_val) snprintf(val, sizeof val, "\"val_loss\":%.6f,\"val_acc\":%.6f,", m->val_loss, m->val_acc);
-    fprintf(f,
+    int n = snprintf(line, line_len,
             "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
             "\"test_acc\":%.6f,%s\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
             "\"rank_seconds\":%s,\"slowest_rank\":%d,"
@@ -202,18 +221,22 @@ static void metrics_append(const char *run_dir, const EpochMetrics *m) {
             m->images_per_s, m->seconds, ranks, m->slowest_rank, m->world_size, m->restarts,
             m->device, m->comm);
     free(ranks);
-    CHECK_STDIO(fflush(f) == 0 && fsync(fileno(f)) == 0, path);
-    CHECK_STDIO(fclose(f) == 0, path);
+    size_t len;
+    char *text = metrics_read(path, &len);
+    text = xrealloc(text, len + (size_t)n + 1);
+    memcpy(text + len, line, (size_t)n + 1);
+    metrics_write(path, text, len + (size_t)n);
+    free(text);
+    free(line);
 }
 
 /* Drop metric lines of epochs after `epochs` (they are redone after a resume).
- * The file is rewritten (through a temporary) only when there is such a line. */
+ * The file is rewritten only when there is such a line. */
 static void metrics_truncate(const char *run_dir, int64_t epochs) {
-    char path[4096], tmp[4160];
+    char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
     size_t len;
-    char *text = fs_read_file(path, (size_t)1 << 30, &len);
-    if (!text) return;
+    char *text = metrics_read(path, &len);
     char *kept = xmalloc(len + 1);
     size_t kept_len = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
@@ -224,19 +247,7 @@ static void metrics_truncate(const char *run_dir, int64_t epochs) {
         kept[kept_len + n] = '\n';
         kept_len += n + 1;
     }
-    if (kept_len != len) {
-        fs_temp_name(path, tmp, sizeof tmp);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int ok = fd >= 0 && fs_write_all(fd, kept, kept_len) == 0 && fsync(fd) == 0;
-        int saved = errno;
-        if (fd >= 0 && close(fd) != 0 && ok) ok = 0, saved = errno;
-        if (ok && fs_commit_rename(tmp, path) != 0) ok = 0, saved = errno;
-        if (!ok) {
-            unlink(tmp);
-            errno = saved;
-            CHECK_STDIO(0, path);
-        }
-    }
+    if (kept_len != len) metrics_write(path, kept, kept_len);
     free(kept);
     free(text);
 }
@@ -341,7 +352,7 @@ static int snapshot_job(void *arg, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: cannot write the snapshot: %s", w->snapshot_path, why);
         return SNAPSHOT_JOB_FAILED;
     }
-    snapshot_prune(w->o->run_dir, w->o->keep);
+    snapshot_prune(w->o->run_dir, w->o->keep, w->snapshot_info.progress.step);
     return 0;
 }
 
@@ -420,8 +431,10 @@ static int snapshot_due_by_steps(const Worker *w) {
 static void resume_or_init(Worker *w) {
     char shape[64];
     checkpoint_dataset_shape(&w->model.cfg, shape, sizeof shape);
-    int resumed = checkpoint_resume(w->o->run_dir, &w->model, shape, w->comm, &w->state, &w->progress);
-    int64_t snapshot_step = w->progress.step;
+    char resumed_from[4096];
+    CheckpointData data = {shape, w->data.identity, w->o->fine_tune};
+    int resumed = checkpoint_resume(w->o->run_dir, &w->model, &data, w->comm, &w->state, &w->progress,
+                                    resumed_from, sizeof resumed_from);
     if (!resumed) {
         memset(&w->progress, 0, sizeof w->progress);
         model_init(&w->model, w->state.params, w->state.buffers, w->o->seed);
@@ -444,9 +457,8 @@ static void resume_or_init(Worker *w) {
         w->engine->ops->ema_from_host(w->engine, w->state.ema_params, w->state.ema_buffers);
     if (w->env->rank == 0) {
         if (resumed)
-            log_info("resuming from %s/snapshot-%06" PRId64 ".safetensors: %" PRId64
-                     " epochs done, step %" PRId64,
-                     w->o->run_dir, snapshot_step, w->progress.epochs, w->progress.step);
+            log_info("resuming from %s: %" PRId64 " epochs done, step %" PRId64, resumed_from,
+                     w->progress.epochs, w->progress.step);
         metrics_truncate(w->o->run_dir, w->progress.epochs);
         tb_start(w);
     }
@@ -749,6 +761,7 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     memcpy(info->std, w->std, sizeof info->std);
     info->options_json = w->options_json;
     info->classes = w->data.info.classes; /* the dataset's: not freed here */
+    info->dataset_identity = w->data.identity;
 }
 
 static void worker_free(Worker *w) {

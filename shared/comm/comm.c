@@ -106,6 +106,11 @@ static void dist_env_run_id(DistEnv *env) {
     run_id_sanitize(env->run_id);
 }
 
+static int env_set(const char *name) {
+    const char *s = getenv(name);
+    return s != NULL && *s != '\0';
+}
+
 /* Fills rank/world/local from the first family of variables that is present. */
 static int dist_env_read_ranks(DistEnv *env, char *err, size_t errlen) {
     static const char *families[3][4] = {
@@ -118,6 +123,14 @@ static int dist_env_read_ranks(DistEnv *env, char *err, size_t errlen) {
         long rank = 0, world = 0, lrank = 0, lworld = 0;
         int has_rank = env_int(families[f][0], &rank, err, errlen);
         if (has_rank < 0) return -1;
+        /* WORLD_SIZE=2 alone would train alone, silently; Slurm's batch shell and
+         * salloc set SLURM_NTASKS without SLURM_PROCID, which is fine. */
+        if (has_rank == 0 && families[f][3] && env_set(families[f][1])) {
+            snprintf(err, errlen, "%s is set but %s is not: this process does not know its rank "
+                     "---> HINT: set both (the launcher, torchrun and mpirun do), or neither to "
+                     "train alone", families[f][1], families[f][0]);
+            return -1;
+        }
         if (has_rank == 0) continue;
         int has_world = env_int(families[f][1], &world, err, errlen);
         if (has_world < 0) return -1;
@@ -139,11 +152,6 @@ static int dist_env_read_ranks(DistEnv *env, char *err, size_t errlen) {
         return 0;
     }
     return 0;
-}
-
-static int env_set(const char *name) {
-    const char *s = getenv(name);
-    return s != NULL && *s != '\0';
 }
 
 static void dist_env_job_id(DistEnv *env) {
@@ -284,6 +292,7 @@ struct Comm {
     CommKind kind;
     int rank, world_size;
     double timeout_s;
+    const volatile int *stop_signal; /* DistEnv's */
     /* COMM_SHM */
     ShmHeader *hdr;
     unsigned char *base;
@@ -567,6 +576,15 @@ static void shm_die_timeout(Comm *c) {
         c->rank, c->timeout_s, laggard, (int)pid, who, laggard);
 }
 
+/* A stop signal during a wait for a peer: the wait ends, and the process with it. */
+static void shm_stop_check(Comm *c, double *since, const char *what) {
+    int sig = comm_stop_due(c->stop_signal, now_seconds(), since);
+    if (!sig) return;
+    shm_unlink_if_linked(c);
+    die_status(128 + sig, "rank %d: stopped by signal %d while %s: exiting without a new snapshot "
+               "(the last one is kept; rerun to resume)", c->rank, sig, what);
+}
+
 static void shm_barrier(Comm *c) {
     ShmHeader *h = c->hdr;
     uint32_t gen = atomic_load(&h->bar_gen);
@@ -582,11 +600,12 @@ static void shm_barrier(Comm *c) {
         if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) return;
         cpu_relax();
     }
-    double start = now_seconds();
+    double start = now_seconds(), stop_since = 0;
     while (atomic_load(&h->bar_gen) == gen) {
         futex_wait_slice(&h->bar_gen, gen, 0.05);
         if (atomic_load(&h->bar_gen) != gen) return;
         shm_check_peers(c, gen);
+        shm_stop_check(c, &stop_since, "waiting for its peers (a collective)");
         if (now_seconds() - start > c->timeout_s) {
             if (atomic_load(&h->bar_gen) != gen) return;
             shm_die_timeout(c);
@@ -689,8 +708,9 @@ static int shm_try_attach(Comm *c, const DistEnv *env) {
 }
 
 static void shm_attach(Comm *c, const DistEnv *env) {
-    double start = now_seconds();
+    double start = now_seconds(), stop_since = 0;
     while (!shm_try_attach(c, env)) {
+        shm_stop_check(c, &stop_since, "waiting for rank 0 to create the shared memory");
         if (now_seconds() - start > c->timeout_s)
             die("rank %d: timed out after %g s waiting for rank 0 to create %s\n"
                 "---> HINT: start every rank with the same CIFAR_RUN_ID/MASTER_PORT, on one machine",
@@ -804,6 +824,7 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
     c->rank = env->rank;
     c->world_size = env->world_size;
     c->timeout_s = comm_timeout_seconds();
+    c->stop_signal = env->stop_signal;
     c->kind = env->world_size == 1 ? COMM_SINGLE : kind;
     if (c->kind == COMM_SHM) shm_open_comm(c, env);
     if (c->kind == COMM_MPI) c->mpi = comm_mpi_create(env, c->timeout_s);

@@ -50,7 +50,24 @@ typedef struct {
      * SHA-256 of a fixed prefix and job_id. Rendezvous hellos must carry it. */
     unsigned char job_token[32];
     int token_from_user;
+    /* A signal handler's stop flag (0, or the signal that asked to stop; cifar-train's
+     * SIGTERM/SIGINT), NULL when none: every wait for a peer checks it (comm_stop_due). */
+    const volatile int *stop_signal;
 } DistEnv;
+
+/* How long a wait for a peer goes on after a stop signal: a healthy collective ends
+ * well within it (the rank then snapshots as usual at its next step); one waiting
+ * for a lost or stopped peer never does, and Slurm sends SIGKILL ~30 s after SIGTERM. */
+#define COMM_STOP_GRACE_SECONDS 0.5
+/* Called by every wait loop at least every 100 ms with the clock (seconds) and a
+ * per-wait `since` (0 at the start of the wait): the signal number once a stop
+ * signal has been pending for COMM_STOP_GRACE_SECONDS, else 0. The caller then
+ * gives up the wait and exits 128 + that number. */
+static inline int comm_stop_due(const volatile int *stop, double now, double *since) {
+    if (!stop || !*stop) return 0;
+    if (*since == 0) *since = now;
+    return now - *since >= COMM_STOP_GRACE_SECONDS ? *stop : 0;
+}
 
 /* Read RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
  * else OMPI_COMM_WORLD_* (mpirun), else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID

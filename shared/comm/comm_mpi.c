@@ -42,16 +42,18 @@ static CommMpiBlameFn g_host_blame;
 
 void comm_mpi_set_blame(CommMpiBlameFn fn) { g_host_blame = fn; }
 
-__attribute__((noreturn, format(printf, 1, 2))) static void mpi_die(const char *fmt, ...) {
+__attribute__((noreturn, format(printf, 2, 3))) static void mpi_die_status(int status,
+                                                                           const char *fmt, ...) {
     char message[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    if (g_host_die) g_host_die(1, message);
+    if (g_host_die) g_host_die(status, message);
     fprintf(stderr, "%s\n", message);
-    exit(1);
+    exit(status);
 }
+#define mpi_die(...) mpi_die_status(1, __VA_ARGS__)
 
 static void *mpi_calloc(size_t count, size_t size) {
     void *p = calloc(count, size);
@@ -63,6 +65,7 @@ struct CommMpi {
     MPI_Comm comm;
     int rank, world_size;
     double timeout_s;
+    const volatile int *stop_signal; /* DistEnv's: a stop signal ends a wait */
     int *send_counts, *send_displs, *recv_counts, *recv_displs; /* world_size each */
     void *scratch; /* MPI_CHUNK doubles */
 };
@@ -84,12 +87,17 @@ static void mpi_check(int rc, int rank, const char *what) {
 
 /* Polls the request until done; dies after the timeout. */
 static void mpi_wait(CommMpi *m, MPI_Request *req, const char *what) {
-    double start = mpi_now();
+    double start = mpi_now(), stop_since = 0;
     for (unsigned long polls = 1;; polls++) {
         int done = 0;
         mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), m->rank, what);
         if (done) return;
         if ((polls & 1023) != 0) continue;
+        int sig = comm_stop_due(m->stop_signal, mpi_now(), &stop_since);
+        if (sig)
+            mpi_die_status(128 + sig, "rank %d: stopped by signal %d while waiting for its peers "
+                           "(MPI %s): exiting without a new snapshot (the last one is kept; rerun "
+                           "to resume)", m->rank, sig, what);
         double waited = mpi_now() - start;
         if (waited > m->timeout_s) {
             char who[512] = "";
@@ -108,6 +116,7 @@ CommMpi *comm_mpi_create(const DistEnv *env, double timeout_s) {
     if (!inited) mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), env->rank, "init");
     CommMpi *m = mpi_calloc(1, sizeof *m);
     m->timeout_s = timeout_s;
+    m->stop_signal = env->stop_signal;
     mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &m->comm), env->rank, "communicator duplication");
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->rank);

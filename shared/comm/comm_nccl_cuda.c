@@ -44,6 +44,8 @@ struct CommNccl {
     ncclComm_t comm;
     int rank, world_size;
     double timeout_s;
+    const volatile int *stop_signal; /* DistEnv's: a stop signal ends a wait */
+    double stop_since;               /* when the current wait first saw it */
     cudaStream_t stream; /* for host-memory collectives */
     void *scratch;       /* device buffer for host-memory collectives */
 };
@@ -82,10 +84,23 @@ static void nccl_result_fail(CommNccl *nc, const char *file, int line, const cha
     nccl_abort_fail(nc, file, line, what, reason, nccl_check_hint(r));
 }
 
+/* A stop signal pending past the grace (comm_stop_due): the communicator is aborted
+ * (which ends its kernels waiting for a lost peer) and the process exits 128 + it. */
+static void nccl_stop_check(CommNccl *nc, const char *what) {
+    int sig = comm_stop_due(nc->stop_signal, nccl_now(), &nc->stop_since);
+    if (!sig) return;
+    if (nc->comm != NULL) ncclCommAbort(nc->comm);
+    nc->comm = NULL;
+    die_status(128 + sig, "rank %d: stopped by signal %d while waiting for its peers (%s): "
+               "exiting without a new snapshot (the last one is kept; rerun to resume)",
+               nc->rank, sig, what);
+}
+
 /* The result of a call on the non-blocking communicator: ncclInProgress is polled
  * until it settles or the deadline passes; any error aborts and fails. */
 static void nccl_settle(CommNccl *nc, ncclResult_t r, const char *what, double deadline,
                         const char *file, int line) {
+    nc->stop_since = 0;
     while (r == ncclInProgress) {
         if (nccl_now() > deadline) {
             char reason[600], who[512];
@@ -93,6 +108,7 @@ static void nccl_settle(CommNccl *nc, ncclResult_t r, const char *what, double d
             snprintf(reason, sizeof reason, "timed out%s", who);
             nccl_abort_fail(nc, file, line, what, reason, NCCL_TIMEOUT_HINT);
         }
+        nccl_stop_check(nc, what);
         usleep(100);
         ncclResult_t async = ncclSuccess;
         ncclResult_t q = ncclCommGetAsyncError(nc->comm, &async);
@@ -106,9 +122,11 @@ static void nccl_settle(CommNccl *nc, ncclResult_t r, const char *what, double d
  * or after the deadline. */
 static void nccl_wait_stream(CommNccl *nc, cudaStream_t stream, const char *what, double deadline,
                              const char *file, int line) {
+    nc->stop_since = 0;
     for (;;) {
         cudaError_t e = cudaStreamQuery(stream);
         if (e == cudaSuccess) return;
+        nccl_stop_check(nc, what);
         if (e != cudaErrorNotReady)
             nccl_abort_fail(nc, file, line, what, cudaGetErrorString(e), cuda_check_hint(e));
         ncclResult_t async = ncclSuccess;
@@ -141,6 +159,7 @@ CommNccl *comm_nccl_create(const DistEnv *env, double timeout_s) {
     nc->rank = env->rank;
     nc->world_size = env->world_size;
     nc->timeout_s = timeout_s;
+    nc->stop_signal = env->stop_signal;
     ncclUniqueId id;
     if (env->rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
     rendezvous_share(env, &id, sizeof id, timeout_s);

@@ -34,23 +34,36 @@ static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-/* Waits until fd is readable/writable or the deadline passes: 1 ready, 0 timeout. */
-static int rv_poll(int fd, short events, double deadline) {
+/* A stop signal pending past the grace (comm_stop_due) ends the rendezvous, and the
+ * process: exit 128 + the signal. */
+static void rv_stop_check(const DistEnv *env, double *since) {
+    int sig = comm_stop_due(env->stop_signal, rv_now(), since);
+    if (sig)
+        die_status(128 + sig, "rank %d: stopped by signal %d during the rendezvous at %s:%d",
+                   env->rank, sig, env->master_addr, env->master_port);
+}
+
+/* Waits until fd is readable/writable or the deadline passes, in slices of at most
+ * 100 ms (a stop signal ends the wait): 1 ready, 0 timeout. */
+static int rv_poll(const DistEnv *env, int fd, short events, double deadline) {
+    double stop_since = 0;
     for (;;) {
         double left = deadline - rv_now();
         if (left <= 0) return 0;
+        rv_stop_check(env, &stop_since);
         struct pollfd p = {fd, events, 0};
-        int rc = poll(&p, 1, (int)(left * 1000) + 1);
+        int rc = poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
         if (rc > 0) return 1;
         if (rc < 0 && errno != EINTR) CHECK_STDIO(0, "poll(rendezvous socket)");
     }
 }
 
 /* Reads or writes exactly len bytes before the deadline: 0 done, -1 failed/timeout. */
-static int rv_io_all(int fd, void *buf, size_t len, int writing, double deadline) {
+static int rv_io_all(const DistEnv *env, int fd, void *buf, size_t len, int writing,
+                     double deadline) {
     unsigned char *p = buf;
     while (len > 0) {
-        if (!rv_poll(fd, writing ? POLLOUT : POLLIN, deadline)) return -1;
+        if (!rv_poll(env, fd, writing ? POLLOUT : POLLIN, deadline)) return -1;
         ssize_t n = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
         if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
         if (n <= 0) return -1;
@@ -261,7 +274,7 @@ static void rv_answer(Server *s, int i) {
         memcpy(reply + n, s->blob, s->len);
         n += s->len;
     }
-    int sent = rv_io_all(p->fd, reply, n, 1, rv_now() + RENDEZVOUS_HELLO_SECONDS) == 0;
+    int sent = rv_io_all(s->env, p->fd, reply, n, 1, rv_now() + RENDEZVOUS_HELLO_SECONDS) == 0;
     if (status == RV_OK && sent) {
         s->served[get_u32(p->buf + 8)] = 1;
         s->left--;
@@ -307,11 +320,12 @@ static void rv_serve(const DistEnv *env, const void *blob, size_t len, double ti
         log_warn("rank 0: rendezvous: this job has no identity beyond %s: set CIFAR_JOB_ID (and "
                  "CIFAR_JOB_TOKEN) on every rank to shut out other jobs", env->job_id);
     int lfd = rv_listen(env);
-    double deadline = rv_now() + timeout_s;
+    double deadline = rv_now() + timeout_s, stop_since = 0;
     struct pollfd fds[RV_MAX_PENDING + 1];
     while (s->left > 0) {
         double now = rv_now();
         if (now > deadline) rv_die_waiting(s, timeout_s);
+        rv_stop_check(env, &stop_since);
         for (int i = s->npend - 1; i >= 0; i--)
             if (now > s->pend[i].deadline)
                 rv_close_pending(s, i, "no complete hello within 5 s");
@@ -377,18 +391,20 @@ static const char *rv_status_text(uint32_t status) {
 static int rv_ask(const DistEnv *env, int fd, void *blob, size_t len, double deadline) {
     unsigned char hello[RENDEZVOUS_HELLO_BYTES], reply[RENDEZVOUS_REPLY_BYTES];
     rendezvous_hello_encode(env, (uint32_t)len, hello);
-    if (rv_io_all(fd, hello, sizeof hello, 1, deadline) != 0 ||
-        rv_io_all(fd, reply, sizeof reply, 0, deadline) != 0 || get_u32(reply) != RENDEZVOUS_MAGIC)
+    if (rv_io_all(env, fd, hello, sizeof hello, 1, deadline) != 0 ||
+        rv_io_all(env, fd, reply, sizeof reply, 0, deadline) != 0 ||
+        get_u32(reply) != RENDEZVOUS_MAGIC)
         return -1;
     uint32_t status = get_u32(reply + 4);
     if (status != RV_OK) return (int)status;
-    return rv_io_all(fd, blob, len, 0, deadline) == 0 ? RV_OK : -1;
+    return rv_io_all(env, fd, blob, len, 0, deadline) == 0 ? RV_OK : -1;
 }
 
 static void rv_fetch(const DistEnv *env, void *blob, size_t len, double timeout_s) {
-    double deadline = rv_now() + timeout_s;
+    double deadline = rv_now() + timeout_s, stop_since = 0;
     int last = -2; /* nothing answered yet */
     for (;;) {
+        rv_stop_check(env, &stop_since);
         if (rv_now() > deadline)
             die("rank %d: timed out after %g s connecting to rank 0 at %s:%d%s%s\n"
                 "---> HINT: check MASTER_ADDR/MASTER_PORT, the job identity (CIFAR_JOB_ID, "
@@ -403,6 +419,14 @@ static void rv_fetch(const DistEnv *env, void *blob, size_t len, double timeout_
             if (status == RV_BAD_RANK || status == RV_DUPLICATE)
                 die("rank %d: rank 0 at %s:%d refused this rank: %s", env->rank, env->master_addr,
                     env->master_port, rv_status_text((uint32_t)status));
+            /* Our job's identity but another token: no wait makes it ours (an impostor
+             * that knows CIFAR_JOB_ID holds the port, or the tokens differ). */
+            if (status == RV_WRONG_TOKEN)
+                die("rank %d: the rendezvous at %s:%d refused this rank: %s ---> HINT: give every "
+                    "rank the same CIFAR_JOB_TOKEN; if this rank's is right, what listens there "
+                    "knows the job's CIFAR_JOB_ID but is not its rank 0",
+                    env->rank, env->master_addr, env->master_port,
+                    rv_status_text((uint32_t)status));
             if (status != last && (status >= 0 || last == -2))
                 log_warn("rank %d: rendezvous at %s:%d refused: %s; retrying until the timeout",
                          env->rank, env->master_addr, env->master_port, rv_status_text((uint32_t)status));

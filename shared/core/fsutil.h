@@ -17,10 +17,57 @@ extern "C" {
 
 /* "<path>.tmp-<pid>" into buf. */
 void fs_temp_name(const char *final_path, char *buf, size_t buflen);
+
+/* Writes the temporary's content: fd is open for writing on the (empty) temporary,
+ * tmp_path its name (for messages, or for a library that opens files by name: reopen
+ * "/proc/self/fd/<fd>" rather than the name, which someone could replace). 0, or -1
+ * with errno set, or with its own reason in err (then errno is ignored). */
+typedef int (*FsWriteFn)(int fd, const char *tmp_path, void *ctx, char *err, size_t errlen);
+
+/* The one way every command writes a file. The temporary "<path>.tmp-<pid>" is
+ * created in path's folder with O_EXCL|O_NOFOLLOW (a file or symlink planted under
+ * that predictable name is unlinked, never written through), filled by `write`,
+ * fsynced, renamed over path only when path is absent or a regular file (never over
+ * a device, FIFO, folder or symlink), and the folder fsynced. 0, or -1 with a
+ * one-line reason naming the file in err: "cannot create", "cannot write",
+ * "<path> is a <kind>, not a regular file: not replaced", "cannot rename into place",
+ * or "renamed, but cannot fsync the folder of" (the file is complete under its name).
+ * The temporary never survives a failure. */
+int fs_write_atomic(const char *path, FsWriteFn write, void *ctx, char *err, size_t errlen);
+/* FS_ATOMIC_DEFER_SYNC: no fsync of the file or folder, for many small files made
+ * durable at once by a later syncfs() before the one file that commits them all
+ * (cifar-unpack's images before their annotation file). */
+#define FS_ATOMIC_DEFER_SYNC 1
+int fs_write_atomic_flags(const char *path, FsWriteFn write, void *ctx, int flags, char *err,
+                          size_t errlen);
+/* fs_write_atomic in three calls, for a writer that fills its file over many calls
+ * (the dataset writer): begin creates the temporary (fd; `reopen` is the name under
+ * which a library that opens by name reaches that same file), commit fsyncs, closes
+ * and renames it with the same checks and messages, abort closes and removes it. */
+typedef struct {
+    int fd, flags;
+    char path[4096], tmp[4160], reopen[4160];
+} FsAtomic;
+int fs_atomic_begin(FsAtomic *a, const char *path, char *err, size_t errlen);
+int fs_atomic_commit(FsAtomic *a, char *err, size_t errlen);
+void fs_atomic_abort(FsAtomic *a);
+/* fs_write_atomic of one buffer. */
+int fs_write_atomic_buf(const char *path, const void *buf, size_t len, char *err, size_t errlen);
+/* fs_write_atomic_buf that reports a failure (check_fail) and exits. */
+void fs_write_buf_or_die(const char *path, const void *buf, size_t len, int flags);
+/* syncfs() of the filesystem holding `dir` (what FS_ATOMIC_DEFER_SYNC's files wait
+ * for), or report and exit. */
+void fs_syncfs_or_die(const char *dir);
+/* fs_write_atomic through a stdio stream (libpng writes to a FILE *): fn writes
+ * to f (flushed and closed after it), 0 or -1 with errno. */
+typedef int (*FsStdioFn)(FILE *f, void *ctx);
+int fs_write_atomic_stdio(const char *path, FsStdioFn fn, void *ctx, int flags, char *err,
+                          size_t errlen);
+/* What an existing path is when it is not a regular file ("a symlink", "a FIFO",
+ * "a folder", "a device", "a socket"), else NULL (a regular file, or absent). lstat. */
+const char *fs_not_regular(const char *path);
 /* fsync the folder holding `path` (so a rename in it is durable). 0 or -1/errno. */
 int fs_fsync_parent(const char *path);
-/* rename(tmp, final) then fsync the folder. 0 or -1/errno. */
-int fs_commit_rename(const char *tmp, const char *final_path);
 /* mkdir -p. 0 or -1/errno. */
 int fs_mkdirs(const char *path, int mode);
 int fs_exists(const char *path);
@@ -35,7 +82,13 @@ void fs_companion_library(const char *env_var, const char *name, char *buf, size
 int fs_remove_stale_temps(const char *dir);
 /* Write all of buf to fd, retrying short writes. 0 or -1/errno. */
 int fs_write_all(int fd, const void *buf, size_t len);
-/* Read a whole file (NUL-terminated) up to max_bytes. NULL with errno on failure
+/* Open a file for reading only if it is a regular file: O_NONBLOCK (a FIFO never
+ * blocks the open) then fstat; a FIFO, device, folder or socket fails with errno
+ * EINVAL (fs_open_regular_why says which kind). fd or -1. */
+int fs_open_regular(const char *path, int flags);
+/* The kind of file the last fs_open_regular refused ("a FIFO", ...), thread-local. */
+const char *fs_open_regular_why(void);
+/* Read a whole file (NUL-terminated) up to max_bytes, regular files only. NULL with errno on failure
  * (EFBIG when larger than max_bytes). */
 char *fs_read_file(const char *path, size_t max_bytes, size_t *len_out);
 

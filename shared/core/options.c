@@ -33,7 +33,9 @@ long long option_int(const char *opt, const char *text, long long lo, long long 
 double option_real(const char *opt, const char *text, double lo, double hi) {
     char *end;
     double v = strtod(text, &end);
-    if (end == text || *end != '\0' || !isfinite(v) || v < lo || v > hi)
+    /* Decimal only: strtod also reads hexadecimal ("0x10" is 16), "inf" and "nan". */
+    int decimal = text[strspn(text, "0123456789.eE+-")] == '\0';
+    if (!decimal || end == text || *end != '\0' || !isfinite(v) || v < lo || v > hi)
         die_usage("--%s: expected a number in [%g, %g], got '%s'", opt, lo, hi, text);
     return v;
 }

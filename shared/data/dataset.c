@@ -31,6 +31,8 @@
 #define WRITER_MAX_RECORD_BYTES (1ull << 30)
 #define RECORD_LABEL_BYTES 4
 #define RECORD_CRC_BYTES 4
+/* Version 3: the CRC-32C of the "dataset" metadata JSON, as 8 hex digits. */
+#define META_CRC_KEY "dataset.crc32c"
 
 /* Bytes before the pixels in a record of this format version. */
 static size_t record_header_bytes(int version) {
@@ -50,6 +52,22 @@ static void le32_write(uint8_t *b, uint32_t u) {
 
 uint32_t dataset_record_crc(const uint8_t label_le[4], const uint8_t *pixels, size_t nbytes) {
     return crc32c_extend(crc32c_extend(0, label_le, RECORD_LABEL_BYTES), pixels, nbytes);
+}
+
+uint32_t dataset_record_crc_v3(const char *split, int64_t index, const uint8_t label_le[4],
+                               const uint8_t *pixels, size_t nbytes) {
+    uint8_t where[8];
+    for (int b = 0; b < 8; b++) where[b] = (uint8_t)((uint64_t)index >> (8 * b));
+    uint32_t c = crc32c_extend(0, split, strlen(split) + 1); /* the name and its NUL */
+    c = crc32c_extend(c, where, sizeof where);
+    return crc32c_extend(crc32c_extend(c, label_le, RECORD_LABEL_BYTES), pixels, nbytes);
+}
+
+/* The checksum a record of this version stores. */
+static uint32_t record_crc(int version, const char *split, int64_t index, const uint8_t *label_le,
+                           const uint8_t *pixels, size_t nbytes) {
+    return version >= 3 ? dataset_record_crc_v3(split, index, label_le, pixels, nbytes)
+                        : dataset_record_crc(label_le, pixels, nbytes);
 }
 
 static void key_format(int64_t index, char out[DATASET_KEY_DIGITS + 1]) {
@@ -271,6 +289,7 @@ typedef struct {
     const uint8_t **records; /* DATASET_IN_PLACE: into the map */
     uint8_t *pixels;         /* DATASET_COPY */
     int32_t *labels;
+    uint64_t crcs;           /* FNV-1a of the records' stored CRCs, in index order */
 } SplitView;
 
 struct Dataset {
@@ -281,11 +300,44 @@ struct Dataset {
     DatasetInfo info;
     MDB_dbi dbi[DATASET_MAX_SPLITS];
     SplitView views[DATASET_MAX_SPLITS];
+    uint64_t identity; /* FNV-1a of the metadata JSON, then of each mapped split's CRCs */
 };
+
+#define IDENTITY_FNV_OFFSET 0xcbf29ce484222325ull
+static uint64_t identity_extend(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
 
 static const char *lmdb_reason(int rc) {
     if (rc == MDB_INVALID) return "not an LMDB file (or a corrupt one)";
     return mdb_strerror(rc);
+}
+
+/* Version 3 stores the metadata's CRC-32C beside it: a changed mean or count is
+ * refused, not trained with. */
+static int meta_check_crc(MDB_txn *txn, MDB_dbi meta, const MDB_val *json, int version, char *err,
+                          size_t errlen) {
+    if (version < 3) return 0;
+    MDB_val key = {sizeof META_CRC_KEY - 1, (void *)META_CRC_KEY}, val;
+    int rc = mdb_get(txn, meta, &key, &val);
+    char stored[9] = "";
+    if (!rc && val.mv_size == 8) memcpy(stored, val.mv_data, 8);
+    char actual[9];
+    snprintf(actual, sizeof actual, "%08x", crc32c_extend(0, json->mv_data, json->mv_size));
+    if (rc || val.mv_size != 8) {
+        snprintf(err, errlen, "the metadata's checksum (meta/%s) is missing: not a complete "
+                 "cifar-prep file; rebuild it with cifar-prep -f", META_CRC_KEY);
+        return -1;
+    }
+    if (memcmp(stored, actual, 8) != 0) {
+        snprintf(err, errlen, "the metadata fails its checksum (CRC-32C %s, stored %.8s): the file "
+                 "was changed after cifar-prep wrote it; rebuild it with cifar-prep -f", actual,
+                 stored);
+        return -1;
+    }
+    return 0;
 }
 
 /* Inside a read transaction: metadata, then each split's table and its size. */
@@ -304,6 +356,8 @@ static int dataset_open_tables(Dataset *ds, MDB_txn *txn, char *err, size_t errl
     }
     ds->in_map = val.mv_data;
     if (dataset_info_parse(val.mv_data, val.mv_size, &ds->info, err, errlen)) return -1;
+    if (meta_check_crc(txn, meta, &val, ds->info.version, err, errlen)) return -1;
+    ds->identity = identity_extend(IDENTITY_FNV_OFFSET, val.mv_data, val.mv_size);
     for (int i = 0; i < ds->info.n_splits; i++) {
         const DatasetSplit *s = &ds->info.splits[i];
         MDB_stat st;
@@ -354,6 +408,11 @@ Dataset *dataset_open(const char *path, char *err, size_t errlen) {
     }
     if (!S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "not a regular file (a dataset is one LMDB file)");
+        return NULL;
+    }
+    if (st.st_size == 0) { /* LMDB itself says "Bad file descriptor" */
+        snprintf(err, errlen, "an empty file (0 bytes), not a cifar-prep LMDB ---> HINT: rerun "
+                 "cifar-prep to rebuild it");
         return NULL;
     }
     Dataset *ds = xcalloc(1, sizeof *ds);
@@ -421,6 +480,7 @@ const DatasetSplit *dataset_split(const Dataset *ds, const char *name) {
 /* One record's label and pixels, checked: key, length, label and checksum. */
 typedef struct {
     int32_t label;
+    uint32_t crc; /* as stored (version >= 2), 0 before */
     const uint8_t *pixels;
 } RecordRef;
 
@@ -443,14 +503,16 @@ static int record_check(const Dataset *ds, const char *split, int64_t index, con
     const uint8_t *b = val->mv_data;
     if (ds->info.version >= 2) {
         uint32_t stored = le32_read(b + RECORD_LABEL_BYTES);
-        uint32_t actual = dataset_record_crc(b, b + head, rec);
+        uint32_t actual = record_crc(ds->info.version, split, index, b, b + head, rec);
         if (stored != actual) {
             snprintf(err, errlen,
                      "split \"%s\" record %lld fails its checksum (CRC-32C %08x, stored %08x): the "
-                     "file was damaged after cifar-prep wrote it; rebuild it with cifar-prep -f",
+                     "file was damaged after cifar-prep wrote it (or the record is another one's, "
+                     "read under this key); rebuild it with cifar-prep -f",
                      split, (long long)index, actual, stored);
             return -1;
         }
+        out->crc = stored;
     }
     int32_t lab = (int32_t)le32_read(b);
     if (lab < 0 || lab >= ds->info.num_classes) {
@@ -510,10 +572,12 @@ typedef struct {
     uint8_t *pixels;
     int32_t *labels;
     size_t rec;
+    uint64_t *crcs; /* folded into when not NULL */
 } CopyTarget;
 
 static void visit_copy(void *ctx, int64_t i, const RecordRef *r) {
     CopyTarget *t = ctx;
+    if (t->crcs) *t->crcs = identity_extend(*t->crcs, &r->crc, sizeof r->crc);
     memcpy(t->pixels + (size_t)i * t->rec, r->pixels, t->rec);
     t->labels[i] = r->label;
 }
@@ -533,7 +597,7 @@ int dataset_read_range(Dataset *ds, const char *name, int64_t first, int64_t cou
         return -1;
     }
     if (count == 0) return 0;
-    CopyTarget t = {pixels, labels, dataset_record_bytes(ds)};
+    CopyTarget t = {pixels, labels, dataset_record_bytes(ds), NULL};
     return split_walk(ds, si, first, count, visit_copy, &t, err, errlen);
 }
 
@@ -549,6 +613,7 @@ int dataset_load_split(Dataset *ds, const char *name, uint8_t *pixels, int32_t *
 
 static void visit_in_place(void *ctx, int64_t i, const RecordRef *r) {
     SplitView *v = ctx;
+    v->crcs = identity_extend(v->crcs, &r->crc, sizeof r->crc);
     v->records[i] = r->pixels;
     v->labels[i] = r->label;
 }
@@ -577,10 +642,11 @@ int dataset_map_split(Dataset *ds, const char *name, DatasetAccess how, HostSpli
     }
     v->how = how;
     v->labels = xmalloc((size_t)n * sizeof *v->labels + 1);
+    v->crcs = IDENTITY_FNV_OFFSET;
     int rc;
     if (how == DATASET_COPY) {
         v->pixels = xmalloc((size_t)n * dataset_record_bytes(ds) + 1);
-        CopyTarget t = {v->pixels, v->labels, dataset_record_bytes(ds)};
+        CopyTarget t = {v->pixels, v->labels, dataset_record_bytes(ds), &v->crcs};
         rc = split_walk(ds, si, 0, n, visit_copy, &t, err, errlen);
     } else {
         v->records = xmalloc((size_t)n * sizeof *v->records + 1);
@@ -590,6 +656,16 @@ int dataset_map_split(Dataset *ds, const char *name, DatasetAccess how, HostSpli
     v->mapped = 1;
     view_describe(v, n, out);
     return 0;
+}
+
+void dataset_identity(const Dataset *ds, char out[DATASET_IDENTITY_CHARS + 1]) {
+    uint64_t h = ds->identity;
+    for (int i = 0; i < ds->info.n_splits; i++) {
+        if (!ds->views[i].mapped) continue;
+        h = identity_extend(h, ds->info.splits[i].name, strlen(ds->info.splits[i].name) + 1);
+        h = identity_extend(h, &ds->views[i].crcs, sizeof ds->views[i].crcs);
+    }
+    snprintf(out, DATASET_IDENTITY_CHARS + 1, "%016llx", (unsigned long long)h);
 }
 
 /* ------------------------------------------------------------------ for the commands */
@@ -673,6 +749,11 @@ void dataset_prepare_for_job(Dataset *ds, const char *path) {
         log_warn("%s: format version %d carries no record checksums: records are not verified "
                  "(rebuild it with cifar-prep -f to add them)",
                  path, ds->info.version);
+    else if (ds->info.version < 3)
+        log_warn("%s: format version %d: its checksums cover neither a record's index nor the "
+                 "metadata, so a record read under another key or a changed mean is not caught "
+                 "(rebuild it with cifar-prep -f to add them)",
+                 path, ds->info.version);
     map_guard(ds, path);
 }
 
@@ -698,6 +779,7 @@ typedef struct {
 
 struct DatasetWriter {
     MDB_env *env;
+    FsAtomic file; /* the temporary, created and renamed by fs_atomic_* */
     char final_path[4096];
     char temp_path[4200];
     size_t map_size;
@@ -722,19 +804,23 @@ DatasetWriter *dataset_writer_create(const char *path, char *err, size_t errlen)
         return NULL;
     }
     snprintf(w->final_path, sizeof w->final_path, "%s", path);
-    fs_temp_name(path, w->temp_path, sizeof w->temp_path);
-    unlink(w->temp_path); /* a leftover of a dead process with our pid */
+    if (fs_atomic_begin(&w->file, path, err, errlen) != 0) {
+        free(w);
+        return NULL;
+    }
+    snprintf(w->temp_path, sizeof w->temp_path, "%s", w->file.tmp);
     w->map_size = WRITER_INITIAL_MAP;
     int rc = mdb_env_create(&w->env);
     if (!rc) rc = mdb_env_set_maxdbs(w->env, DATASET_MAX_SPLITS + 1);
     if (!rc) rc = mdb_env_set_mapsize(w->env, w->map_size);
-    /* NOSYNC: nothing is durable before finish, which syncs once. */
-    if (!rc) rc = mdb_env_open(w->env, w->temp_path, MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOSYNC, 0644);
+    /* NOSYNC: nothing is durable before finish, which syncs once. LMDB opens by
+     * name: it gets the exclusive temporary's /proc/self/fd name, not the entry. */
+    if (!rc) rc = mdb_env_open(w->env, w->file.reopen, MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOSYNC, 0644);
     if (rc) {
         snprintf(err, errlen, "cannot create the temporary file %s (%s)", w->temp_path,
                  mdb_strerror(rc));
         writer_close_env(w);
-        unlink(w->temp_path);
+        fs_atomic_abort(&w->file);
         free(w);
         return NULL;
     }
@@ -849,7 +935,7 @@ int dataset_writer_put(DatasetWriter *w, const char *split, int64_t index, int32
     memcpy(p, &e, sizeof e);
     p += sizeof e;
     le32_write(p, (uint32_t)label);
-    le32_write(p + RECORD_LABEL_BYTES, dataset_record_crc(p, pixels, nbytes));
+    le32_write(p + RECORD_LABEL_BYTES, record_crc(DATASET_VERSION, split, index, p, pixels, nbytes));
     memcpy(p + head, pixels, nbytes);
     w->batch_len += need;
     w->batch_count++;
@@ -905,6 +991,10 @@ static int writer_put_meta(DatasetWriter *w, const DatasetInfo *info, char *err,
         rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta);
         MDB_val key = {7, (void *)"dataset"}, val = {strlen(json), json};
         if (!rc) rc = mdb_put(txn, meta, &key, &val, 0);
+        char crc[9];
+        snprintf(crc, sizeof crc, "%08x", crc32c_extend(0, json, strlen(json)));
+        MDB_val ckey = {sizeof META_CRC_KEY - 1, (void *)META_CRC_KEY}, cval = {8, crc};
+        if (!rc) rc = mdb_put(txn, meta, &ckey, &cval, 0);
         if (rc)
             mdb_txn_abort(txn);
         else
@@ -936,19 +1026,14 @@ int dataset_writer_finish(DatasetWriter *w, const DatasetInfo *info, char *err, 
         return -1;
     }
     writer_close_env(w);
-    if (fs_commit_rename(w->temp_path, w->final_path) != 0) {
-        snprintf(err, errlen, "cannot rename %s into place (%s)", w->temp_path, strerror(errno));
-        dataset_writer_abort(w);
-        return -1;
-    }
     w->done = 1;
-    return 0;
+    return fs_atomic_commit(&w->file, err, errlen);
 }
 
 void dataset_writer_abort(DatasetWriter *w) {
     if (!w || w->done) return;
     writer_close_env(w);
-    unlink(w->temp_path);
+    fs_atomic_abort(&w->file);
     w->done = 1;
 }
 

@@ -6,11 +6,14 @@
  *               "width":W,"channels":C,"num_classes":K,"splits":{NAME:{"count":N,
  *               "mean":[C floats],"std":[C floats]},...},"classes":[K names]}
  *               ("classes" is optional: classes.h; readers without it ignore it)
+ *               key "dataset.crc32c" (version 3): the CRC-32C of that JSON, 8 hex digits
  *   db NAME (one per split, e.g. "train", "test"): key = record index as 8 ASCII
- *               digits, value (version 2) = int32 LE label, uint32 LE CRC-32C of the
- *               label's 4 bytes followed by the pixels, then H*W*C uint8 pixels (HWC).
- *               Version 1 (still read, without verification) had no CRC field:
- *               label + pixels.
+ *               digits, value = int32 LE label, uint32 LE CRC-32C, then H*W*C uint8
+ *               pixels (HWC). Version 3's CRC covers the split name and its NUL,
+ *               the index (int64 LE), the label's 4 bytes and the pixels, so a record
+ *               read under another key fails it; version 2's (still read, with a
+ *               note) covered label and pixels only. Version 1 (still read, without
+ *               verification) had no CRC field: label + pixels.
  * Readers check the magic, the version, every size, every label and every
  * checksum before use.
  *
@@ -33,7 +36,7 @@ extern "C" {
 #endif
 
 #define DATASET_FORMAT "cifar-lmdb"
-#define DATASET_VERSION 2          /* written; 1 is still read */
+#define DATASET_VERSION 3          /* written; 1 and 2 are still read */
 #define DATASET_MAX_SPLITS 8
 #define DATASET_MAX_CHANNELS 4
 #define DATASET_MAX_SIDE 4096      /* images larger than this are refused */
@@ -113,6 +116,11 @@ int dataset_map_split(Dataset *ds, const char *name, DatasetAccess how, HostSpli
                       size_t errlen);
 /* 1 when the file's records carry checksums (version >= 2). */
 int dataset_has_checksums(const Dataset *ds);
+/* The dataset's identity: 16 hex digits of an FNV-1a 64 over the metadata JSON and
+ * the stored CRCs of every split mapped so far (dataset_map_split: the walk reads
+ * them anyway), so two datasets of one shape differ. A snapshot records it. */
+#define DATASET_IDENTITY_CHARS 16
+void dataset_identity(const Dataset *ds, char out[DATASET_IDENTITY_CHARS + 1]);
 
 /* ---- for the commands (cifar-train, cifar-eval): failures end the process ---- */
 /* Notes on stderr that a version-1 file carries no checksums, and guards the map:
@@ -122,6 +130,9 @@ void dataset_prepare_for_job(Dataset *ds, const char *path);
 
 /* The CRC-32C stored with a version-2 record (label bytes, then pixels). */
 uint32_t dataset_record_crc(const uint8_t label_le[4], const uint8_t *pixels, size_t nbytes);
+/* ... and with a version-3 record: split name and NUL, index (int64 LE), label, pixels. */
+uint32_t dataset_record_crc_v3(const char *split, int64_t index, const uint8_t label_le[4],
+                               const uint8_t *pixels, size_t nbytes);
 
 /* Parse/produce the metadata JSON (exposed for tests and the fuzzer). A parsed
  * info owns its class names: dataset_info_free (also after a failure). */

@@ -3,11 +3,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/openat2.h>
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
@@ -44,7 +47,10 @@ struct ImageDecoder {
     png_bytep *rows;    /* row pointers, reused */
     size_t rows_cap;
     PngArena arena;
+    int alpha_dropped;  /* the last decoded image had an alpha channel (or tRNS) */
 };
+
+int image_decoder_dropped_alpha(const ImageDecoder *d) { return d->alpha_dropped; }
 
 ImageDecoder *image_decoder_create(void) {
     ImageDecoder *d = xcalloc(1, sizeof(ImageDecoder));
@@ -170,6 +176,7 @@ static int png_run(ImageDecoder *d, png_structp png, png_infop info, const Image
     shape->channels = (ctype & PNG_COLOR_MASK_COLOR) ? 3 : 1;
     int rc = shape_check(shape, expect, outcap, err, errlen);
     if (rc != IMAGE_OK || !out) return rc;
+    d->alpha_dropped = (ctype & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS);
     png_normalise(png, depth, ctype);
     png_read_update_info(png, info);
     size_t row = (size_t)w * (size_t)shape->channels;
@@ -272,10 +279,46 @@ int image_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageSha
     return image_run(d, buf, len, expect, out, outcap, shape, err, errlen);
 }
 
-int image_file_read(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
-                    char *err, size_t errlen) {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+/* The kernels before openat2 (Linux 5.6), or a seccomp filter that hides it: the
+ * file's resolved path (/proc/self/fd) must lie under the folder's. */
+static int open_beneath_by_path(int dirfd, const char *name, int flags) {
+    int fd = openat(dirfd, name, flags);
+    if (fd < 0) return -1;
+    char link[64], dir[PATH_MAX], file[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t dn = readlink(link, dir, sizeof dir - 1);
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t fn = readlink(link, file, sizeof file - 1);
+    if (dn > 0 && fn > dn && strncmp(dir, file, (size_t)dn) == 0 &&
+        (file[dn] == '/' || (dn == 1 && dir[0] == '/')))
+        return fd;
+    close(fd);
+    errno = EXDEV;
+    return -1;
+}
+
+/* Open `name` under the folder dirfd without leaving it (through "..", an absolute
+ * path or a symlink; EXDEV then), unless outside_ok. O_NONBLOCK: a FIFO named as an
+ * image must not block the open (the caller refuses it by its type). */
+static int open_image(int dirfd, const char *name, int outside_ok) {
+    int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC;
+    if (outside_ok || dirfd == AT_FDCWD) return openat(dirfd, name, flags);
+    struct open_how how = {.flags = (uint64_t)flags, .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(SYS_openat2, dirfd, name, &how, sizeof how);
+    if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return fd;
+    return open_beneath_by_path(dirfd, name, flags);
+}
+
+int image_file_read(int dirfd, const char *name, int outside_ok, uint8_t **buf, size_t *cap,
+                    size_t *len, char *err, size_t errlen) {
+    int fd = open_image(dirfd, name, outside_ok);
     struct stat st;
+    if (fd < 0 && errno == EXDEV) {
+        snprintf(err, errlen, "the name leads outside the image folder (through a symlink): "
+                 "refused ---> HINT: --allow-outside-symlinks reads images that symlinks in the "
+                 "image folder point to elsewhere");
+        return -1;
+    }
     if (fd < 0 || fstat(fd, &st) != 0) {
         snprintf(err, errlen, "cannot read the image (%s)", strerror(errno));
         if (fd >= 0) close(fd);

@@ -36,6 +36,9 @@ int image_probe(ImageDecoder *d, const uint8_t *buf, size_t len, ImageShape *sha
  * the image's shape whenever the header could be read. */
 int image_decode(ImageDecoder *d, const uint8_t *buf, size_t len, const ImageShape *expect,
                  uint8_t *out, size_t outcap, ImageShape *shape, char *err, size_t errlen);
+/* The last image_decode dropped an alpha channel (RGBA, gray+alpha, or a PNG tRNS
+ * transparency): the dataset keeps gray or RGB only. */
+int image_decoder_dropped_alpha(const ImageDecoder *d);
 
 /* src (shape `from`, HWC) resampled into dst (shape `to`): the height and width by
  * bilinear interpolation with pixel centres aligned (OpenCV's INTER_LINEAR, PyTorch's
@@ -49,8 +52,10 @@ void image_resample(const uint8_t *src, ImageShape from, uint8_t *dst, ImageShap
 #define IMAGE_MAX_FILE (256ll << 20)
 /* Read the whole file `name` (relative to the folder open as dirfd, or
  * AT_FDCWD) into *buf (grown as needed, reused across calls): open, fstat,
- * read, close. 0, or -1 with a reason in err. */
-int image_file_read(int dirfd, const char *name, uint8_t **buf, size_t *cap, size_t *len,
-                    char *err, size_t errlen);
+ * read, close. Under dirfd the name must not lead outside its folder (a symlink
+ * pointing elsewhere) unless outside_ok; regular files only (a FIFO never blocks).
+ * 0, or -1 with a reason in err. */
+int image_file_read(int dirfd, const char *name, int outside_ok, uint8_t **buf, size_t *cap,
+                    size_t *len, char *err, size_t errlen);
 
 #endif

@@ -4,10 +4,12 @@
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,6 +44,7 @@ void checkpoint_info_free(CheckpointInfo *info) {
     free(info->model_json);
     free(info->dataset_path);
     free(info->dataset_shape);
+    free(info->dataset_identity);
     free(info->options_json);
     class_names_free(&info->classes);
     memset(info, 0, sizeof *info);
@@ -153,6 +156,7 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
         {"model", model_json},
         {"dataset", info->dataset_path ? info->dataset_path : ""},
         {"dataset_shape", shape},
+        {"dataset_identity", info->dataset_identity ? info->dataset_identity : ""},
         {"normalize_mean", mean},
         {"normalize_std", std},
         {"epochs", epochs},
@@ -285,6 +289,8 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
     info->dataset_path = xstrdup(ds ? ds : "");
     const char *shape = snapshot_meta(s, "dataset_shape");
     info->dataset_shape = xstrdup(shape ? shape : "");
+    const char *identity = snapshot_meta(s, "dataset_identity");
+    info->dataset_identity = xstrdup(identity ? identity : "");
     const char *opts = snapshot_meta(s, "options");
     info->options_json = xstrdup(opts ? opts : "{}");
     if (parse_classes(s, cfg->num_classes, &info->classes, err, errlen) != 0) goto fail;
@@ -307,6 +313,22 @@ static void shape_str(int ndim, const int64_t *shape, char *buf, size_t buflen) 
     for (int d = 0; d < ndim && off < buflen; d++)
         off += (size_t)snprintf(buf + off, buflen - off, "%s%" PRId64, d ? "," : "", shape[d]);
     if (off < buflen) snprintf(buf + off, buflen - off, "]");
+}
+
+/* NaN or infinite values: the weights of a diverged run, never usable. */
+static int floats_refuse_non_finite(const char *name, const float *v, size_t n, char *err,
+                                    size_t errlen) {
+    size_t i = checkpoint_first_non_finite(v, n);
+    if (i == n) return 0;
+    snprintf(err, errlen, "tensor %s holds %s values (element %zu): the weights of a diverged run, "
+             "not usable", name, isnan(v[i]) ? "NaN" : "infinite", i);
+    return -1;
+}
+
+size_t checkpoint_first_non_finite(const float *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return i;
+    return n;
 }
 
 /* The tensors named prefix + each model tensor's name into params/buffers, every
@@ -334,6 +356,7 @@ static int load_state_dict(const Snapshot *snap, const Model *m, const char *pre
         if (ti->kind == TENSOR_COUNTER) continue;
         float *dst = (ti->kind == TENSOR_PARAM ? params : buffers) + ti->offset;
         memcpy(dst, t->data, ti->numel * sizeof(float));
+        if (floats_refuse_non_finite(name, dst, ti->numel, err, errlen) != 0) return -1;
     }
     return 0;
 }
@@ -371,6 +394,8 @@ int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, 
             return -1;
         }
         memcpy(st->momentum, mom->data, m->num_params * sizeof(float));
+        if (floats_refuse_non_finite(MOMENTUM_TENSOR, st->momentum, m->num_params, err, errlen) != 0)
+            return -1;
     } else {
         memset(st->momentum, 0, m->num_params * sizeof(float));
     }
@@ -455,11 +480,29 @@ static void refuse_foreign_snapshot(const char *path, const CheckpointInfo *info
                   path, info->dataset_shape, info->model_json, dataset_shape, mine);
 }
 
+/* Same shape, other data (another identity): refused unless --fine-tune. A snapshot
+ * without an identity (written before it was recorded) is resumed from. */
+static void check_same_data(const char *path, const CheckpointInfo *info, const CheckpointData *data) {
+    if (!info->dataset_identity[0] || !data->identity[0] ||
+        strcmp(info->dataset_identity, data->identity) == 0)
+        return;
+    if (data->other_data_ok) {
+        log_warn("%s: trained on other data (dataset identity %s, this run's %s): continuing on "
+                 "this data (--fine-tune)", path, info->dataset_identity, data->identity);
+        return;
+    }
+    die_permanent("%s: the snapshot was trained on other data of the same shape (dataset identity "
+                  "%s, this run's data %s, %s) ---> HINT: use another --run-dir, the data it was "
+                  "trained on, or --fine-tune to continue on this data on purpose",
+                  path, info->dataset_identity, data->identity, info->dataset_path);
+}
+
 /* Load the snapshot at path into st and progress: 0, or -1 with a reason in err
  * (the file is unusable: truncated, corrupt, wrong tensors). A snapshot of
  * another model or dataset, or of a newer program, stops the run. */
-static int resume_from(const char *path, const Model *m, const char *dataset_shape, TrainState *st,
+static int resume_from(const char *path, const Model *m, const CheckpointData *data, TrainState *st,
                        TrainProgress *progress, char *err, size_t errlen) {
+    const char *dataset_shape = data->shape;
     ModelConfig cfg = m->cfg;
     CheckpointInfo info;
     Snapshot *s = checkpoint_open(path, &cfg, &info, err, errlen);
@@ -471,6 +514,7 @@ static int resume_from(const char *path, const Model *m, const char *dataset_sha
     if (!s) return -1;
     if (!model_config_equal(&cfg, &m->cfg) || strcmp(info.dataset_shape, dataset_shape) != 0)
         refuse_foreign_snapshot(path, &info, m, dataset_shape);
+    check_same_data(path, &info, data);
     int rc = checkpoint_load_state(s, m, st, err, errlen);
     if (rc == 0) *progress = info.progress;
     snapshot_free(s);
@@ -478,36 +522,84 @@ static int resume_from(const char *path, const Model *m, const char *dataset_sha
     return rc;
 }
 
-/* Rank 0: the step of the newest snapshot that loads, or -1. */
-static int64_t choose_snapshot(const char *run_dir, const Model *m, const char *dataset_shape,
-                               TrainState *st, TrainProgress *progress) {
-    fs_remove_stale_temps(run_dir);
-    int count = 0;
-    char **paths = snapshot_list(run_dir, &count);
-    int64_t chosen = -1;
-    for (int i = 0; i < count && chosen < 0; i++) {
-        char err[512];
-        if (resume_from(paths[i], m, dataset_shape, st, progress, err, sizeof err) == 0)
-            chosen = progress->step;
-        else
-            log_warn("%s: skipping this snapshot: %s", paths[i], err);
-    }
-    snapshot_list_free(paths, count);
-    return chosen;
+typedef struct {
+    char *path;
+    int64_t step; /* recorded inside the snapshot */
+} Candidate;
+
+static int candidate_newest_first(const void *a, const void *b) {
+    int64_t x = ((const Candidate *)a)->step, y = ((const Candidate *)b)->step;
+    return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
-                      TrainState *st, TrainProgress *progress) {
+/* The run's readable snapshots by the progress recorded inside each, newest first
+ * (a file's name is not trusted: a copied snapshot-1000000 says nothing). */
+static Candidate *candidates_by_progress(const char *run_dir, int *count) {
+    int n = 0;
+    char **paths = snapshot_list(run_dir, &n);
+    Candidate *c = xcalloc((size_t)n + 1, sizeof *c);
+    *count = 0;
+    for (int i = 0; i < n; i++) {
+        char err[512];
+        ModelConfig cfg;
+        CheckpointInfo info;
+        Snapshot *s = checkpoint_open(paths[i], &cfg, &info, err, sizeof err);
+        if (!s && strstr(err, "newer version"))
+            die_permanent("%s: %s ---> HINT: resume with the newer cifar-train, or use another "
+                          "--run-dir", paths[i], err);
+        if (!s) {
+            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+            continue;
+        }
+        c[*count].path = xstrdup(paths[i]);
+        c[*count].step = info.progress.step;
+        (*count)++;
+        snapshot_free(s);
+        checkpoint_info_free(&info);
+    }
+    snapshot_list_free(paths, n);
+    qsort(c, (size_t)*count, sizeof *c, candidate_newest_first);
+    return c;
+}
+
+/* Rank 0: the snapshot with the most progress that loads (its path into chosen),
+ * or -1. */
+static int64_t choose_snapshot(const char *run_dir, const Model *m, const CheckpointData *data,
+                               TrainState *st, TrainProgress *progress, char *chosen,
+                               size_t chosen_len) {
+    fs_remove_stale_temps(run_dir);
+    int count = 0;
+    Candidate *c = candidates_by_progress(run_dir, &count);
     int64_t step = -1;
-    if (comm_rank(comm) == 0) step = choose_snapshot(run_dir, m, dataset_shape, st, progress);
+    for (int i = 0; i < count && step < 0; i++) {
+        char err[512];
+        if (resume_from(c[i].path, m, data, st, progress, err, sizeof err) == 0) {
+            step = progress->step;
+            snprintf(chosen, chosen_len, "%s", c[i].path);
+        } else {
+            log_warn("%s: skipping this snapshot: %s", c[i].path, err);
+        }
+    }
+    for (int i = 0; i < count; i++) free(c[i].path);
+    free(c);
+    return step;
+}
+
+int checkpoint_resume(const char *run_dir, const Model *m, const CheckpointData *data, Comm *comm,
+                      TrainState *st, TrainProgress *progress, char *chosen, size_t chosen_len) {
+    int64_t step = -1;
+    char path[4096] = "";
+    if (comm_rank(comm) == 0)
+        step = choose_snapshot(run_dir, m, data, st, progress, path, sizeof path);
     comm_broadcast_host(comm, &step, sizeof step, 0);
     if (step < 0) return 0;
+    comm_broadcast_host(comm, path, sizeof path, 0);
     if (comm_rank(comm) != 0) {
-        char path[4096], err[512];
-        snapshot_path_for(run_dir, step, path, sizeof path);
-        if (resume_from(path, m, dataset_shape, st, progress, err, sizeof err) != 0)
+        char err[512];
+        if (resume_from(path, m, data, st, progress, err, sizeof err) != 0)
             die("%s: %s (the snapshot rank 0 chose)", path, err);
     }
+    snprintf(chosen, chosen_len, "%s", path);
     return 1;
 }
 
@@ -542,8 +634,18 @@ int run_dir_lock(const char *run_dir) {
         die("%s: cannot create the run folder: %s", run_dir, strerror(errno));
     char path[4096];
     snprintf(path, sizeof path, "%s/lock", run_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* O_NOFOLLOW and a regular file only: the holder's line is written into it, and a
+     * symlink or device planted as RUN/lock would have us truncate what it names. */
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ELOOP)
+        die("%s: a symlink, not a regular file: the run folder lock is not followed ---> HINT: "
+            "remove it (someone planted it) or use another --run-dir", path);
     CHECK_STDIO(fd >= 0, path);
+    struct stat st;
+    CHECK_STDIO(fstat(fd, &st) == 0, path);
+    if (!S_ISREG(st.st_mode))
+        die("%s: not a regular file: the run folder lock is not used ---> HINT: remove it "
+            "or use another --run-dir", path);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         CHECK_STDIO(errno == EWOULDBLOCK, path);
         char holder[256];

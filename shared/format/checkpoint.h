@@ -54,6 +54,7 @@ typedef struct {
     char *model_json;
     char *dataset_path;
     char *dataset_shape;  /* "HxWxC/K" */
+    char *dataset_identity; /* dataset_identity() of the data trained on; "" when not recorded */
     float mean[4], std[4];
     int channels;
     char *options_json;
@@ -83,6 +84,9 @@ Snapshot *checkpoint_open(const char *path, ModelConfig *cfg, CheckpointInfo *in
  * -1 + reason. */
 int checkpoint_load_state(const Snapshot *snap, const Model *m, TrainState *st, char *err,
                           size_t errlen);
+/* The index of the first NaN or infinite value of v, n when none. checkpoint_load_state
+ * refuses a snapshot holding one ("tensor X holds NaN values"). */
+size_t checkpoint_first_non_finite(const float *v, size_t n);
 
 /* A snapshot ready to run: its model, metadata and weights. */
 typedef struct {
@@ -124,15 +128,24 @@ int checkpoint_load_weights(const Snapshot *snap, const Model *m, TrainState *st
                             char *err, size_t errlen);
 
 /* The resume choice of a run folder, the same on every rank: rank 0 takes the
- * newest snapshot that loads (a corrupt one is reported and the previous one
- * used; temporaries of a killed writer are removed first) and broadcasts its
- * step over comm; the other ranks load that one. A snapshot of another model or
- * dataset (its shape "HxWxC/K" against dataset_shape), or of a newer program, is
+ * snapshot with the most progress recorded inside it (never by its file name)
+ * that loads (a corrupt one, or one holding NaN or infinite values, is reported
+ * and the previous one used; temporaries of a killed writer are removed first)
+ * and broadcasts its path over comm (into `chosen` on every rank); the other
+ * ranks load that one. A snapshot of another model or
+ * dataset (its shape "HxWxC/K" against data->shape; its recorded identity against
+ * data->identity unless data->other_data_ok), or of a newer program, is
  * a permanent failure: training would write over it. On resume *st and
  * *progress hold the snapshot's state and 1 is returned; 0 when there is none
  * (nothing is touched). */
-int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
-                      TrainState *st, TrainProgress *progress);
+/* What a resume compares a snapshot with: this run's data. */
+typedef struct {
+    const char *shape;    /* checkpoint_dataset_shape */
+    const char *identity; /* dataset_identity */
+    int other_data_ok;    /* --fine-tune: another dataset of the same shape is resumed from */
+} CheckpointData;
+int checkpoint_resume(const char *run_dir, const Model *m, const CheckpointData *data, Comm *comm,
+                      TrainState *st, TrainProgress *progress, char *chosen, size_t chosen_len);
 
 /* The exclusive lock of a run folder: one writer (cifar-train job) at a time.
  * An flock on RUN_DIR/lock held while the returned descriptor is open (the

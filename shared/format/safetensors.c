@@ -173,21 +173,24 @@ static char *snap_header_build(const SnapTensorIn *t, int n, const size_t *sizes
     return out;
 }
 
-static void snap_io_err(char *err, size_t errlen, const char *what, const char *path, int e) {
-    const char *hint = check_hint_for_errno(e);
-    snap_err(err, errlen, "%s %s: %s%s%s%s", what, path, strerror(e), hint ? " (" : "",
-             hint ? hint : "", hint ? ")" : "");
-}
+typedef struct {
+    const char *header;
+    size_t hlen;
+    const SnapTensorIn *tensors;
+    int n;
+    const size_t *sizes;
+} SnapBody;
 
-/* Write header and data to an open fd, then fsync. 0 or -1 with errno. */
-static int snap_write_fd(int fd, const char *header, size_t hlen, const SnapTensorIn *t, int n,
-                         const size_t *sizes) {
+/* Header and data to the temporary (fs_write_atomic fsyncs and renames it). */
+static int snap_write_fd(int fd, const char *tmp_path, void *ctx, char *err, size_t errlen) {
+    (void)tmp_path, (void)err, (void)errlen;
+    const SnapBody *b = ctx;
     unsigned char lenbuf[8];
-    for (int b = 0; b < 8; b++) lenbuf[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
-    if (fs_write_all(fd, lenbuf, 8) != 0 || fs_write_all(fd, header, hlen) != 0) return -1;
-    for (int i = 0; i < n; i++)
-        if (sizes[i] > 0 && fs_write_all(fd, t[i].data, sizes[i]) != 0) return -1;
-    return fsync(fd);
+    for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)b->hlen >> (8 * i));
+    if (fs_write_all(fd, lenbuf, 8) != 0 || fs_write_all(fd, b->header, b->hlen) != 0) return -1;
+    for (int i = 0; i < b->n; i++)
+        if (b->sizes[i] > 0 && fs_write_all(fd, b->tensors[i].data, b->sizes[i]) != 0) return -1;
+    return 0;
 }
 
 int snapshot_write(const char *path, const SnapTensorIn *tensors, int n_tensors,
@@ -206,27 +209,8 @@ int snapshot_write(const char *path, const SnapTensorIn *tensors, int n_tensors,
     size_t hlen = 0;
     char *header = snap_header_build(tensors, n_tensors, sizes, meta, n_meta, sum, &hlen);
     CHECK_ALLOC(header, hlen);
-
-    char tmp[4096];
-    fs_temp_name(path, tmp, sizeof tmp);
-    int rc = -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        snap_io_err(err, errlen, "cannot create", tmp, errno);
-    } else if (snap_write_fd(fd, header, hlen, tensors, n_tensors, sizes) != 0) {
-        snap_io_err(err, errlen, "cannot write", tmp, errno);
-        close(fd);
-    } else if (close(fd) != 0) {
-        snap_io_err(err, errlen, "cannot write", tmp, errno);
-    } else if (rename(tmp, path) != 0) {
-        snap_io_err(err, errlen, "cannot rename into place", tmp, errno);
-    } else if (fs_fsync_parent(path) != 0) {
-        /* The file is complete under its name, but the rename may not survive a crash. */
-        snap_io_err(err, errlen, "renamed, but cannot fsync the folder of", path, errno);
-    } else {
-        rc = 0;
-    }
-    if (rc != 0 && fd >= 0) unlink(tmp);
+    SnapBody body = {header, hlen, tensors, n_tensors, sizes};
+    int rc = fs_write_atomic(path, snap_write_fd, &body, err, errlen);
     free(header);
     free(sizes);
     return rc;
@@ -537,14 +521,19 @@ Snapshot *snapshot_parse(void *blob, size_t size, char *err, size_t errlen) {
 
 /* The whole file into a malloc'd buffer. NULL with a reason. */
 static void *snap_slurp(const char *path, size_t *size, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK first: a FIFO under a snapshot's name must not block the open. */
+    int fd = fs_open_regular(path, O_RDONLY);
+    if (fd < 0 && errno == EINVAL) {
+        snap_err(err, errlen, "%s, not a regular file", fs_open_regular_why());
+        return NULL;
+    }
     if (fd < 0) {
         snap_err(err, errlen, "cannot open: %s", strerror(errno));
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snap_err(err, errlen, "not a regular file");
+    if (fstat(fd, &st) != 0) {
+        snap_err(err, errlen, "cannot stat: %s", strerror(errno));
         close(fd);
         return NULL;
     }
@@ -683,12 +672,17 @@ void snapshot_list_free(char **paths, int count) {
     free(paths);
 }
 
-void snapshot_prune(const char *dir, int keep) {
+void snapshot_prune(const char *dir, int keep, int64_t newest) {
     if (keep <= 0) return;
     int n = 0;
     char **paths = snapshot_list(dir, &n);
-    for (int i = keep; i < n; i++)
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        const char *base = strrchr(paths[i], '/');
+        if (snap_name_epochs(base ? base + 1 : paths[i]) > newest) continue; /* not ours to judge */
+        if (kept++ < keep) continue;
         if (unlink(paths[i]) != 0 && errno != ENOENT)
             log_warn("%s: cannot remove old snapshot: %s", paths[i], strerror(errno));
+    }
     snapshot_list_free(paths, n);
 }

@@ -86,8 +86,10 @@ void snapshot_path_for(const char *dir, int64_t epochs, char *buf, size_t buflen
  * when the folder is missing or holds none. */
 char **snapshot_list(const char *dir, int *count);
 void snapshot_list_free(char **paths, int count);
-/* Delete all but the newest `keep` snapshots (keep <= 0: keep all). */
-void snapshot_prune(const char *dir, int keep);
+/* Delete all but the newest `keep` snapshots named at most step `newest` (keep <= 0:
+ * keep all). A name beyond `newest` (a copied file, or a run's future) is never
+ * deleted: the run that prunes resumed from the most progress it could read. */
+void snapshot_prune(const char *dir, int keep, int64_t newest);
 
 #ifdef __cplusplus
 }
