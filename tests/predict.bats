@@ -189,7 +189,7 @@ for x, y in zip(a, b):
 record_pngs() { # i name modes...
     local i=$1 name=$2 px
     shift 2
-    px=$(mdb_dump -n -s test "$DATA/cifar10.lmdb" | "$PY" "$BATS_TEST_DIRNAME/dataset_record.py" records |
+    px=$(mdb_dump -n -s test "$DATA/cifar10.lmdb" | "$PY" "$BATS_TEST_DIRNAME/dataset_record.py" records test |
         sed -n "$((i + 1))p" | cut -d' ' -f2)
     "$PY" "$BATS_TEST_DIRNAME/png_write.py" "$BATS_TEST_TMPDIR/$name.png" 8 8 3 "$px"
     for m in "$@"; do
