@@ -41,9 +41,10 @@ setup_file() {
     LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe" FI_LOG="$T/snapshot-points.log" \
         train "$T/probe" --epochs 2 >/dev/null
     # ... and of a background one (--save-every-steps 2: step 6, mid-epoch 2, while
-    # training goes on), then the last one (step 8).
+    # training goes on), then the last one (step 8). Only the snapshot files count: the
+    # training thread's metrics.jsonl writes would interleave with the writer thread's.
     cp -r "$T/base" "$T/probe-bg"
-    LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe-bg" FI_LOG="$T/background-points.log" \
+    LD_PRELOAD="$FAULTINJECT" FI_PATH="$T/probe-bg/snapshot-" FI_LOG="$T/background-points.log" \
         train "$T/probe-bg" --epochs 2 --save-every-steps 2 >/dev/null
     # ... and of one LMDB write.
     cp -r "$DATA" "$T/probe-data"
@@ -424,7 +425,7 @@ snapshot_fault() { # point errno-name expected-text
     for p in $points; do
         dir="$BATS_TEST_TMPDIR/k$p"
         cp -r "$T/base" "$dir"
-        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_KILL_AT="$p" run train "$dir" --epochs 2 --save-every-steps 2
+        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir/snapshot-" FI_KILL_AT="$p" run train "$dir" --epochs 2 --save-every-steps 2
         [ "$status" -eq 137 ] || { echo "point $p: status $status"; echo "$output"; false; }
         cmp "$BASE_SNAP" "$dir/$(basename "$BASE_SNAP")"
         [ ! -f "$dir/snapshot-000008.safetensors" ]
@@ -449,7 +450,7 @@ snapshot_fault() { # point errno-name expected-text
         p=${fault%%:*}; rest=${fault#*:}
         dir=$(mktemp -d "$BATS_TEST_TMPDIR/bg$p-XXXX")
         cp -r "$T/base/." "$dir"
-        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir" FI_FAIL_AT="$p" FI_ERRNO="${rest%%:*}" \
+        LD_PRELOAD="$FAULTINJECT" FI_PATH="$dir/snapshot-" FI_FAIL_AT="$p" FI_ERRNO="${rest%%:*}" \
             run train "$dir" --epochs 2 --save-every-steps 2
         assert_clean_failure "${rest#*:}"
         assert_output --partial "snapshot-000006.safetensors: cannot write the snapshot"
