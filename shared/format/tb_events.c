@@ -118,18 +118,12 @@ static size_t record_check(const uint8_t *p, size_t n, int64_t *step) {
     return (size_t)len + 16;
 }
 
-/* Write the kept bytes in place of path (temporary, fsync, rename). */
+/* Write the kept bytes in place of path (fs_write_atomic: an exclusive temporary,
+ * fsync, rename over a regular file only, the folder fsynced). */
 static int file_replace(const char *path, const uint8_t *data, size_t len, char *err, size_t errlen) {
-    char tmp[4160];
-    fs_temp_name(path, tmp, sizeof tmp);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    int ok = fd >= 0 && fs_write_all(fd, data, len) == 0 && fsync(fd) == 0;
-    int saved = errno;
-    if (fd >= 0 && close(fd) != 0 && ok) ok = 0, saved = errno;
-    if (ok && fs_commit_rename(tmp, path) != 0) ok = 0, saved = errno;
-    if (ok) return 0;
-    unlink(tmp);
-    snprintf(err, errlen, "%s: cannot rewrite the event file: %s", path, strerror(saved));
+    char why[4400];
+    if (fs_write_atomic_buf(path, data, len, why, sizeof why) == 0) return 0;
+    snprintf(err, errlen, "%s: cannot rewrite the event file: %s", path, why);
     return -1;
 }
 
