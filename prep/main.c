@@ -23,6 +23,8 @@
 #include "data/image.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
+#include "core/version.h"
+#include "format/input_kind.h"
 
 #define PATH_CAP 4096
 #define CLASSES_MAX 1000000
@@ -48,6 +50,7 @@ static const char USAGE[] =
     "  -f, --force             replace an existing OUT\n"
     "  -q, --quiet             no progress or summary on stderr\n"
     "  -h, --help              this help\n"
+    "      --version           the version\n"
     "\n"
     "Images are PNG or JPEG, all of one height/width/channel count (1 or 3).\n"
     "Exit status: 0 done, 1 failure (one line naming the file), 2 bad usage.\n";
@@ -173,7 +176,8 @@ static void options_parse(int argc, char **argv, Options *o) {
         {"num-classes", required_argument, NULL, 'k'}, {"threads", required_argument, NULL, 't'},
         {"classes", required_argument, NULL, 'c'},
         {"force", no_argument, NULL, 'f'},            {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
     };
     memset(o, 0, sizeof *o);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -190,6 +194,7 @@ static void options_parse(int argc, char **argv, Options *o) {
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
         case 'h': fputs(USAGE, stdout); exit(0);
+        case 'V': version_print_and_exit();
         case ':': die_usage("%s needs a value; see --help", argv[optind - 1]);
         default: die_usage("unknown option %s; see --help", argv[optind - 1]);
         }
@@ -205,6 +210,7 @@ static void options_parse(int argc, char **argv, Options *o) {
             die_usage("DATA_DIR: path too long");
     }
     if (o->n_splits == 0) {
+        input_kind_expect(o->data_dir, INPUT_SEED_LAYOUT); /* a dataset already, a run folder */
         if (!fs_is_dir(o->data_dir)) die("%s: not a folder (%s)", o->data_dir,
                                          fs_exists(o->data_dir) ? "a file" : "does not exist");
         default_splits(o);

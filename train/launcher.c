@@ -144,9 +144,10 @@ int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, siz
 int launcher_wanted(const LaunchOptions *o, const DistEnv *env) {
     if (!o->given) return 0;
     if (env->from_env) {
-        log_warn("launcher options ignored: this process is already rank %d of %d "
-                 "(RANK/WORLD_SIZE are set, e.g. by torchrun or srun)",
-                 env->rank, env->world_size);
+        if (env->rank == 0) /* the same on every rank: once for the job */
+            log_warn("launcher options ignored: these processes are already the %d rank%s of a "
+                     "job (RANK/WORLD_SIZE are set, e.g. by torchrun or srun)",
+                     env->world_size, env->world_size == 1 ? "" : "s");
         return 0;
     }
     return 1;

@@ -459,7 +459,7 @@ static void refuse_foreign_snapshot(const char *path, const CheckpointInfo *info
  * (the file is unusable: truncated, corrupt, wrong tensors). A snapshot of
  * another model or dataset, or of a newer program, stops the run. */
 static int resume_from(const char *path, const Model *m, const char *dataset_shape, TrainState *st,
-                       TrainProgress *progress, char *err, size_t errlen) {
+                       TrainProgress *progress, CheckpointInfo *info_out, char *err, size_t errlen) {
     ModelConfig cfg = m->cfg;
     CheckpointInfo info;
     Snapshot *s = checkpoint_open(path, &cfg, &info, err, errlen);
@@ -474,38 +474,44 @@ static int resume_from(const char *path, const Model *m, const char *dataset_sha
     int rc = checkpoint_load_state(s, m, st, err, errlen);
     if (rc == 0) *progress = info.progress;
     snapshot_free(s);
-    checkpoint_info_free(&info);
+    if (rc == 0 && info_out) {
+        checkpoint_info_free(info_out);
+        *info_out = info;
+    } else {
+        checkpoint_info_free(&info);
+    }
     return rc;
 }
 
 /* Rank 0: the step of the newest snapshot that loads, or -1. */
 static int64_t choose_snapshot(const char *run_dir, const Model *m, const char *dataset_shape,
-                               TrainState *st, TrainProgress *progress) {
+                               TrainState *st, TrainProgress *progress, CheckpointInfo *info) {
     fs_remove_stale_temps(run_dir);
     int count = 0;
     char **paths = snapshot_list(run_dir, &count);
     int64_t chosen = -1;
     for (int i = 0; i < count && chosen < 0; i++) {
         char err[512];
-        if (resume_from(paths[i], m, dataset_shape, st, progress, err, sizeof err) == 0)
+        if (resume_from(paths[i], m, dataset_shape, st, progress, info, err, sizeof err) == 0)
             chosen = progress->step;
         else
-            log_warn("%s: skipping this snapshot: %s", paths[i], err);
+            log_warn_once("%s: skipping this snapshot: %s", paths[i], err);
     }
     snapshot_list_free(paths, count);
     return chosen;
 }
 
 int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
-                      TrainState *st, TrainProgress *progress) {
+                      TrainState *st, TrainProgress *progress, CheckpointInfo *info) {
+    if (info) memset(info, 0, sizeof *info);
     int64_t step = -1;
-    if (comm_rank(comm) == 0) step = choose_snapshot(run_dir, m, dataset_shape, st, progress);
+    if (comm_rank(comm) == 0) step = choose_snapshot(run_dir, m, dataset_shape, st, progress, info);
     comm_broadcast_host(comm, &step, sizeof step, 0);
     if (step < 0) return 0;
     if (comm_rank(comm) != 0) {
         char path[4096], err[512];
         snapshot_path_for(run_dir, step, path, sizeof path);
-        if (resume_from(path, m, dataset_shape, st, progress, err, sizeof err) != 0)
+        if (resume_from(path, m, dataset_shape, st, progress, info, err, sizeof err) != 0)
             die("%s: %s (the snapshot rank 0 chose)", path, err);
     }
     return 1;

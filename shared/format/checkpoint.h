@@ -130,9 +130,10 @@ int checkpoint_load_weights(const Snapshot *snap, const Model *m, TrainState *st
  * dataset (its shape "HxWxC/K" against dataset_shape), or of a newer program, is
  * a permanent failure: training would write over it. On resume *st and
  * *progress hold the snapshot's state and 1 is returned; 0 when there is none
- * (nothing is touched). */
+ * (nothing is touched). `info` (may be NULL) gets the snapshot's metadata on
+ * resume (free it with checkpoint_info_free; zeroed otherwise). */
 int checkpoint_resume(const char *run_dir, const Model *m, const char *dataset_shape, Comm *comm,
-                      TrainState *st, TrainProgress *progress);
+                      TrainState *st, TrainProgress *progress, CheckpointInfo *info);
 
 /* The exclusive lock of a run folder: one writer (cifar-train job) at a time.
  * An flock on RUN_DIR/lock held while the returned descriptor is open (the
