@@ -145,6 +145,7 @@ print("train:", subprocess.run(sys.argv[1:], stdout=w, stderr=open(os.environ["E
 internal_variable() {
     case $1 in
     CIFAR_FAILURE_NOTES | CIFAR_RESTART_COUNT | CIFAR_RUN_DIR_LOCKED_BY | CIFAR_RUN_ID) return 0 ;;
+    CIFAR_LOG_EVERY_RANK) return 0 ;;
     CIFAR_COMM_SLOT_BYTES | CIFAR_TEST_*) return 0 ;;
     esac
     return 1

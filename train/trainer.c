@@ -897,7 +897,8 @@ static void worker_free(Worker *w) {
 }
 
 int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
-    log_set_rank(env->rank, env->world_size);
+    /* one line per job for what every rank would say, unless each rank has its own log */
+    if (!getenv(LOG_EVERY_RANK_VAR)) log_set_rank(env->rank, env->world_size);
     /* First, before anything is read or removed in the folder. */
     int lock_fd = env->rank == 0 && !locked ? run_dir_lock(o->run_dir) : -1;
     Worker w;

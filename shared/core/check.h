@@ -40,6 +40,10 @@ int log_is_quiet(void);
  * job (by rank 0), unprefixed. Error lines are never prefixed: a permanent failure
  * every rank meets is printed once (FAILURE_NOTES_VAR). */
 void log_set_rank(int rank, int world_size);
+/* Set by the launcher for its workers when it writes a log file per rank
+ * (--log-dir): each rank's file then holds its whole view, every line (the
+ * launcher marks them with the rank), so log_set_rank is not applied. */
+#define LOG_EVERY_RANK_VAR "CIFAR_LOG_EVERY_RANK"
 void log_info_once(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn_once(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
