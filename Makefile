@@ -249,6 +249,17 @@ $(MPI_SO): $(MPI_C:%.c=$(OBJ)/mpi/%.pic.o)
 	$(MPICC) -shared -Wl,-Bsymbolic -o $@ $^
 endif
 
+# --version prints the tree's VERSION (below): version.o is rebuilt when it changes,
+# and only then (the stamp is rewritten only when its text differs).
+VERSION_STAMP = $(OBJ)/version-stamp
+$(VERSION_STAMP): version-check
+	@mkdir -p $(dir $@)
+	@echo '$(VERSION)' | cmp -s - $@ || echo '$(VERSION)' > $@
+.PHONY: version-check
+version-check: ;
+$(OBJ)/shared/core/version.o: $(VERSION_STAMP)
+$(OBJ)/shared/core/version.o: CFLAGS += -DCIFAR_VERSION='"$(VERSION)"'
+
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^

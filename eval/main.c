@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/omp_env.h"
 #include "format/checkpoint.h"
+#include "format/input_kind.h"
 #include "data/dataset.h"
 #include "model/engine.h"
 #include "core/fsutil.h"
@@ -19,6 +20,7 @@
 #include "core/options.h"
 #include "core/progress.h"
 #include "core/settings.h"
+#include "core/version.h"
 
 static const char *usage_text =
     "usage: cifar-eval [OPTIONS] [SNAPSHOT.safetensors|RUN_DIR]\n"
@@ -37,10 +39,20 @@ static const char *usage_text =
     "                     raw: the trained weights; the report says which it used\n"
     "  --quiet            no progress output\n"
     "  -h, --help         this help\n"
-    "\n" SETTINGS_HELP;
+    "  --version          the version\n"
+    "\n" SETTINGS_HELP
+    "  CIFAR_CUDA_LIB=PATH    the GPU library, if not beside the command\n"
+    "  OMP_WAIT_POLICY, GOMP_SPINCOUNT  override the OpenMP wait policy chosen at start;\n"
+    "  OPENBLAS_NUM_THREADS   1 unless set (the ops run BLAS inside their own threads)\n"
+    "  CUDA_VISIBLE_DEVICES   as for any CUDA program\n"
+    "\n"
+    "Exit status: 0 the report is printed; 1 failure: a missing, corrupt or foreign snapshot\n"
+    "or dataset (one line naming the file), --device cuda without a usable GPU, or nothing\n"
+    "on a piped stdin (the previous stage failed or was stopped); 2 bad usage.\n";
 
 typedef struct {
-    const char *snapshot;
+    const char *given;    /* the SNAPSHOT or RUN_DIR given */
+    const char *snapshot; /* the snapshot it stands for */
     const char *data;
     const char *split;
     int json, batch, threads, quiet;
@@ -52,8 +64,7 @@ static const char *const weights_names[] = {"ema", "raw"};
 
 static const char *last_line_of_stdin(void) {
     static char path[4096];
-    if (fs_last_line(stdin, path, sizeof path) != 0)
-        die_usage("no SNAPSHOT given and none on stdin (see --help)");
+    fs_input_path_from_stdin("SNAPSHOT", path, sizeof path);
     return path;
 }
 
@@ -64,7 +75,7 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
         {"batch-size", required_argument, 0, 'b'}, {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},      {"help", no_argument, 0, 'h'},
         {"weights", required_argument, 0, 'w'},
-        {0, 0, 0, 0},
+        {"version", no_argument, 0, 'V'},  {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
     o->split = "test";
@@ -82,12 +93,16 @@ static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
         case 'q': o->quiet = 1; break;
         case 'w': o->raw_weights = option_choice("weights", optarg, weights_names, 2); break;
         case 'h': fputs(usage_text, stdout); exit(0);
+        case 'V': version_print_and_exit();
         default: fputs("see `cifar-eval --help`\n", stderr); exit(2);
         }
     }
     if (argc - optind > 1) die_usage("expected one SNAPSHOT or RUN_DIR, got %d arguments", argc - optind);
     static char chosen[4096];
-    checkpoint_for_inference(optind < argc ? argv[optind] : last_line_of_stdin(), chosen, sizeof chosen);
+    o->given = optind < argc ? argv[optind] : last_line_of_stdin();
+    /* a dataset, the seed's layout: named, with what to give instead */
+    if (input_kind_of(o->given) != INPUT_RUN_DIR) input_kind_expect(o->given, INPUT_SNAPSHOT);
+    checkpoint_for_inference(o->given, chosen, sizeof chosen);
     o->snapshot = chosen;
 }
 
@@ -204,6 +219,7 @@ static Dataset *open_data(const EvalOptions *o, const ModelConfig *cfg, const Ch
     char err[512];
     const char *data = o->data ? o->data : info->dataset_path;
     if (!data || !data[0]) die_usage("%s: the snapshot records no dataset: give --data", o->snapshot);
+    input_kind_expect(data, INPUT_DATASET);
     Dataset *ds = dataset_open(data, err, sizeof err);
     if (!ds && !o->data)
         die_permanent("%s: %s (the dataset the snapshot was trained on; give --data)", data, err);
@@ -225,6 +241,7 @@ int main(int argc, char **argv) {
     EvalOptions o;
     eval_options_parse(&o, argc, argv);
     log_set_quiet(o.quiet);
+    if (strcmp(o.given, o.snapshot) != 0) log_info("%s: a run folder: evaluating %s", o.given, o.snapshot);
 
     CheckpointModel snap;
     checkpoint_load_model(o.snapshot, !o.raw_weights, &snap);

@@ -28,6 +28,7 @@
 
 #include "core/check.h"
 #include "core/fsutil.h"
+#include "core/version.h"
 
 enum { SIDE = 32, PLANE = SIDE * SIDE, RECORD = 1 + 3 * PLANE, CLASSES = 10 };
 
@@ -44,6 +45,7 @@ static const char USAGE[] =
     "ten class names as \"classes\") and PNG images in OUT_DIR/train_cifar10/ and\n"
     "OUT_DIR/test_cifar10/. Prints OUT_DIR as the last\n"
     "stdout line, so `cifar-unpack BATCH_DIR OUT_DIR | cifar-prep` chains.\n"
+    "-h, --help gives this help, --version the version.\n"
     "Exit status: 0 done, 1 failure (one line naming the file), 2 bad usage.\n";
 
 static void png_on_error(png_structp png, png_const_charp msg) {
@@ -188,6 +190,7 @@ int main(int argc, char **argv) {
             fputs(USAGE, stdout);
             return 0;
         }
+        if (!strcmp(argv[i], "--version")) version_print_and_exit();
         if (argv[i][0] == '-' && argv[i][1]) die_usage("unknown option %s; see --help", argv[i]);
     }
     if (argc != 3) die_usage("give BATCH_DIR and OUT_DIR; see --help");

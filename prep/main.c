@@ -24,6 +24,8 @@
 #include "data/image.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
+#include "core/version.h"
+#include "format/input_kind.h"
 
 #define PATH_CAP 4096
 #define CLASSES_MAX 1000000
@@ -53,6 +55,7 @@ static const char USAGE[] =
     "                          image folder (refused by default)\n"
     "  -q, --quiet             no progress or summary on stderr\n"
     "  -h, --help              this help\n"
+    "      --version           the version\n"
     "\n"
     "Images are PNG or JPEG, all of one height/width/channel count (1 or 3).\n"
     "Image names are paths relative to the image folder: no leading '/', no \"..\"\n"
@@ -181,7 +184,7 @@ static void options_parse(int argc, char **argv, Options *o) {
         {"num-classes", required_argument, NULL, 'k'}, {"threads", required_argument, NULL, 't'},
         {"classes", required_argument, NULL, 'c'},
         {"force", no_argument, NULL, 'f'},            {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
+        {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
         {"allow-outside-symlinks", no_argument, NULL, 'L'}, {NULL, 0, NULL, 0},
     };
     memset(o, 0, sizeof *o);
@@ -200,6 +203,7 @@ static void options_parse(int argc, char **argv, Options *o) {
         case 'L': o->outside_ok = 1; break;
         case 'q': o->quiet = 1; break;
         case 'h': fputs(USAGE, stdout); exit(0);
+        case 'V': version_print_and_exit();
         case ':': die_usage("%s needs a value; see --help", argv[optind - 1]);
         default: die_usage("unknown option %s; see --help", argv[optind - 1]);
         }
@@ -215,6 +219,7 @@ static void options_parse(int argc, char **argv, Options *o) {
             die_usage("DATA_DIR: path too long");
     }
     if (o->n_splits == 0) {
+        input_kind_expect(o->data_dir, INPUT_SEED_LAYOUT); /* a dataset already, a run folder */
         if (!fs_is_dir(o->data_dir)) die("%s: not a folder (%s)", o->data_dir,
                                          fs_exists(o->data_dir) ? "a file" : "does not exist");
         default_splits(o);

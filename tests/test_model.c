@@ -87,6 +87,10 @@ static void test_config_errors(void) {
     expect_parse_error("{\"n_channels\":[1,1,1,1,1,1,1,1,1]}", "1 to 8 stages");
     expect_parse_error("{\"first_kernel_size\":0}", "first_kernel_size");
     expect_parse_error("{\"stem_stride\":\"2\"}", "stem_stride");
+    /* A misspelt key is named, with the keys there are; it never trains the default. */
+    expect_parse_error("{\"n_channel\":[8,16],\"n_blocks\":[1,1],\"bottlenecks\":null}",
+                       "unknown key \"n_channel\" (the keys are n_channels, bottlenecks, n_blocks,");
+    expect_parse_error("{\"first_kernel_size\":3,\"Bottlenecks\":null}", "unknown key \"Bottlenecks\"");
 }
 
 static void test_config_json_roundtrip(void) {

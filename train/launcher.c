@@ -144,9 +144,10 @@ int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, siz
 int launcher_wanted(const LaunchOptions *o, const DistEnv *env) {
     if (!o->given) return 0;
     if (env->from_env) {
-        log_warn("launcher options ignored: this process is already rank %d of %d "
-                 "(RANK/WORLD_SIZE are set, e.g. by torchrun or srun)",
-                 env->rank, env->world_size);
+        if (env->rank == 0) /* the same on every rank: once for the job */
+            log_warn("launcher options ignored: these processes are already the %d rank%s of a "
+                     "job (RANK/WORLD_SIZE are set, e.g. by torchrun or srun)",
+                     env->world_size, env->world_size == 1 ? "" : "s");
         return 0;
     }
     return 1;
@@ -264,7 +265,8 @@ typedef struct {
 static const char *const worker_vars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK",
-    "TORCHELASTIC_MAX_RESTARTS", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, FAILURE_NOTES_VAR, NULL};
+    "TORCHELASTIC_MAX_RESTARTS", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, FAILURE_NOTES_VAR,
+    LOG_EVERY_RANK_VAR, NULL};
 
 static int is_worker_var(const char *entry) {
     for (int k = 0; worker_vars[k]; k++) {
@@ -300,6 +302,7 @@ static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_
     WORKER_VAR("%s=%d", PERMANENT_STATUS_VAR, EXIT_STATUS_PERMANENT);
     if (o->run_dir_locked) WORKER_VAR("%s=%d", RUN_DIR_LOCKED_VAR, (int)getpid());
     if (o->failure_notes[0]) WORKER_VAR("%s=%s", FAILURE_NOTES_VAR, o->failure_notes);
+    if (worker_logs_wanted(&o->logs)) WORKER_VAR("%s=1", LOG_EVERY_RANK_VAR);
 #undef WORKER_VAR
     env[k] = NULL;
     return env;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "core/check.h"
@@ -61,6 +62,10 @@ static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int ar
 
 int main(int argc, char **argv) {
     log_set_program("cifar-train");
+    /* A closed log pipe (`cifar-train ... 2>&1 | head`) must not kill training: a
+     * write to it then fails with EPIPE, the log goes silent and training goes
+     * on to its snapshots. Inherited by the launcher's workers through exec. */
+    signal(SIGPIPE, SIG_IGN);
     omp_env_prefer_passive(argc, argv);
     memory_limit_check((size_t)512 << 20);
     DistEnv env;

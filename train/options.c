@@ -10,6 +10,7 @@
 #include "core/fsutil.h"
 #include "core/options.h"
 #include "core/settings.h"
+#include "core/version.h"
 #include "train.h"
 
 static const char *usage_text =
@@ -94,16 +95,29 @@ static const char *usage_text =
     "\n"
     "  --quiet                no progress output\n"
     "  -h, --help             this help\n"
+    "  --version              the version\n"
     "\n" SETTINGS_HELP
+    "  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n"
+    "  (torchrun's), SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (srun's),\n"
+    "  OMPI_COMM_WORLD_* (mpirun's)\n"
+    "                         run as that rank of a job (launcher options are then ignored)\n"
+    "  CIFAR_COMM_TIMEOUT=S   seconds a collective waits for a rank (300); then the run ends\n"
+    "                         naming that rank (host, pid, last step)\n"
+    "  CIFAR_JOB_ID=ID, CIFAR_JOB_TOKEN=SECRET\n"
+    "                         the job's identity and shared secret at the rendezvous\n"
+    "  CIFAR_RENDEZVOUS_BIND=all|ADDR  where rank 0 listens (default: MASTER_ADDR)\n"
+    "  CIFAR_PERMANENT_EXIT_STATUS=N   exit status of a permanent failure (1..125; 3)\n"
+    "  CIFAR_CUDA_LIB=PATH, CIFAR_MPI_LIB=PATH\n"
+    "                         the GPU or MPI library, if not beside the command\n"
+    "  OMP_WAIT_POLICY, GOMP_SPINCOUNT  override the OpenMP wait policy chosen at start;\n"
+    "  OPENBLAS_NUM_THREADS   1 unless set (the ops run BLAS inside their own threads)\n"
+    "  CUDA_VISIBLE_DEVICES, NCCL_*     as for any CUDA or NCCL program\n"
     "\n"
     "Exit status: 0 done, 1 failed, 2 bad usage, 3 a permanent failure of a worker (a rank\n"
     "of a job: bad configuration, refused snapshot, bad data), 128+N stopped by signal N of\n"
     "--signals-to-handle after writing a snapshot (130 SIGINT, 143 SIGTERM, 138 SIGUSR1,\n"
-    "129 SIGHUP): rerun the same command, or requeue the job, to resume.\n"
-    "\n"
-    "Environment: CIFAR_COMM_TIMEOUT=S (default 300) a collective that waits longer for a\n"
-    "rank ends the run naming that rank (host, pid, last step); CIFAR_PERMANENT_EXIT_STATUS=N\n"
-    "the status of a permanent failure (default 3).\n";
+    "129 SIGHUP), with no path on stdout: rerun the same command, or requeue the job, to\n"
+    "resume.\n";
 
 enum {
     OPT_EPOCHS = 256, OPT_SAVE_EVERY, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WD,
@@ -112,7 +126,7 @@ enum {
     OPT_VAL_FRACTION, OPT_EARLY_STOP,
     OPT_SAVE_INTERVAL, OPT_SAVE_EVERY_STEPS, OPT_SIGNALS,
     OPT_AUGMENT, OPT_CROP_PADDING, OPT_CUTOUT, OPT_EMA, OPT_LOG_EVERY, OPT_EMA_WARMUP,
-    OPT_FINE_TUNE,
+    OPT_FINE_TUNE, OPT_VERSION,
 };
 
 static const struct option long_options[] = {
@@ -149,6 +163,7 @@ static const struct option long_options[] = {
     {"ema", required_argument, 0, OPT_EMA},
     {"log-every", required_argument, 0, OPT_LOG_EVERY},
     {"ema-warmup", no_argument, 0, OPT_EMA_WARMUP},
+    {"version", no_argument, 0, OPT_VERSION},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -211,8 +226,7 @@ static double ema_parse(const char *name, const char *text) {
  * (the previous stage prints its output path last). */
 static const char *data_path_from_stdin(void) {
     static char path[4096];
-    if (fs_last_line(stdin, path, sizeof path) != 0)
-        die_usage("no DATA.lmdb given and none on stdin (see --help)");
+    fs_input_path_from_stdin("DATA.lmdb", path, sizeof path);
     return path;
 }
 
@@ -283,6 +297,7 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
         case OPT_EMA_WARMUP: o->ema_warmup = 1; break;
         case OPT_LOG_EVERY: o->log_every = (int)option_int(name, optarg, 1, 1000000000); break;
         case 'h': fputs(usage_text, stdout); exit(0);
+        case OPT_VERSION: version_print_and_exit();
         default: fputs("see `cifar-train --help`\n", stderr); exit(2);
         }
     }

@@ -1,5 +1,6 @@
 /* trainer.c: one worker's epoch loop: data in memory, the engine, the sampler,
  * the schedule, evaluation, metrics, snapshots and resume. */
+#include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -12,8 +13,10 @@
 #include "core/check.h"
 #include "format/checkpoint.h"
 #include "data/crc32c.h"
+#include "format/input_kind.h"
 #include "data/dataset.h"
 #include "core/fsutil.h"
+#include "core/omp_env.h"
 #include "model/model.h"
 #include "core/progress.h"
 #include "data/sampler.h"
@@ -51,6 +54,7 @@ typedef struct {
 
 static void train_data_load(TrainData *d, const char *path, int in_memory) {
     memset(d, 0, sizeof *d);
+    input_kind_expect(path, INPUT_DATASET); /* the seed's layout: run cifar-prep first */
     char err[512];
     d->ds = dataset_open(path, err, sizeof err);
     if (!d->ds) die_permanent("%s: %s", path, err);
@@ -280,6 +284,8 @@ typedef struct {
     double compute_seconds;
     int *slow_epochs;
     TbWriter *tb; /* rank 0: RUN_DIR/tb's event file */
+    double run_t0;        /* when this process began to train, and the step then: */
+    int64_t run_step0;    /* the whole run's ETA is measured from there */
 } Worker;
 
 /* ---- TensorBoard (rank 0) ---- */
@@ -428,13 +434,83 @@ static int snapshot_due_by_steps(const Worker *w) {
     return w->o->save_every_steps > 0 && w->progress.step % w->o->save_every_steps == 0;
 }
 
+/* An option's value in the snapshot's options JSON, as the command line writes it. */
+static void option_value_str(const cJSON *v, char *buf, size_t len) {
+    if (!v)
+        snprintf(buf, len, "(unset)");
+    else if (cJSON_IsBool(v))
+        snprintf(buf, len, "%s", cJSON_IsTrue(v) ? "on" : "off");
+    else if (cJSON_IsString(v))
+        snprintf(buf, len, "%s", v->valuestring);
+    else if (cJSON_IsNumber(v))
+        snprintf(buf, len, "%g", v->valuedouble);
+    else
+        snprintf(buf, len, "?");
+}
+
+static int option_values_equal(const cJSON *a, const cJSON *b) {
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) return a->valuedouble == b->valuedouble;
+    char x[128], y[128];
+    option_value_str(a, x, sizeof x);
+    option_value_str(b, y, sizeof y);
+    return strcmp(x, y) == 0;
+}
+
+/* Rank 0, on resume: one line naming every training option (and the dataset's
+ * path) that differs from the snapshot's, "--lr 0.1 -> 0.05". --epochs is left
+ * out: a larger one is how a finished run continues. The model and the dataset's
+ * shape cannot change: checkpoint_resume refused those already. Written into the
+ * next snapshot, so a later resume with the same options says nothing. */
+static void report_changed_options(const Worker *w, const CheckpointInfo *snap, const cJSON *was,
+                                   const cJSON *now) {
+    char line[2048] = "";
+    size_t off = 0;
+    for (const cJSON *item = now ? now->child : NULL; item && off < sizeof line; item = item->next) {
+        if (strcmp(item->string, "epochs") == 0) continue;
+        const cJSON *old = was ? cJSON_GetObjectItemCaseSensitive(was, item->string) : NULL;
+        if (option_values_equal(old, item)) continue;
+        char name[64], a[128], b[128];
+        snprintf(name, sizeof name, "--%s", item->string);
+        for (char *c = name; *c; c++)
+            if (*c == '_') *c = '-';
+        option_value_str(old, a, sizeof a);
+        option_value_str(item, b, sizeof b);
+        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s %s -> %s", off ? ", " : "", name, a, b);
+    }
+    const char *old_data = snap->dataset_path ? snap->dataset_path : "";
+    char *data = realpath(w->o->data_path, NULL);
+    if (old_data[0] && data && strcmp(old_data, data) != 0 && off < sizeof line)
+        off += (size_t)snprintf(line + off, sizeof line - off, "%sthe dataset %s -> %s", off ? ", " : "",
+                                old_data, data);
+    free(data);
+    if (off > 0) log_warn_once("resuming with other settings than the snapshot's: %s", line);
+}
+
+/* A partial epoch resumes where it stopped only if its order is the same: the
+ * world size, the batch size and the seed define which samples remain. */
+static int partial_epoch_order_changed(const Worker *w, const cJSON *was, const cJSON *now) {
+    int changed = w->progress.world_size != w->env->world_size;
+    static const char *const order_keys[] = {"batch_size", "seed"};
+    for (int k = 0; k < 2 && was && now; k++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(was, order_keys[k]);
+        if (a && !option_values_equal(a, cJSON_GetObjectItemCaseSensitive(now, order_keys[k])))
+            changed = 1;
+    }
+    return changed;
+}
+
 static void resume_or_init(Worker *w) {
     char shape[64];
     checkpoint_dataset_shape(&w->model.cfg, shape, sizeof shape);
     char resumed_from[4096];
     CheckpointData data = {shape, w->data.identity, w->o->fine_tune};
+    CheckpointInfo snap;
     int resumed = checkpoint_resume(w->o->run_dir, &w->model, &data, w->comm, &w->state, &w->progress,
-                                    resumed_from, sizeof resumed_from);
+                                    resumed_from, sizeof resumed_from, &snap);
+    /* the snapshot's options and this run's, to compare */
+    cJSON *was = resumed ? cJSON_Parse(snap.options_json ? snap.options_json : "{}") : NULL;
+    cJSON *now = cJSON_Parse(w->options_json);
+    if (resumed && w->env->rank == 0) report_changed_options(w, &snap, was, now);
     if (!resumed) {
         memset(&w->progress, 0, sizeof w->progress);
         model_init(&w->model, w->state.params, w->state.buffers, w->o->seed);
@@ -443,22 +519,26 @@ static void resume_or_init(Worker *w) {
             memcpy(w->state.ema_params, w->state.params, w->model.num_params * sizeof(float));
             memcpy(w->state.ema_buffers, w->state.buffers, w->model.num_buffers * sizeof(float));
         }
-    } else if (w->progress.step_in_epoch > 0 && w->progress.world_size != w->env->world_size) {
-        /* The partial epoch was sharded differently: redo it from its start. */
-        log_warn("resuming with %d processes a partial epoch run with %d: the epoch restarts",
-                 w->env->world_size, w->progress.world_size);
+    } else if (w->progress.step_in_epoch > 0 && partial_epoch_order_changed(w, was, now)) {
+        /* The partial epoch was sharded or ordered differently: redo it from its start. */
+        log_warn_once("resuming a partial epoch (run with %d process%s) with another world size, "
+                      "batch size or seed: the epoch restarts from its beginning",
+                      w->progress.world_size, w->progress.world_size == 1 ? "" : "es");
         w->progress.step -= w->progress.step_in_epoch;
         w->progress.step_in_epoch = 0;
         w->progress.partial_loss_sum = w->progress.partial_correct = 0;
         w->progress.partial_seen = w->progress.partial_seconds = 0;
     }
+    cJSON_Delete(was);
+    cJSON_Delete(now);
+    checkpoint_info_free(&snap);
     w->engine->ops->state_from_host(w->engine, w->state.params, w->state.buffers, w->state.momentum);
     if (w->state.ema_params)
         w->engine->ops->ema_from_host(w->engine, w->state.ema_params, w->state.ema_buffers);
     if (w->env->rank == 0) {
         if (resumed)
-            log_info("resuming from %s: %" PRId64 " epochs done, step %" PRId64, resumed_from,
-                     w->progress.epochs, w->progress.step);
+            log_info_once("resuming from %s: %" PRId64 " epochs done, step %" PRId64, resumed_from,
+                          w->progress.epochs, w->progress.step);
         metrics_truncate(w->o->run_dir, w->progress.epochs);
         tb_start(w);
     }
@@ -525,6 +605,18 @@ static int step_images(const Worker *w, int64_t s) {
     return (int)(w->per_rank - first < w->o->batch_size ? w->per_rank - first : w->o->batch_size);
 }
 
+/* "run ETA 1:23:45": the steps left to --epochs at this process's pace so far
+ * (evaluations included, since the pace is measured in wall time). */
+static void run_eta_str(const Worker *w, char *buf, size_t len) {
+    int64_t done = w->progress.step - w->run_step0;
+    int64_t left = (int64_t)w->o->epochs * w->steps_per_epoch - w->progress.step;
+    double elapsed = now_seconds() - w->run_t0;
+    char eta[32];
+    progress_format_duration(done > 0 && elapsed > 0 ? (double)left * elapsed / (double)done : -1,
+                             eta, sizeof eta);
+    snprintf(buf, len, "run ETA %s", left > 0 ? eta : "0:00");
+}
+
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     const TrainOptions *o = w->o;
     const int world = w->env->world_size;
@@ -562,8 +654,9 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         tb_step(w, loss, lr);
         run_test_hooks(w);
         if (w->env->rank == 0 && !o->quiet) {
-            char extra[64];
-            snprintf(extra, sizeof extra, "loss %.4f lr %.4f", loss, lr);
+            char extra[96], run_eta[48];
+            run_eta_str(w, run_eta, sizeof run_eta);
+            snprintf(extra, sizeof extra, "loss %.4f lr %.4f, %s", loss, lr, run_eta);
             progress_update(&bar, (first + n) * world, extra);
         }
         comm_board_step(w->comm, w->progress.step);
@@ -577,7 +670,11 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
                               (comm_seconds_in_collectives(w->comm) - in_collectives);
     }
     w->progress.partial_seconds = now_seconds() - t0;
-    if (w->env->rank == 0 && !o->quiet) progress_end(&bar, NULL);
+    if (w->env->rank == 0 && !o->quiet) {
+        char run_eta[48];
+        run_eta_str(w, run_eta, sizeof run_eta);
+        progress_end(&bar, run_eta);
+    }
     return EPOCH_DONE;
 }
 
@@ -606,11 +703,12 @@ static void stragglers_report(Worker *w, const double *rank_seconds) {
         int slow = median > 0 && rank_seconds[r] > 1.2 * median;
         w->slow_epochs[r] = slow ? w->slow_epochs[r] + 1 : 0;
         if (w->slow_epochs[r] >= 2)
-            log_warn("straggler: rank %d's steps took %.2f s of compute this epoch, %.0f%% more than "
-                     "the median rank's %.2f s, for %d epochs running ---> HINT: every rank waits for "
-                     "it in each all-reduce; look at that rank's host (other jobs, thermal throttling, "
-                     "a slower device)",
-                     r, rank_seconds[r], 100 * (rank_seconds[r] / median - 1), median, w->slow_epochs[r]);
+            log_warn_once("straggler: rank %d's steps took %.2f s of compute this epoch, %.0f%% more "
+                          "than the median rank's %.2f s, for %d epochs running ---> HINT: every rank "
+                          "waits for it in each all-reduce; look at that rank's host (other jobs, "
+                          "thermal throttling, a slower device)",
+                          r, rank_seconds[r], 100 * (rank_seconds[r] / median - 1), median,
+                          w->slow_epochs[r]);
     }
 }
 
@@ -690,13 +788,40 @@ static int finish_epoch(Worker *w, int64_t epoch, double lr) {
         if (m.has_val)
             snprintf(val, sizeof val, " | val loss %.4f acc %.2f%%%s", m.val_loss, 100 * m.val_acc,
                      best ? " (best)" : "");
-        log_info("epoch %" PRId64 "/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%%%s | "
-                 "%.0f img/s, %.1f s",
-                 m.epoch, w->o->epochs, m.train_loss, 100 * m.train_acc, m.test_loss,
-                 100 * m.test_acc, val, m.images_per_s, m.seconds);
+        log_info_once("epoch %" PRId64 "/%d: train loss %.4f acc %.2f%% | test loss %.4f acc "
+                      "%.2f%%%s | %.0f img/s, %.1f s",
+                      m.epoch, w->o->epochs, m.train_loss, 100 * m.train_acc, m.test_loss,
+                      100 * m.test_acc, val, m.images_per_s, m.seconds);
     }
     free(rank_seconds);
     return best;
+}
+
+/* Rank 0, after a stop by signal: what was kept and what to do next (stderr only). */
+static void report_stopped(const Worker *w, const char *path) {
+    char where[96];
+    if (w->progress.step_in_epoch > 0)
+        snprintf(where, sizeof where, "in epoch %" PRId64 "/%d (step %" PRId64 " of %" PRId64 ")",
+                 w->progress.epochs + 1, w->o->epochs, w->progress.step_in_epoch, w->steps_per_epoch);
+    else
+        snprintf(where, sizeof where, "after epoch %" PRId64 "/%d", w->progress.epochs, w->o->epochs);
+    log_warn_once("stopped by signal %d %s: snapshot %s written; the run is not finished, so no "
+                  "snapshot path goes to stdout ---> HINT: rerun the same command to resume",
+                  g_train_stop_signal ? g_train_stop_signal : SIGTERM, where, path);
+}
+
+/* Rank 0, when the run had already reached --epochs: say what is, truthfully. */
+static void report_nothing_to_do(const Worker *w) {
+    const TrainProgress *p = &w->progress;
+    if (p->epochs == w->o->epochs && p->step_in_epoch == 0)
+        log_info_once("already trained for %d epochs (--epochs %d): nothing to do", w->o->epochs,
+                      w->o->epochs);
+    else
+        log_info_once("already trained for %" PRId64 " epochs%s, more than --epochs %d asks: nothing "
+                      "to do ---> HINT: a larger --epochs continues the run; a fresh --run-dir trains "
+                      "%d from the start",
+                      p->epochs, p->step_in_epoch > 0 ? " and part of the next" : "", w->o->epochs,
+                      w->o->epochs);
 }
 
 static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
@@ -708,9 +833,9 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     train_data_load(&w->data, o->data_path, settings.data_in_memory);
     train_data_holdout(&w->data, o);
     if (env->rank == 0 && w->data.n_val)
-        log_info("validation: %" PRId64 " of the %" PRId64 " train images held out (--val-fraction %g, "
-                 "by class, seed %" PRIu64 ")", w->data.n_val, w->data.n_val + w->data.train.count,
-                 o->val_fraction, o->seed);
+        log_info_once("validation: %" PRId64 " of the %" PRId64 " train images held out "
+                      "(--val-fraction %g, by class, seed %" PRIu64 ")", w->data.n_val,
+                      w->data.n_val + w->data.train.count, o->val_fraction, o->seed);
     build_model(&w->model, o, &w->data.info);
     normalisation(o, &w->data.info, w->mean, w->std);
     EngineConfig ec;
@@ -743,6 +868,8 @@ static void worker_setup(Worker *w, const TrainOptions *o, const DistEnv *env) {
     holdout_agree(&w->data, w->comm, env->rank);
     comm_board_open(w->comm, o->run_dir, env->run_id);
     w->slow_epochs = xcalloc((size_t)env->world_size, sizeof *w->slow_epochs);
+    if (env->local_rank == 0 && strcmp(w->engine->ops->name, "cpu") == 0)
+        threads_warn_oversubscribed(local, ec.threads);
     train_state_alloc(&w->state, &w->model);
     if (o->ema_decay > 0) train_state_alloc_ema(&w->state, &w->model);
     w->options_json = train_options_to_json(o);
@@ -782,6 +909,8 @@ static void worker_free(Worker *w) {
 }
 
 int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
+    /* one line per job for what every rank would say, unless each rank has its own log */
+    if (!getenv(LOG_EVERY_RANK_VAR)) log_set_rank(env->rank, env->world_size);
     /* First, before anything is read or removed in the folder. */
     int lock_fd = env->rank == 0 && !locked ? run_dir_lock(o->run_dir) : -1;
     Worker w;
@@ -789,14 +918,16 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
     resume_or_init(&w);
     char path[4096] = "";
     if (w.env->rank == 0) {
-        log_info("training %s: %d epochs from %" PRId64 ", %" PRId64 " images, %d process%s x "
-                 "batch %d, %zu parameters, device %s, comm %s",
-                 o->data_path, o->epochs, w.progress.epochs, w.data.train.count, env->world_size,
-                 env->world_size == 1 ? "" : "es", o->batch_size, w.model.num_params,
-                 w.engine->ops->name, comm_kind_name(comm_kind(w.comm)));
+        log_info_once("training %s: %d epochs from %" PRId64 ", %" PRId64 " images, %d process%s x "
+                      "batch %d, %zu parameters, device %s, comm %s",
+                      o->data_path, o->epochs, w.progress.epochs, w.data.train.count, env->world_size,
+                      env->world_size == 1 ? "" : "es", o->batch_size, w.model.num_params,
+                      w.engine->ops->name, comm_kind_name(comm_kind(w.comm)));
     }
     int stopped = 0;
     double lr = 0;
+    w.run_t0 = now_seconds();
+    w.run_step0 = w.progress.step;
     int early = early_stop_due(&w);
     w.last_snapshot_time = snapshot_clock(&w);
     for (int64_t epoch = w.progress.epochs; epoch < o->epochs && !stopped && !early; epoch++) {
@@ -810,9 +941,10 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
         if (last || early) {
             write_snapshot(&w, path, sizeof path);
             if (early && env->rank == 0)
-                log_info("early stop: no better val_acc in %d epochs (best %.2f%% at epoch %" PRId64 ", "
-                         "kept as %s/best.safetensors)",
-                         o->early_stop, 100 * w.progress.best_val_acc, w.progress.best_epoch, o->run_dir);
+                log_info_once("early stop: no better val_acc in %d epochs (best %.2f%% at epoch %" PRId64
+                              ", kept as %s/best.safetensors)",
+                              o->early_stop, 100 * w.progress.best_val_acc, w.progress.best_epoch,
+                              o->run_dir);
             break;
         }
         StepDecision next = agree_next(&w, 0);
@@ -822,22 +954,26 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
     }
     if (stopped) {
         write_snapshot(&w, path, sizeof path);
-        if (env->rank == 0)
-            log_info("stopped by signal: snapshot written, rerun the same command to resume");
+        if (env->rank == 0) report_stopped(&w, path);
     } else if (path[0] == '\0' && env->rank == 0) {
         /* Nothing left to train: report the snapshot we resumed from. */
         snapshot_path_for(o->run_dir, w.progress.step, path, sizeof path);
         if (!fs_exists(path)) write_snapshot(&w, path, sizeof path);
         if (early)
-            log_info("already stopped early at epoch %" PRId64 " (--early-stop %d)", w.progress.epochs,
-                     o->early_stop);
+            log_info_once("already stopped early at epoch %" PRId64 " (--early-stop %d)", w.progress.epochs,
+                          o->early_stop);
         else
-            log_info("already trained for %d epochs", o->epochs);
+            report_nothing_to_do(&w);
     }
     comm_barrier(w.comm);
-    if (env->rank == 0) {
+    /* The pipeline contract: stdout's last line is a finished run's snapshot. A
+     * stopped run prints none, so that the next stage fails instead of going on
+     * with a half-trained model. */
+    if (env->rank == 0 && !stopped) {
         printf("%s\n", path);
-        fflush(stdout);
+        if (fflush(stdout) != 0) /* a reader that left (SIGPIPE is ignored): say where it is */
+            log_warn_once("cannot print the final snapshot's path on stdout (%s): it is %s",
+                          strerror(errno), path);
     }
     worker_free(&w);
     if (lock_fd >= 0) close(lock_fd);

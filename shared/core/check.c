@@ -10,6 +10,7 @@
 
 static const char *g_program = "cifar";
 static int g_quiet;
+static int g_rank, g_world_size = 1; /* log_set_rank */
 static void (*g_cleanup)(void);
 static volatile int g_failing; /* set by check_fail/die on their way to exit */
 
@@ -23,25 +24,35 @@ void log_set_program(const char *name) { g_program = name; }
 const char *log_program(void) { return g_program; }
 void log_set_quiet(int quiet) { g_quiet = quiet; }
 int log_is_quiet(void) { return g_quiet; }
+void log_set_rank(int rank, int world_size) {
+    g_rank = rank;
+    g_world_size = world_size;
+}
 
-static void log_v(const char *prefix, const char *fmt, va_list ap) {
+/* One line "<program>: <kind><message>" on stderr. With `own_rank`, a line of this
+ * rank alone: "rank R: " first in a job of several ranks, unless the message names
+ * its rank already (the rendezvous' and NCCL's do). */
+static void log_v(const char *kind, int own_rank, const char *fmt, va_list ap) {
     char line[4096];
     vsnprintf(line, sizeof line, fmt, ap);
-    fprintf(stderr, "%s: %s%s\n", g_program, prefix, line);
+    if (own_rank && g_world_size > 1 && strncmp(line, "rank ", 5) != 0)
+        fprintf(stderr, "%s: rank %d: %s%s\n", g_program, g_rank, kind, line);
+    else
+        fprintf(stderr, "%s: %s%s\n", g_program, kind, line);
     fflush(stderr);
 }
 
 void log_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    log_v("", fmt, ap);
+    log_v("", 0, fmt, ap);
     va_end(ap);
 }
 
 void log_warn(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    log_v("warning: ", fmt, ap);
+    log_v("warning: ", 1, fmt, ap);
     va_end(ap);
 }
 
@@ -49,7 +60,23 @@ void log_info(const char *fmt, ...) {
     if (g_quiet) return;
     va_list ap;
     va_start(ap, fmt);
-    log_v("", fmt, ap);
+    log_v("", 1, fmt, ap);
+    va_end(ap);
+}
+
+void log_warn_once(const char *fmt, ...) {
+    if (g_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_v("warning: ", 0, fmt, ap);
+    va_end(ap);
+}
+
+void log_info_once(const char *fmt, ...) {
+    if (g_quiet || g_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_v("", 0, fmt, ap);
     va_end(ap);
 }
 

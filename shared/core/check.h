@@ -32,6 +32,20 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_set_quiet(int quiet);
 int log_is_quiet(void);
+/* This process is rank `rank` of a job of `world_size` (cifar-train's workers).
+ * In a job of several ranks, log_info and log_warn lines say which rank they come
+ * from ("cifar-train: rank 1: ..."), unless they already start with "rank ": a
+ * line that differs between ranks is told apart. A line that is the same on every
+ * rank goes through log_info_once / log_warn_once instead: printed once for the
+ * job (by rank 0), unprefixed. Error lines are never prefixed: a permanent failure
+ * every rank meets is printed once (FAILURE_NOTES_VAR). */
+void log_set_rank(int rank, int world_size);
+/* Set by the launcher for its workers when it writes a log file per rank
+ * (--log-dir): each rank's file then holds its whole view, every line (the
+ * launcher marks them with the rank), so log_set_rank is not applied. */
+#define LOG_EVERY_RANK_VAR "CIFAR_LOG_EVERY_RANK"
+void log_info_once(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warn_once(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Report and exit(1). `hint` may be NULL. */
 void check_fail(const char *file, int line, const char *what, const char *reason,

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/check.h"
+
 void fs_temp_name(const char *final_path, char *buf, size_t buflen) {
     snprintf(buf, buflen, "%s.tmp-%ld", final_path, (long)getpid());
 }
@@ -347,6 +349,17 @@ int fs_last_line(FILE *f, char *out, size_t outlen) {
         if (n > 0) snprintf(out, outlen, "%s", line);
     }
     return out[0] ? 0 : -1;
+}
+
+void fs_input_path_from_stdin(const char *what, char *out, size_t outlen) {
+    if (fs_last_line(stdin, out, outlen) == 0) return;
+    struct stat st;
+    if (fstat(STDIN_FILENO, &st) == 0 && S_ISFIFO(st.st_mode))
+        die("no %s given, and the previous stage of the pipeline printed none on stdin: it "
+            "failed or was stopped before it finished (see its messages above) ---> HINT: "
+            "rerun the pipeline once that stage succeeds (a stopped cifar-train resumes)",
+            what);
+    die_usage("no %s given and none on stdin (see --help)", what);
 }
 
 void fs_companion_library(const char *env_var, const char *name, char *buf, size_t buflen) {

@@ -96,6 +96,12 @@ char *fs_read_file(const char *path, size_t max_bytes, size_t *len_out);
  * output path: it is printed last), without its line ending, into out.
  * 0, or -1 when there is none. */
 int fs_last_line(FILE *f, char *out, size_t outlen);
+/* A stage's input path from stdin (the last line the previous stage printed) into
+ * out. None: exit 2 (bad usage) when stdin is not a pipe; exit 1 when it is one,
+ * saying that the previous stage printed no path (it failed or was stopped), so
+ * that a pipeline stops at the stage that did not finish. `what` names the input
+ * ("SNAPSHOT"). */
+void fs_input_path_from_stdin(const char *what, char *out, size_t outlen);
 
 #ifdef __cplusplus
 }

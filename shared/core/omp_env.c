@@ -97,3 +97,12 @@ void memory_limit_check(size_t min_bytes) {
     float a = 1.0f, b = 1.0f, c = 0.0f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
 }
+
+void threads_warn_oversubscribed(int processes, int threads) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || (long)processes * threads <= cores) return;
+    log_warn("%d process%s x %d threads = %ld threads on %ld cores: more threads than cores "
+             "slow every step (each waits for descheduled threads) ---> HINT: lower --threads "
+             "(its default is cores / processes)",
+             processes, processes == 1 ? "" : "es", threads, (long)processes * threads, cores);
+}

@@ -31,4 +31,9 @@ void omp_env_prefer_passive(int argc, char **argv);
  * limit, make OpenBLAS take its buffers first, before the data is loaded. */
 void memory_limit_check(size_t min_bytes);
 
+/* One warning when `processes` (on this machine) x `threads` (each) is more than
+ * the online cores: every barrier of a step then waits for a descheduled thread.
+ * Call it from one process of the machine only (local rank 0). */
+void threads_warn_oversubscribed(int processes, int threads);
+
 #endif

@@ -30,7 +30,7 @@ double progress_rate(const Progress *p) {
     return dt > 0 ? (double)p->done / dt : 0.0;
 }
 
-static void format_duration(double s, char *buf, size_t n) {
+void progress_format_duration(double s, char *buf, size_t n) {
     if (s < 0 || s > 1e7) {
         snprintf(buf, n, "--:--");
         return;
@@ -56,8 +56,8 @@ static void progress_draw(Progress *p, const char *extra, int final) {
     double rate = elapsed > 0 ? (double)p->done / elapsed : 0.0;
     char rate_s[32], eta_s[32], el_s[32];
     format_rate(rate, rate_s, sizeof rate_s);
-    format_duration(rate > 0 ? (double)(p->total - p->done) / rate : -1, eta_s, sizeof eta_s);
-    format_duration(elapsed, el_s, sizeof el_s);
+    progress_format_duration(rate > 0 ? (double)(p->total - p->done) / rate : -1, eta_s, sizeof eta_s);
+    progress_format_duration(elapsed, el_s, sizeof el_s);
     double frac = p->total > 0 ? (double)p->done / (double)p->total : 1.0;
     if (frac > 1) frac = 1;
     if (p->tty) {

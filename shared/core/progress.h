@@ -5,6 +5,7 @@
 #ifndef CIFAR_PROGRESS_H
 #define CIFAR_PROGRESS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -30,6 +31,8 @@ void progress_begin(Progress *p, const char *label, int64_t total, const char *u
 void progress_update(Progress *p, int64_t done, const char *extra);
 /* Final line (always printed unless quiet). */
 void progress_end(Progress *p, const char *extra);
+/* "m:ss" or "h:mm:ss" ("--:--" when negative or unknown), as the ETA is shown. */
+void progress_format_duration(double seconds, char *buf, size_t n);
 /* Rate in units per second so far. */
 double progress_rate(const Progress *p);
 

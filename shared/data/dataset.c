@@ -746,14 +746,14 @@ static void map_guard(Dataset *ds, const char *path) {
 
 void dataset_prepare_for_job(Dataset *ds, const char *path) {
     if (!dataset_has_checksums(ds))
-        log_warn("%s: format version %d carries no record checksums: records are not verified "
-                 "(rebuild it with cifar-prep -f to add them)",
-                 path, ds->info.version);
+        log_warn_once("%s: format version %d carries no record checksums: records are not verified "
+                      "(rebuild it with cifar-prep -f to add them)",
+                      path, ds->info.version);
     else if (ds->info.version < 3)
-        log_warn("%s: format version %d: its checksums cover neither a record's index nor the "
-                 "metadata, so a record read under another key or a changed mean is not caught "
-                 "(rebuild it with cifar-prep -f to add them)",
-                 path, ds->info.version);
+        log_warn_once("%s: format version %d: its checksums cover neither a record's index nor the "
+                      "metadata, so a record read under another key or a changed mean is not caught "
+                      "(rebuild it with cifar-prep -f to add them)",
+                      path, ds->info.version);
     map_guard(ds, path);
 }
 

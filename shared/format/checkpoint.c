@@ -501,7 +501,7 @@ static void check_same_data(const char *path, const CheckpointInfo *info, const 
  * (the file is unusable: truncated, corrupt, wrong tensors). A snapshot of
  * another model or dataset, or of a newer program, stops the run. */
 static int resume_from(const char *path, const Model *m, const CheckpointData *data, TrainState *st,
-                       TrainProgress *progress, char *err, size_t errlen) {
+                       TrainProgress *progress, CheckpointInfo *info_out, char *err, size_t errlen) {
     const char *dataset_shape = data->shape;
     ModelConfig cfg = m->cfg;
     CheckpointInfo info;
@@ -518,7 +518,12 @@ static int resume_from(const char *path, const Model *m, const CheckpointData *d
     int rc = checkpoint_load_state(s, m, st, err, errlen);
     if (rc == 0) *progress = info.progress;
     snapshot_free(s);
-    checkpoint_info_free(&info);
+    if (rc == 0 && info_out) {
+        checkpoint_info_free(info_out);
+        *info_out = info;
+    } else {
+        checkpoint_info_free(&info);
+    }
     return rc;
 }
 
@@ -565,19 +570,19 @@ static Candidate *candidates_by_progress(const char *run_dir, int *count) {
 /* Rank 0: the snapshot with the most progress that loads (its path into chosen),
  * or -1. */
 static int64_t choose_snapshot(const char *run_dir, const Model *m, const CheckpointData *data,
-                               TrainState *st, TrainProgress *progress, char *chosen,
-                               size_t chosen_len) {
+                               TrainState *st, TrainProgress *progress, CheckpointInfo *info,
+                               char *chosen, size_t chosen_len) {
     fs_remove_stale_temps(run_dir);
     int count = 0;
     Candidate *c = candidates_by_progress(run_dir, &count);
     int64_t step = -1;
     for (int i = 0; i < count && step < 0; i++) {
         char err[512];
-        if (resume_from(c[i].path, m, data, st, progress, err, sizeof err) == 0) {
+        if (resume_from(c[i].path, m, data, st, progress, info, err, sizeof err) == 0) {
             step = progress->step;
             snprintf(chosen, chosen_len, "%s", c[i].path);
         } else {
-            log_warn("%s: skipping this snapshot: %s", c[i].path, err);
+            log_warn_once("%s: skipping this snapshot: %s", c[i].path, err);
         }
     }
     for (int i = 0; i < count; i++) free(c[i].path);
@@ -586,17 +591,19 @@ static int64_t choose_snapshot(const char *run_dir, const Model *m, const Checkp
 }
 
 int checkpoint_resume(const char *run_dir, const Model *m, const CheckpointData *data, Comm *comm,
-                      TrainState *st, TrainProgress *progress, char *chosen, size_t chosen_len) {
+                      TrainState *st, TrainProgress *progress, char *chosen, size_t chosen_len,
+                      CheckpointInfo *info) {
+    if (info) memset(info, 0, sizeof *info);
     int64_t step = -1;
     char path[4096] = "";
     if (comm_rank(comm) == 0)
-        step = choose_snapshot(run_dir, m, data, st, progress, path, sizeof path);
+        step = choose_snapshot(run_dir, m, data, st, progress, info, path, sizeof path);
     comm_broadcast_host(comm, &step, sizeof step, 0);
     if (step < 0) return 0;
     comm_broadcast_host(comm, path, sizeof path, 0);
     if (comm_rank(comm) != 0) {
         char err[512];
-        if (resume_from(path, m, data, st, progress, err, sizeof err) != 0)
+        if (resume_from(path, m, data, st, progress, info, err, sizeof err) != 0)
             die("%s: %s (the snapshot rank 0 chose)", path, err);
     }
     snprintf(chosen, chosen_len, "%s", path);

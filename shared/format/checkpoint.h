@@ -137,7 +137,8 @@ int checkpoint_load_weights(const Snapshot *snap, const Model *m, TrainState *st
  * data->identity unless data->other_data_ok), or of a newer program, is
  * a permanent failure: training would write over it. On resume *st and
  * *progress hold the snapshot's state and 1 is returned; 0 when there is none
- * (nothing is touched). */
+ * (nothing is touched). `info` (may be NULL) gets the snapshot's metadata on
+ * resume (free it with checkpoint_info_free; zeroed otherwise). */
 /* What a resume compares a snapshot with: this run's data. */
 typedef struct {
     const char *shape;    /* checkpoint_dataset_shape */
@@ -145,7 +146,8 @@ typedef struct {
     int other_data_ok;    /* --fine-tune: another dataset of the same shape is resumed from */
 } CheckpointData;
 int checkpoint_resume(const char *run_dir, const Model *m, const CheckpointData *data, Comm *comm,
-                      TrainState *st, TrainProgress *progress, char *chosen, size_t chosen_len);
+                      TrainState *st, TrainProgress *progress, char *chosen, size_t chosen_len,
+                      CheckpointInfo *info);
 
 /* The exclusive lock of a run folder: one writer (cifar-train job) at a time.
  * An flock on RUN_DIR/lock held while the returned descriptor is open (the

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/check.h"
+#include "core/omp_env.h"
 #include "core/progress.h"
 
 const char *const device_choice_names[3] = {"auto", "cpu", "cuda"};
@@ -51,8 +52,8 @@ Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_ran
             die_permanent("--device cuda: %s ---> HINT: use --device auto or cpu", why);
         bf16_refuse_cpu(cfg, why);
         if (announce)
-            log_info("no usable GPU (%s): running on the CPU, %d thread%s per process", why,
-                     cfg->threads, cfg->threads == 1 ? "" : "s");
+            log_info_once("no usable GPU (%s): running on the CPU, %d thread%s per process", why,
+                          cfg->threads, cfg->threads == 1 ? "" : "s");
     }
     bf16_refuse_cpu(cfg, "--device cpu");
     return engine_create_cpu(cfg);
@@ -92,6 +93,7 @@ Engine *device_inference_engine(DeviceChoice want, const Model *m, HostSplit tes
     ec.threads = threads ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     ec.precision = PRECISION_FP32;
     Engine *e = device_engine_create(want, &ec, 0, 1, 1);
+    if (strcmp(e->ops->name, "cpu") == 0) threads_warn_oversubscribed(1, ec.threads);
     DistEnv alone = {.world_size = 1, .local_world_size = 1};
     *comm = device_comm_create(e, &alone, -1);
     e->ops->state_from_host(e, params, buffers, NULL);
@@ -113,9 +115,9 @@ void host_split_load(Dataset *ds, const char *path, const char *name, int requir
     double t0 = now_seconds();
     if (dataset_map_split(ds, name, how, out, err, sizeof err) != 0)
         die_permanent("%s: %s", path, err);
-    log_info("%s: split \"%s\": %lld records %s (%.1f MB of pixels, %s) in %.3f s", path, name,
-             (long long)out->count, how == DATASET_COPY ? "copied to memory" : "read in place",
-             (double)out->count * info->height * info->width * info->channels / 1e6,
-             dataset_has_checksums(ds) ? "checksums verified" : "no checksums",
-             now_seconds() - t0);
+    log_info_once("%s: split \"%s\": %lld records %s (%.1f MB of pixels, %s) in %.3f s", path, name,
+                  (long long)out->count, how == DATASET_COPY ? "copied to memory" : "read in place",
+                  (double)out->count * info->height * info->width * info->channels / 1e6,
+                  dataset_has_checksums(ds) ? "checksums verified" : "no checksums",
+                  now_seconds() - t0);
 }

@@ -85,6 +85,52 @@ static int json_opt_int(const cJSON *root, const char *field, int min, int *out,
     return json_get_int(item, field, min, out, err, errlen);
 }
 
+/* The keys a model file may hold: the seed's Config network fields, our two
+ * strides, and the image fields snapshots record (a model file's are replaced by
+ * the dataset's). */
+static const char *const model_keys[] = {
+    "n_channels", "bottlenecks", "n_blocks", "first_kernel_size", "stem_stride",
+    "first_block_stride", "img_channels", "img_height", "img_width", "num_classes",
+};
+/* The seed's Config also holds training settings, so that its class dumped as
+ * JSON loads: they are options here, and ignored with a warning. */
+static const char *const seed_training_keys[][2] = {
+    {"total_epoches", "--epochs"}, {"batch_size", "--batch-size"}, {"Lr", "--lr"},
+};
+
+/* The option that replaces one of the seed's training keys, or NULL. */
+static const char *seed_training_option(const char *key) {
+    for (size_t t = 0; t < sizeof seed_training_keys / sizeof *seed_training_keys; t++)
+        if (strcmp(key, seed_training_keys[t][0]) == 0) return seed_training_keys[t][1];
+    return NULL;
+}
+
+static int is_model_key(const char *key) {
+    for (size_t k = 0; k < sizeof model_keys / sizeof *model_keys; k++)
+        if (strcmp(key, model_keys[k]) == 0) return 1;
+    return 0;
+}
+
+/* A key the model does not know is an error (a misspelt "n_channel" would
+ * otherwise train the default network): name it and the known ones. */
+static int check_model_keys(const cJSON *root, char *err, size_t errlen) {
+    for (const cJSON *item = root->child; item; item = item->next) {
+        const char *option = seed_training_option(item->string);
+        if (option) {
+            log_warn_once("model config: \"%s\" is one of the seed's training settings, ignored here "
+                          "(the option is %s)", item->string, option);
+            continue;
+        }
+        if (is_model_key(item->string)) continue;
+        size_t off = (size_t)snprintf(err, errlen, "unknown key \"%s\" (the keys are", item->string);
+        for (size_t k = 0; k < sizeof model_keys / sizeof *model_keys && off < errlen; k++)
+            off += (size_t)snprintf(err + off, errlen - off, "%s %s", k ? "," : "", model_keys[k]);
+        if (off < errlen) snprintf(err + off, errlen - off, ")");
+        return -1;
+    }
+    return 0;
+}
+
 int model_config_parse_json(const char *json, ModelConfig *cfg, char *err, size_t errlen) {
     cJSON *root = cJSON_Parse(json);
     if (!root) {
@@ -101,6 +147,7 @@ int model_config_parse_json(const char *json, ModelConfig *cfg, char *err, size_
         snprintf(err, errlen, "the model config must be a JSON object");
         goto done;
     }
+    if (check_model_keys(root, err, errlen) != 0) goto done;
     if ((item = cJSON_GetObjectItemCaseSensitive(root, "n_channels"))) {
         if ((len = json_get_int_array(item, "n_channels", c.n_channels, err, errlen)) < 0)
             goto done;

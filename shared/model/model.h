@@ -48,7 +48,8 @@ typedef struct {
 void model_config_seed(ModelConfig *cfg);
 /* Parse the seed's Config fields from JSON text ({"n_channels":[..],"bottlenecks":[..]|null,
  * "n_blocks":[..],"first_kernel_size":k, optional "stem_stride","first_block_stride"}).
- * Fields left out keep their values in *cfg. Returns 0, or -1 with a reason in err. */
+ * Fields left out keep their values in *cfg; an unknown key is an error. Returns 0, or -1
+ * with a reason in err (an unknown key: named, with the known ones). */
 int model_config_parse_json(const char *json, ModelConfig *cfg, char *err, size_t errlen);
 /* Canonical JSON of the whole config (malloc'd), stored in snapshots. */
 char *model_config_to_json(const ModelConfig *cfg);
