@@ -180,6 +180,17 @@ endif
 LIB = $(OBJ)/libcifar.a
 LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o)
 
+# The CPU's float arithmetic that the CUDA kernels reproduce bit for bit (the
+# augmentation, ema.h's moving average in the CPU engine, the tests' references of
+# both) is never contracted into FMAs, whatever -march OPT carries: GCC contracts
+# across statements by default in its GNU C modes (-ffp-contract=fast) wherever the
+# target has an FMA, clang within an expression; the kernels round every operation
+# (__fmul_rn, __fadd_rn: never merged into an FMA, CUDA Math API). Baseline x86-64
+# has no FMA, so this changes nothing in the default build.
+FP_EXACT_OBJS = $(OBJ)/shared/data/augment.o $(OBJ)/shared/backend-cpu/engine_cpu.o \
+                $(OBJ)/tests/test_augment.o $(OBJ)/tests/test_ops_cuda.o
+$(FP_EXACT_OBJS): CFLAGS += -ffp-contract=off
+
 COMMANDS = cifar-prep cifar-train cifar-eval cifar-predict cifar-synth cifar-unpack
 prep_SRC = $(wildcard prep/*.c)
 train_SRC = $(wildcard train/*.c)

@@ -3,7 +3,8 @@
  * pixel (all its channels) exactly as augment.c's augment_one does, with the same
  * augment_draw, rng_cutout and augment_cut (augment.h), so CPU and GPU batches
  * are bit-identical: the normalisation is written with explicit _rn operations so
- * that nvcc cannot fuse it into an FMA (the CPU build does not).
+ * that nvcc cannot fuse it into an FMA (nor can the CPU's compiler: augment.c is
+ * built with -ffp-contract=off, Makefile's FP_EXACT_OBJS).
  *
  * Staged batches (a split streamed through pinned buffers, engine_cuda.cu): the
  * pixels and labels hold the batch's records in batch order, so sample i's record

@@ -11,8 +11,9 @@
  * both devices use; the GPU library asks the command for it, engine_ema_decay, and
  * links no libm). ema_blend is the one expression both devices use: on the GPU
  * with explicit round-to-nearest operations so that nvcc cannot fuse it
- * into an FMA (the CPU build does not fuse either), so the two are bit-identical
- * (test_ops_cuda). ema_update is the CPU loop; ema_update_cuda (ops_cuda.h) the
+ * into an FMA, on the CPU compiled with -ffp-contract=off (Makefile, FP_EXACT_OBJS:
+ * GCC's GNU C default would fuse it wherever -march has an FMA), so the two are
+ * bit-identical (test_ops_cuda). ema_update is the CPU loop; ema_update_cuda (ops_cuda.h) the
  * kernel. */
 #ifndef CIFAR_EMA_H
 #define CIFAR_EMA_H
