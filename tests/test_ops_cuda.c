@@ -2,7 +2,7 @@
  * on op_cases.h's case table (forward and backward, within each case's tolerance),
  * NaN through the GPU ReLU, the conv in ops.h's contract form (fp32 and tf32), our
  * batch-norm kernels repeatable bit for bit; the augmentation kernel (crop, flip,
- * cutout) and the moving average's kernel bit for bit;
+ * cutout; its bf16 instance too) and the moving average's kernel bit for bit;
  * then the whole CUDA engine against the CPU engine on two tiny networks
  * (bottleneck and basic blocks): a few SGD steps (the second full batch is
  * captured as a CUDA graph, the third replays it, the fourth is a partial batch),
@@ -611,6 +611,11 @@ static void test_ema(CudaCtx *ctx) {
     free(val);
 }
 
+/* augment_batch_cuda against augment.c's augment_batch, bit for bit: in a bf16
+ * context the CPU's values rounded once to bfloat16 (the kernel's act_store). The
+ * output is filled with NaNs before every launch, so a pixel the kernel does not
+ * write (a cutout square left as it was: the engine's batch buffer holds the
+ * previous batch) cannot pass for a 0. */
 static void test_augment(CudaCtx *ctx, int c, int pad, int flip, int cutout) {
     const int h = 12, w = 10, count = 40, n = 17;
     size_t rec = (size_t)h * w * c;
@@ -630,6 +635,8 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip, int cutout) {
     float *out = xmalloc((size_t)n * rec * sizeof(float));
     int32_t out_lab[17], gout_lab[17];
     augment_batch(&s, px, lab, idx, n, out, out_lab);
+    act_round_host(ctx, out, (size_t)n * rec);
+    const char *pn = cuda_ctx_bf16(ctx) ? " bf16" : "";
     uint8_t *gpx = cuda_alloc((size_t)count * rec);
     int32_t *glab = cuda_alloc(count * sizeof(int32_t)), *gol = cuda_alloc(n * sizeof(int32_t));
     int64_t *gidx = cuda_alloc(n * sizeof(int64_t)), *gepoch = cuda_alloc(sizeof(int64_t));
@@ -637,20 +644,20 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip, int cutout) {
     cuda_upload(ctx, gpx, px, (size_t)count * rec);
     cuda_upload(ctx, glab, lab, count * sizeof(int32_t));
     cuda_upload(ctx, gidx, idx, n * sizeof(int64_t));
-    char name[96];
+    char name[128];
     /* the epoch from the spec, then from device memory (the CUDA-graph path) */
     for (int from_dev = 0; from_dev < 2; from_dev++) {
-        cuda_memset_async(ctx, gout, 0, (size_t)n * rec * sizeof(float));
+        cuda_memset_async(ctx, gout, 0xFF, (size_t)n * rec * sizeof(float)); /* NaNs */
         AugmentSpec sd = s;
         if (from_dev) {
             cuda_upload(ctx, gepoch, &s.epoch, sizeof(int64_t));
             sd.epoch = 999;
         }
         augment_batch_cuda(ctx, &sd, gpx, glab, gidx, n, gout, gol, from_dev ? gepoch : NULL, 0);
-        float *got = host_from(ctx, gout, (size_t)n * rec);
+        float *got = host_act_from(ctx, gout, (size_t)n * rec);
         cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
-        snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d cutout=%d epoch %s: bit-identical", c,
-                 pad, flip, cutout, from_dev ? "on device" : "in spec");
+        snprintf(name, sizeof name, "augment%s c=%d pad=%d flip=%d cutout=%d epoch %s: bit-identical", pn,
+                 c, pad, flip, cutout, from_dev ? "on device" : "in spec");
         expect_true(name, memcmp(got, out, (size_t)n * rec * sizeof(float)) == 0 &&
                               memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
         free(got);
@@ -663,12 +670,12 @@ static void test_augment(CudaCtx *ctx, int c, int pad, int flip, int cutout) {
     host_split_gather(&split, rec, idx, 0, n, staged, staged_lab);
     cuda_upload(ctx, gpx, staged, (size_t)n * rec);
     cuda_upload(ctx, glab, staged_lab, n * sizeof(int32_t));
-    cuda_memset_async(ctx, gout, 0, (size_t)n * rec * sizeof(float));
+    cuda_memset_async(ctx, gout, 0xFF, (size_t)n * rec * sizeof(float)); /* NaNs */
     augment_batch_cuda(ctx, &s, gpx, glab, gidx, n, gout, gol, NULL, 1);
-    float *got = host_from(ctx, gout, (size_t)n * rec);
+    float *got = host_act_from(ctx, gout, (size_t)n * rec);
     cuda_download(ctx, gout_lab, gol, n * sizeof(int32_t));
-    snprintf(name, sizeof name, "augment c=%d pad=%d flip=%d cutout=%d staged batch: bit-identical", c,
-             pad, flip, cutout);
+    snprintf(name, sizeof name, "augment%s c=%d pad=%d flip=%d cutout=%d staged batch: bit-identical", pn,
+             c, pad, flip, cutout);
     expect_true(name, memcmp(got, out, (size_t)n * rec * sizeof(float)) == 0 &&
                           memcmp(gout_lab, out_lab, sizeof out_lab) == 0);
     free(got);
@@ -1209,6 +1216,8 @@ int main(int argc, char **argv) {
         test_conv_backward_acc(b16, (ConvSpec){16, 32, 1, 2, 0}, 4, 8, 8, 1e-2f, "bf16");
         test_conv(b16, (ConvSpec){16, 32, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16");
         test_conv(b16, (ConvSpec){3, 16, 3, 1, 1}, 4, 8, 8, 1e-2f, "bf16 stem (3 channels)");
+        test_augment(b16, 3, 4, 1, 6); /* augment_kernel<1>: the bf16 store, cutout's 0 included */
+        test_augment(b16, 1, 0, 1, 5);
         cuda_ctx_free(b16);
         test_engine(1, PRECISION_BF16, 0.15f);
         test_engine(0, PRECISION_BF16, 0.15f);
