@@ -600,6 +600,7 @@ static void test_ema(CudaCtx *ctx) {
         float *gval = dev_from(ctx, val, n), *gdecay = dev_from(ctx, &decays[k], 1);
         ema_update(n, avg, val, decays[k]);
         ema_update_cuda(ctx, n, gavg, gval, gdecay);
+        cuda_ctx_sync(ctx); /* cudaFree "may" synchronise (runtime API): the kernel reads both */
         cuda_free(gval);
         cuda_free(gdecay);
     }
