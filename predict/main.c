@@ -23,6 +23,7 @@
 #include "core/options.h"
 #include "core/progress.h"
 #include "core/settings.h"
+#include "core/version.h"
 #include "data/image.h"
 #include "format/checkpoint.h"
 #include "model/device.h"
@@ -57,6 +58,7 @@ static const char *usage_text =
     "                     raw: the trained weights\n"
     "  --quiet            no progress output\n"
     "  -h, --help         this help\n"
+    "  --version          the version\n"
     "\n" SETTINGS_HELP
     "\n"
     "Exit status: 0 done, 1 failure (one line naming the file: a snapshot or image\n"
@@ -103,7 +105,7 @@ static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
         {"device", required_argument, 0, 'D'}, {"batch-size", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},       {"weights", required_argument, 0, 'w'},
-        {0, 0, 0, 0},
+        {"version", no_argument, 0, 'V'},    {0, 0, 0, 0},
     };
     static const char *const weights_names[] = {"ema", "raw"};
     memset(o, 0, sizeof *o);
@@ -122,6 +124,7 @@ static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
         case 'q': o->quiet = 1; break;
         case 'w': o->raw_weights = option_choice("weights", optarg, weights_names, 2); break;
         case 'h': fputs(usage_text, stdout); exit(0);
+        case 'V': version_print_and_exit();
         default: fputs("see `cifar-predict --help`\n", stderr); exit(2);
         }
     }

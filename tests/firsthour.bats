@@ -23,7 +23,7 @@ train() { # run-dir, extra args...
 }
 
 @test "--version on every command: one line, exit 0" {
-    for c in cifar-prep cifar-train cifar-eval cifar-synth cifar-unpack; do
+    for c in cifar-prep cifar-train cifar-eval cifar-predict cifar-synth cifar-unpack; do
         run --separate-stderr "$BIN/$c" --version
         assert_success
         [ "${#lines[@]}" -eq 1 ]
