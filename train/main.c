@@ -89,6 +89,6 @@ int main(int argc, char **argv) {
     log_set_quiet(o.quiet);
     worker_exit_statuses(&env);
     train_install_signal_handlers(o.signals);
-    env.stop_signal = &g_train_stop_signal; /* a stop signal ends every wait for a peer */
+    env.stop_signal = &g_train_wait_stop; /* a stop signal ends every wait for a peer */
     return train_worker(&o, &env, run_dir_locked_by_parent());
 }

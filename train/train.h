@@ -64,6 +64,9 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked);
 /* Set by a signal of the set (--signals-to-handle): finish the step, snapshot,
  * exit 128 + the signal. */
 extern volatile int g_train_stop_signal;
+/* What the communicators' waits watch (DistEnv.stop_signal): set with
+ * g_train_stop_signal, cleared once every rank has agreed to stop. */
+extern volatile int g_train_wait_stop;
 void train_install_signal_handlers(SignalSet set);
 
 #endif

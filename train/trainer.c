@@ -27,10 +27,12 @@
 #include "train.h"
 
 volatile int g_train_stop_signal;
+volatile int g_train_wait_stop;
 
 static void on_stop_signal(int sig) {
     if (g_train_stop_signal) _exit(128 + sig); /* a second signal: stop now */
     g_train_stop_signal = sig;
+    g_train_wait_stop = sig;
 }
 
 void train_install_signal_handlers(SignalSet set) { signal_set_install(set, on_stop_signal); }
@@ -953,6 +955,10 @@ int train_worker(const TrainOptions *o, const DistEnv *env, int locked) {
             snapshot_start(&w);
     }
     if (stopped) {
+        /* Every rank agreed to stop: its peers are alive and coming, so the waits of
+         * the last snapshot and the final barrier get the normal timeout, not the
+         * stop grace (a rank would otherwise leave while rank 0 still writes). */
+        g_train_wait_stop = 0;
         write_snapshot(&w, path, sizeof path);
         if (env->rank == 0) report_stopped(&w, path);
     } else if (path[0] == '\0' && env->rank == 0) {
