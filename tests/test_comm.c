@@ -588,10 +588,13 @@ static void test_job_identity(void) {
 }
 
 static void test_timeout_parse(void) {
+    CommSettings s;
     unsetenv("CIFAR_COMM_TIMEOUT");
-    CHECK(comm_timeout_seconds() == 300.0, "default timeout");
+    settings_comm_from_env(&s);
+    CHECK(s.timeout_s == 300.0, "default timeout");
     setenv("CIFAR_COMM_TIMEOUT", "2.5", 1);
-    CHECK(comm_timeout_seconds() == 2.5, "CIFAR_COMM_TIMEOUT=2.5");
+    settings_comm_from_env(&s);
+    CHECK(s.timeout_s == 2.5, "CIFAR_COMM_TIMEOUT=2.5");
     unsetenv("CIFAR_COMM_TIMEOUT");
 }
 
@@ -619,7 +622,7 @@ static int rendezvous_rank_main(const char *dir) {
         perror("getrandom");
         return 4;
     }
-    rendezvous_share(&env, blob, sizeof blob, comm_timeout_seconds());
+    rendezvous_share(&env, blob, sizeof blob, env.comm.timeout_s);
     char hex[2 * RV_BLOB + 2];
     for (int i = 0; i < RV_BLOB; i++) snprintf(hex + 2 * i, 3, "%02x", blob[i]);
     strcat(hex, "\n");

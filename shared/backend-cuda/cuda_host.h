@@ -28,10 +28,11 @@ extern "C" {
  * comm_blame_laggard was inserted in this table before engine_augment_spec; 7 since
  * the moving average (ema_to_host, ema_from_host, ema_decay, ema_warmup, this
  * table's engine_ema_decay: the warm-up's pow stays in the command, the library
- * imports no libm) and the augmentation's flip and cutout fields. Both sides require the same version
+ * imports no libm) and the augmentation's flip and cutout fields; 8 since DistEnv
+ * carries the communicators' settings (CommSettings comm). Both sides require the same version
  * (cifar_cuda_init, cuda_loader.c), so an entry may go anywhere as long as the
  * version moves. */
-#define CUDA_HOST_API_VERSION 7
+#define CUDA_HOST_API_VERSION 8
 
 typedef enum { CUDA_HOST_LOG_INFO, CUDA_HOST_LOG_WARN, CUDA_HOST_LOG_ERROR } CudaHostLogLevel;
 

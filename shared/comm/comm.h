@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/settings.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -53,6 +55,7 @@ typedef struct {
     /* A signal handler's stop flag (0, or the signal that asked to stop; cifar-train's
      * SIGTERM/SIGINT), NULL when none: every wait for a peer checks it (comm_stop_due). */
     const volatile int *stop_signal;
+    CommSettings comm;        /* CIFAR_COMM_TIMEOUT, CIFAR_COMM_SLOT_BYTES, CIFAR_RENDEZVOUS_BIND */
 } DistEnv;
 
 /* How long a wait for a peer goes on after a stop signal: a healthy collective ends
@@ -78,9 +81,6 @@ static inline int comm_stop_due(const volatile int *stop, double now, double *si
 int dist_env_read(DistEnv *env, char *err, size_t errlen);
 
 typedef struct Comm Comm;
-
-/* Collective timeout in seconds (CIFAR_COMM_TIMEOUT, default 300). */
-double comm_timeout_seconds(void);
 
 /* Create the communicator: COMM_SINGLE when world_size == 1; COMM_SHM for CPU
  * workers (all ranks must be on this machine); COMM_MPI for CPU ranks of an MPI

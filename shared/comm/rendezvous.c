@@ -101,12 +101,8 @@ static int same_bytes(const unsigned char *a, const unsigned char *b, size_t n) 
 /* The address to listen on: CIFAR_RENDEZVOUS_BIND (all | * | an address), else
  * MASTER_ADDR. NULL means every interface. */
 static const char *rv_bind_host(const DistEnv *env) {
-    const char *bind_env = getenv("CIFAR_RENDEZVOUS_BIND");
-    if (bind_env && *bind_env) {
-        if (strcmp(bind_env, "all") == 0 || strcmp(bind_env, "*") == 0) return NULL;
-        return bind_env;
-    }
-    return env->master_addr;
+    if (env->comm.bind_all) return NULL;
+    return env->comm.bind_addr[0] ? env->comm.bind_addr : env->master_addr;
 }
 
 static int rv_listen(const DistEnv *env) {

@@ -1,4 +1,5 @@
 /* settings.c: the CIFAR_* tuning variables, read in one place (settings.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,4 +62,46 @@ void settings_from_env(Settings *s) {
     s->cuda_graph = settings_flag("CIFAR_CUDA_GRAPH", 1);
     s->cuda_phases = settings_flag("CIFAR_CUDA_PHASES", 0);
     s->cuda_bn_coop = settings_flag("CIFAR_CUDA_BN_COOP", 1);
+}
+
+/* CIFAR_COMM_TIMEOUT: a positive number of seconds. */
+static double settings_comm_timeout(void) {
+    const char *s = getenv("CIFAR_COMM_TIMEOUT");
+    if (s == NULL || *s == '\0') return SETTINGS_COMM_DEFAULT_TIMEOUT;
+    char *end = NULL;
+    double t = strtod(s, &end);
+    if (end == s || *end != '\0' || !(t > 0) || t > 1e7)
+        die("CIFAR_COMM_TIMEOUT=%s: expected a positive number of seconds (default 300)", s);
+    return t;
+}
+
+/* CIFAR_COMM_SLOT_BYTES: 64 bytes to 1 GiB, rounded down to keep slots 64-byte aligned. */
+static size_t settings_comm_slot_bytes(void) {
+    const char *s = getenv("CIFAR_COMM_SLOT_BYTES");
+    if (s == NULL || *s == '\0') return SETTINGS_COMM_DEFAULT_SLOT_BYTES;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end != '\0' || v < 64 || v > ((size_t)1 << 30))
+        die("CIFAR_COMM_SLOT_BYTES=%s: expected 64 .. 1073741824 bytes", s);
+    return (size_t)v & ~(size_t)63;
+}
+
+/* CIFAR_RENDEZVOUS_BIND: all | * (every interface) | an address of this machine. */
+static void settings_rendezvous_bind(CommSettings *s) {
+    const char *v = getenv("CIFAR_RENDEZVOUS_BIND");
+    if (!v || !*v) return;
+    if (strcmp(v, "all") == 0 || strcmp(v, "*") == 0) {
+        s->bind_all = 1;
+        return;
+    }
+    if (strlen(v) >= sizeof s->bind_addr)
+        die("CIFAR_RENDEZVOUS_BIND is longer than %zu characters", sizeof s->bind_addr - 1);
+    snprintf(s->bind_addr, sizeof s->bind_addr, "%s", v);
+}
+
+void settings_comm_from_env(CommSettings *s) {
+    memset(s, 0, sizeof *s);
+    s->timeout_s = settings_comm_timeout();
+    s->shm_slot_bytes = settings_comm_slot_bytes();
+    settings_rendezvous_bind(s);
 }

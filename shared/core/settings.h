@@ -10,13 +10,20 @@
  *   CIFAR_CUDA_PHASES=1      time an eager step's phases (implies CIFAR_CUDA_GRAPH=0)
  *   CIFAR_CUDA_BN_COOP=0     two kernels per training batch norm, not one cooperative
  *
+ * The communicators' own, read here too (settings_comm_from_env, by dist_env_read into
+ * DistEnv.comm, which every communicator receives):
+ *   CIFAR_COMM_TIMEOUT=S     seconds a collective waits for a peer (default 300)
+ *   CIFAR_COMM_SLOT_BYTES=N  the shm communicator's slot (default 4 MiB; tests use small)
+ *   CIFAR_RENDEZVOUS_BIND=A  where rank 0 listens: all | * | an address (default MASTER_ADDR)
+ *
  * Not here: the launch protocol between the launcher and its workers (RANK, MASTER_ADDR,
- * CIFAR_RUN_ID, CIFAR_JOB_TOKEN, ...: comm.h's DistEnv), the communicators' own
- * (CIFAR_COMM_TIMEOUT, CIFAR_COMM_SLOT_BYTES, CIFAR_RENDEZVOUS_BIND: comm.c,
- * rendezvous.c), the libraries' paths (CIFAR_CUDA_LIB, CIFAR_MPI_LIB) and the test
- * suite's hooks (CIFAR_TEST_*: train/test_hooks.c). */
+ * CIFAR_RUN_ID, CIFAR_JOB_TOKEN, ...: comm.h's DistEnv), the libraries' paths
+ * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB) and the test suite's hooks (CIFAR_TEST_*:
+ * train/test_hooks.c). */
 #ifndef CIFAR_SETTINGS_H
 #define CIFAR_SETTINGS_H
+
+#include <stddef.h>
 
 typedef enum { SETTINGS_DATA_AUTO, SETTINGS_DATA_RESIDENT, SETTINGS_DATA_STREAM } SettingsDataMode;
 
@@ -30,6 +37,19 @@ typedef struct {
     int cuda_phases;                /* CIFAR_CUDA_PHASES (default 0) */
     int cuda_bn_coop;               /* CIFAR_CUDA_BN_COOP (default 1) */
 } Settings;
+
+#define SETTINGS_COMM_DEFAULT_TIMEOUT 300.0
+#define SETTINGS_COMM_DEFAULT_SLOT_BYTES ((size_t)4 << 20)
+
+typedef struct {
+    double timeout_s;          /* CIFAR_COMM_TIMEOUT */
+    size_t shm_slot_bytes;     /* CIFAR_COMM_SLOT_BYTES, a multiple of 64 */
+    int bind_all;              /* CIFAR_RENDEZVOUS_BIND=all or * */
+    char bind_addr[256];       /* CIFAR_RENDEZVOUS_BIND=ADDR, "" when unset */
+} CommSettings;
+
+/* The communicators' variables, checked (a malformed value stops with a message). */
+void settings_comm_from_env(CommSettings *s);
 
 /* The names of CIFAR_CPU_ISA's variants, by level. */
 extern const char *const settings_cpu_isa_names[3];
