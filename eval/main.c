@@ -16,6 +16,7 @@
 #include "model/engine.h"
 #include "core/fsutil.h"
 #include "model/device.h"
+#include "model/inference_options.h"
 #include "model/model.h"
 #include "core/options.h"
 #include "core/progress.h"
@@ -55,12 +56,9 @@ typedef struct {
     const char *snapshot; /* the snapshot it stands for */
     const char *data;
     const char *split;
-    int json, batch, threads, quiet;
-    int raw_weights; /* --weights raw */
-    DeviceChoice device;
+    int json;
+    InferenceOptions common; /* --device, --batch-size, --threads, --quiet, --weights */
 } EvalOptions;
-
-static const char *const weights_names[] = {"ema", "raw"};
 
 static const char *last_line_of_stdin(void) {
     static char path[4096];
@@ -71,29 +69,18 @@ static const char *last_line_of_stdin(void) {
 static void eval_options_parse(EvalOptions *o, int argc, char **argv) {
     static const struct option longs[] = {
         {"data", required_argument, 0, 'd'}, {"split", required_argument, 0, 's'},
-        {"json", no_argument, 0, 'j'},       {"device", required_argument, 0, 'D'},
-        {"batch-size", required_argument, 0, 'b'}, {"threads", required_argument, 0, 't'},
-        {"quiet", no_argument, 0, 'q'},      {"help", no_argument, 0, 'h'},
-        {"weights", required_argument, 0, 'w'},
-        {"version", no_argument, 0, 'V'},  {0, 0, 0, 0},
+        {"json", no_argument, 0, 'j'},       INFERENCE_LONG_OPTIONS, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
     o->split = "test";
-    o->batch = 500;
-    o->device = DEVICE_AUTO;
+    inference_options_init(&o->common, 500);
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        if (inference_option(&o->common, c, optarg, usage_text, "cifar-eval")) continue;
         switch (c) {
         case 'd': o->data = optarg; break;
         case 's': o->split = optarg; break;
         case 'j': o->json = 1; break;
-        case 'D': o->device = (DeviceChoice)option_choice("device", optarg, device_choice_names, 3); break;
-        case 'b': o->batch = (int)option_int("batch-size", optarg, 1, 1000000); break;
-        case 't': o->threads = (int)option_int("threads", optarg, 1, 1024); break;
-        case 'q': o->quiet = 1; break;
-        case 'w': o->raw_weights = option_choice("weights", optarg, weights_names, 2); break;
-        case 'h': fputs(usage_text, stdout); exit(0);
-        case 'V': version_print_and_exit();
         default: fputs("see `cifar-eval --help`\n", stderr); exit(2);
         }
     }
@@ -115,16 +102,16 @@ typedef struct {
 } EvalResult;
 
 static void run_eval(const EvalOptions *o, Engine *e, int64_t n, const int32_t *labels, EvalResult *r) {
-    int64_t *idx = xmalloc((size_t)o->batch * sizeof(int64_t));
-    int64_t *idx_next = xmalloc((size_t)o->batch * sizeof(int64_t));
-    int32_t *pred = xmalloc((size_t)o->batch * sizeof(int32_t));
+    int64_t *idx = xmalloc((size_t)o->common.batch * sizeof(int64_t));
+    int64_t *idx_next = xmalloc((size_t)o->common.batch * sizeof(int64_t));
+    int32_t *pred = xmalloc((size_t)o->common.batch * sizeof(int32_t));
     Progress bar;
     progress_begin(&bar, "eval", n, "img");
-    for (int64_t first = 0; first < n; first += o->batch) {
-        int b = engine_batch_in_order(idx, first, o->batch, n);
+    for (int64_t first = 0; first < n; first += o->common.batch) {
+        int b = engine_batch_in_order(idx, first, o->common.batch, n);
         /* the engine may gather the next batch while this one runs */
         if (first + b < n)
-            engine_prefetch(e, idx_next, engine_batch_in_order(idx_next, first + b, o->batch, n), 0);
+            engine_prefetch(e, idx_next, engine_batch_in_order(idx_next, first + b, o->common.batch, n), 0);
         e->ops->eval_batch(e, idx, b, &r->loss_sum, &r->correct, pred, NULL);
         for (int i = 0; i < b; i++) r->confusion[(int64_t)labels[first + i] * r->k + pred[i]]++;
         progress_update(&bar, first + b, NULL);
@@ -240,11 +227,11 @@ int main(int argc, char **argv) {
     memory_limit_check((size_t)512 << 20);
     EvalOptions o;
     eval_options_parse(&o, argc, argv);
-    log_set_quiet(o.quiet);
+    log_set_quiet(o.common.quiet);
     if (strcmp(o.given, o.snapshot) != 0) log_info("%s: a run folder: evaluating %s", o.given, o.snapshot);
 
     CheckpointModel snap;
-    checkpoint_load_model(o.snapshot, !o.raw_weights, &snap);
+    checkpoint_load_model(o.snapshot, !o.common.raw_weights, &snap);
     const CheckpointInfo *info = &snap.info;
     const char *data;
     Dataset *ds = open_data(&o, &snap.cfg, info, &data);
@@ -254,8 +241,8 @@ int main(int argc, char **argv) {
     host_split_load(ds, data, o.split, 1, settings.data_in_memory, &split); /* in place in the map */
 
     Comm *comm;
-    Engine *e = device_inference_engine(o.device, &snap.model, split, info->mean, info->std, o.batch,
-                                        o.threads, snap.state.params, snap.state.buffers, &settings, &comm);
+    Engine *e = device_inference_engine(o.common.device, &snap.model, split, info->mean, info->std, o.common.batch,
+                                        o.common.threads, snap.state.params, snap.state.buffers, &settings, &comm);
 
     EvalResult r;
     memset(&r, 0, sizeof r);

@@ -27,6 +27,7 @@
 #include "data/image.h"
 #include "format/checkpoint.h"
 #include "model/device.h"
+#include "model/inference_options.h"
 #include "model/engine.h"
 #include "model/model.h"
 
@@ -68,9 +69,8 @@ typedef struct {
     const char *snapshot;
     char **images; /* count paths */
     int64_t count;
-    int top, json, batch, threads, quiet, resize;
-    int raw_weights; /* --weights raw */
-    DeviceChoice device;
+    int top, json, resize;
+    InferenceOptions common; /* --device, --batch-size, --threads, --quiet, --weights */
 } PredictOptions;
 
 /* ------------------------------------------------------------------ options */
@@ -100,31 +100,19 @@ static void paths_from_stdin(PredictOptions *o, int64_t *cap) {
 
 static void predict_options_parse(PredictOptions *o, int argc, char **argv) {
     static const struct option longs[] = {
-        {"top", required_argument, 0, 'k'},  {"json", no_argument, 0, 'j'},
-        {"resize", no_argument, 0, 'r'},
-        {"device", required_argument, 0, 'D'}, {"batch-size", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},       {"weights", required_argument, 0, 'w'},
-        {"version", no_argument, 0, 'V'},    {0, 0, 0, 0},
+        {"top", required_argument, 0, 'k'}, {"json", no_argument, 0, 'j'},
+        {"resize", no_argument, 0, 'r'},    INFERENCE_LONG_OPTIONS, {0, 0, 0, 0},
     };
-    static const char *const weights_names[] = {"ema", "raw"};
     memset(o, 0, sizeof *o);
     o->top = 1;
-    o->batch = 256;
-    o->device = DEVICE_AUTO;
+    inference_options_init(&o->common, 256);
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        if (inference_option(&o->common, c, optarg, usage_text, "cifar-predict")) continue;
         switch (c) {
         case 'k': o->top = (int)option_int("top", optarg, 1, 1000000); break;
         case 'j': o->json = 1; break;
         case 'r': o->resize = 1; break;
-        case 'D': o->device = (DeviceChoice)option_choice("device", optarg, device_choice_names, 3); break;
-        case 'b': o->batch = (int)option_int("batch-size", optarg, 1, 1000000); break;
-        case 't': o->threads = (int)option_int("threads", optarg, 1, 1024); break;
-        case 'q': o->quiet = 1; break;
-        case 'w': o->raw_weights = option_choice("weights", optarg, weights_names, 2); break;
-        case 'h': fputs(usage_text, stdout); exit(0);
-        case 'V': version_print_and_exit();
         default: fputs("see `cifar-predict --help`\n", stderr); exit(2);
         }
     }
@@ -254,18 +242,18 @@ static void print_json(const char *path, const Ranked *r, int top, const ClassNa
 /* ------------------------------------------------------------------ run */
 
 static void predict_all(const PredictOptions *o, Engine *e, int k, const ClassNames *names) {
-    int64_t *idx = xmalloc((size_t)o->batch * sizeof(int64_t));
-    int64_t *idx_next = xmalloc((size_t)o->batch * sizeof(int64_t));
-    float *logits = xmalloc((size_t)o->batch * k * sizeof(float));
+    int64_t *idx = xmalloc((size_t)o->common.batch * sizeof(int64_t));
+    int64_t *idx_next = xmalloc((size_t)o->common.batch * sizeof(int64_t));
+    float *logits = xmalloc((size_t)o->common.batch * k * sizeof(float));
     const int top = o->top < k ? o->top : k;
     Ranked *ranked = xmalloc((size_t)top * sizeof *ranked);
     Progress bar;
     progress_begin(&bar, "predict", o->count, "img");
-    for (int64_t first = 0; first < o->count; first += o->batch) {
-        int b = engine_batch_in_order(idx, first, o->batch, o->count);
+    for (int64_t first = 0; first < o->count; first += o->common.batch) {
+        int b = engine_batch_in_order(idx, first, o->common.batch, o->count);
         if (first + b < o->count)
             engine_prefetch(e, idx_next,
-                            engine_batch_in_order(idx_next, first + b, o->batch, o->count), 0);
+                            engine_batch_in_order(idx_next, first + b, o->common.batch, o->count), 0);
         double loss = 0; /* of the placeholder labels: meaningless */
         int64_t hits = 0;
         e->ops->eval_batch(e, idx, b, &loss, &hits, NULL, logits);
@@ -289,10 +277,10 @@ int main(int argc, char **argv) {
     memory_limit_check((size_t)512 << 20);
     PredictOptions o;
     predict_options_parse(&o, argc, argv);
-    log_set_quiet(o.quiet);
+    log_set_quiet(o.common.quiet);
 
     CheckpointModel snap;
-    checkpoint_load_model(o.snapshot, !o.raw_weights, &snap);
+    checkpoint_load_model(o.snapshot, !o.common.raw_weights, &snap);
     uint8_t *pixels = images_decode(&o, &snap.cfg);
     int32_t *labels = xcalloc((size_t)o.count, sizeof *labels); /* unknown: class 0 */
 
@@ -300,8 +288,8 @@ int main(int argc, char **argv) {
     settings_from_env(&settings); /* every CIFAR_* tuning variable, here only */
     Comm *comm;
     HostSplit images = {.pixels = pixels, .labels = labels, .count = o.count};
-    Engine *e = device_inference_engine(o.device, &snap.model, images, snap.info.mean, snap.info.std,
-                                        o.batch, o.threads, snap.state.params, snap.state.buffers,
+    Engine *e = device_inference_engine(o.common.device, &snap.model, images, snap.info.mean, snap.info.std,
+                                        o.common.batch, o.common.threads, snap.state.params, snap.state.buffers,
                                         &settings, &comm);
 
     predict_all(&o, e, snap.cfg.num_classes, &snap.info.classes);
