@@ -13,6 +13,7 @@
  *   FI_FAIL_COUNT how many calls fail from there (default 1; 0 = every later one)
  *   FI_ERRNO     ENOSPC (default), EIO, EDQUOT, EROFS, or a number
  *   FI_KILL_AT   the process sends itself SIGKILL before the Nth counted call
+ *   FI_DELAY_MS  every counted call first waits this many milliseconds (a slow disk)
  *   FI_LOG       append "pid n kind path" for every counted call to this file
  * Counters are per process: a restarted worker (a fresh exec) counts from 1 again.
  * libc's own internal writes (stdio buffers) bypass the shim; the project's
@@ -29,6 +30,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FI_MAX_FD 65536
@@ -97,12 +99,22 @@ static void fi_log(long n, const char *kind, const char *path) {
     syscall(SYS_close, fd);
 }
 
+/* FI_DELAY_MS of sleep, through signals (a handler's return resumes the wait). */
+static void fi_delay(void) {
+    long ms = fi_env_long("FI_DELAY_MS", 0);
+    struct timespec left = {ms / 1000, (ms % 1000) * 1000000L};
+    while (ms > 0 && nanosleep(&left, &left) != 0 && errno == EINTR) {}
+}
+
 /* Called before each interposed call that matched: 0 to run it, -1 (errno set)
  * to fail it; may not return (SIGKILL). */
 static int fi_point(int kind, const char *kind_name, const char *path) {
     if (!(fi_ops_mask() & kind)) return 0;
     long n = __atomic_add_fetch(&fi_counter, 1, __ATOMIC_SEQ_CST);
     fi_log(n, kind_name, path);
+    int saved = errno;
+    fi_delay();
+    errno = saved;
     if (fi_env_long("FI_KILL_AT", 0) == n) {
         syscall(SYS_kill, getpid(), SIGKILL);
         for (;;) pause();

@@ -681,3 +681,43 @@ b" "$LMDB"
     assert_success
     [ "$(data_checksum "${lines[-1]}")" = "$REF2" ]
 }
+
+# The step rank R last reported on its progress board (RUN_DIR/ranks/rank-R), 0 before.
+board_step() { # run-dir rank
+    local s
+    s=$(grep -o 'step=[0-9]*' "$1/ranks/rank-$2" 2>/dev/null | cut -d= -f2)
+    echo "${s:-0}"
+}
+board_past_step() { [ "$(board_step "$1" 0)" -ge "$2" ]; }
+
+@test "SIGTERM to two ranks while rank 0's stop snapshot syncs slowly: rank 1 waits for it (srun --kill-on-bad-exit keeps the snapshot)" {
+    # Once every rank has agreed to stop, the waits of the last snapshot and of the final
+    # barrier are no longer cut short by the stop grace (0.5 s): rank 1 used to leave
+    # after it with 143 while rank 0 was still in fsync, and srun --kill-on-bad-exit
+    # then killed rank 0 before its snapshot was in place. Here the ranks are started
+    # as srun starts them (each its own process with the job's variables, each
+    # signalled), and the first to end with a failure gets its peer SIGKILLed.
+    dir="$BATS_TEST_TMPDIR/slow"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    pids=()
+    for r in 0 1; do
+        LD_PRELOAD="$FAULTINJECT" FI_PATH=".safetensors" FI_OPS=sync FI_DELAY_MS=3000 \
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$port CIFAR_RUN_ID="slow-$port" \
+            "$BIN/cifar-train" --device cpu --threads 1 --batch-size 32 --model "$MODEL" \
+            --save-every 1000 --epochs 500 --run-dir "$dir" "$LMDB" >"$dir.$r.out" 2>"$dir.$r.err" &
+        pids+=($!)
+    done
+    wait_until 600 board_past_step "$dir" 3
+    kill -TERM "${pids[@]}"
+    first=0
+    wait -n "${pids[@]}" || first=$?
+    kill -KILL "${pids[@]}" 2>/dev/null || [ $? -eq 1 ]   # --kill-on-bad-exit
+    wait "${pids[@]}" || [ $? -ne 0 ]
+    [ "$first" -eq 143 ] || { echo "first exit: $first"; cat "$dir".*.err; false; }
+    snaps=("$dir"/snapshot-*.safetensors)
+    [ -f "${snaps[0]}" ] || { echo "no snapshot"; cat "$dir".*.err; false; }
+    "$BIN/cifar-eval" --quiet --threads 1 "${snaps[-1]}" >/dev/null
+    no_temporaries "$dir"
+    no_leftover_processes
+}
