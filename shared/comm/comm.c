@@ -594,6 +594,11 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
 #endif
     if (kind == COMM_SINGLE && env->world_size != 1)
         die("a single-process communicator cannot serve world size %d", env->world_size);
+    /* a DistEnv not filled by dist_env_read (memset) would wait 0 s and slice by 0 bytes */
+    if (env->world_size > 1 && !(env->comm.timeout_s > 0 && env->comm.shm_slot_bytes >= 64))
+        die("internal error: a communicator for world size %d without its settings (timeout %g s, "
+            "slot %zu bytes): the DistEnv was not read by dist_env_read", env->world_size,
+            env->comm.timeout_s, env->comm.shm_slot_bytes);
     Comm *c = xcalloc(1, sizeof *c);
     c->board_fd = -1;
     c->rank = env->rank;

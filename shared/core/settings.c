@@ -71,7 +71,7 @@ static double settings_comm_timeout(void) {
     char *end = NULL;
     double t = strtod(s, &end);
     if (end == s || *end != '\0' || !(t > 0) || t > 1e7)
-        die("CIFAR_COMM_TIMEOUT=%s: expected a positive number of seconds (default 300)", s);
+        die_usage("CIFAR_COMM_TIMEOUT=%s: expected a positive number of seconds (default 300)", s);
     return t;
 }
 
@@ -82,7 +82,7 @@ static size_t settings_comm_slot_bytes(void) {
     char *end = NULL;
     unsigned long long v = strtoull(s, &end, 10);
     if (end == s || *end != '\0' || v < 64 || v > ((size_t)1 << 30))
-        die("CIFAR_COMM_SLOT_BYTES=%s: expected 64 .. 1073741824 bytes", s);
+        die_usage("CIFAR_COMM_SLOT_BYTES=%s: expected 64 .. 1073741824 bytes", s);
     return (size_t)v & ~(size_t)63;
 }
 
@@ -95,7 +95,7 @@ static void settings_rendezvous_bind(CommSettings *s) {
         return;
     }
     if (strlen(v) >= sizeof s->bind_addr)
-        die("CIFAR_RENDEZVOUS_BIND is longer than %zu characters", sizeof s->bind_addr - 1);
+        die_usage("CIFAR_RENDEZVOUS_BIND is longer than %zu characters", sizeof s->bind_addr - 1);
     snprintf(s->bind_addr, sizeof s->bind_addr, "%s", v);
 }
 

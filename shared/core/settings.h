@@ -48,7 +48,8 @@ typedef struct {
     char bind_addr[256];       /* CIFAR_RENDEZVOUS_BIND=ADDR, "" when unset */
 } CommSettings;
 
-/* The communicators' variables, checked (a malformed value stops with a message). */
+/* The communicators' variables, checked (a malformed value stops with exit status 2, as
+ * bad usage: the launcher does not restart a group for it). */
 void settings_comm_from_env(CommSettings *s);
 
 /* The names of CIFAR_CPU_ISA's variants, by level. */
