@@ -37,22 +37,37 @@ static char *metrics_read(const char *path, size_t *len) {
     return text;
 }
 
+/* "[4,2]" into buf: the epoch's world sizes, or its one world size. */
+static void format_worlds(const EpochMetrics *m, char *buf, size_t len) {
+    if (m->n_world_sizes < 1) {
+        snprintf(buf, len, "[%d]", m->world_size);
+        return;
+    }
+    size_t off = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < m->n_world_sizes && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "," : "", m->world_sizes[i]);
+    if (off < len) snprintf(buf + off, len - off, "]");
+}
+
 void metrics_append(const char *run_dir, const EpochMetrics *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    size_t ranks_len = (size_t)m->world_size * 24 + 8, line_len = ranks_len + 1024;
+    char worlds[256];
+    size_t ranks_len = (size_t)m->world_size * 24 + 8, line_len = ranks_len + sizeof worlds + 1024;
     char *ranks = xmalloc(ranks_len), *line = xmalloc(line_len);
     format_seconds_list(m->rank_seconds, m->world_size, ranks, ranks_len);
     char val[96] = "";
+    format_worlds(m, worlds, sizeof worlds);
     if (m->has_val) snprintf(val, sizeof val, "\"val_loss\":%.6f,\"val_acc\":%.6f,", m->val_loss, m->val_acc);
     int n = snprintf(line, line_len,
             "{\"epoch\":%" PRId64 ",\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_loss\":%.6f,"
             "\"test_acc\":%.6f,%s\"lr\":%.6g,\"images_per_s\":%.1f,\"seconds\":%.3f,"
             "\"rank_seconds\":%s,\"slowest_rank\":%d,"
-            "\"world_size\":%d,\"restarts\":%d,\"device\":\"%s\",\"comm\":\"%s\"}\n",
+            "\"world_size\":%d,\"world_sizes\":%s,\"images\":%.0f,\"restarts\":%d,\"device\":\"%s\","
+            "\"comm\":\"%s\"}\n",
             m->epoch, m->train_loss, m->train_acc, m->test_loss, m->test_acc, val, m->lr,
-            m->images_per_s, m->seconds, ranks, m->slowest_rank, m->world_size, m->restarts,
-            m->device, m->comm);
+            m->images_per_s, m->seconds, ranks, m->slowest_rank, m->world_size, worlds, m->images,
+            m->restarts, m->device, m->comm);
     free(ranks);
     size_t len;
     char *text = metrics_read(path, &len);

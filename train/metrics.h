@@ -13,6 +13,12 @@ typedef struct {
     const double *rank_seconds; /* world_size: each rank's step compute time */
     int slowest_rank;
     int world_size, restarts;
+    /* the world sizes the epoch ran with, in order (one, unless a resume with another
+     * world size continued it: epoch_position.h), and the images it trained, all ranks
+     * together (the split's, plus the padding to a multiple of the world size) */
+    const int *world_sizes;
+    int n_world_sizes;
+    double images;
     const char *device, *comm;
 } EpochMetrics;
 

@@ -21,7 +21,9 @@
 #include "core/progress.h"
 #include "data/sampler.h"
 #include "format/safetensors.h"
+#include "epoch_position.h"
 #include "metrics.h"
+#include "resume_options.h"
 #include "snapshot_writer.h"
 #include "format/tb_events.h"
 #include "test_hooks.h"
@@ -185,7 +187,11 @@ typedef struct {
     float mean[4], std[4];
     char *options_json;
     int64_t *perm, *mine;
-    int64_t steps_per_epoch, per_rank;
+    int64_t steps_per_epoch; /* of an epoch at this world size */
+    /* the epoch in progress: this process's segment of it (from a resume's position or
+     * 0), its samples per rank, and the epoch's steps (those before the segment too) */
+    EpochSegment segment;
+    int64_t per_rank, epoch_steps;
     TestHooks hooks;
     /* snapshots: the writer thread, the job it is given (rank 0) */
     SnapshotWriter *writer;
@@ -295,8 +301,8 @@ static void snapshot_start_at(Worker *w, const char *path) {
     /* the moving average: a synchronous copy to the host (it is not staged) */
     if (w->staging.ema_params)
         w->engine->ops->ema_to_host(w->engine, w->staging.ema_params, w->staging.ema_buffers);
-    w->snapshot_info.progress = w->progress;
-    w->snapshot_info.progress.world_size = w->env->world_size;
+    epoch_position_snapshot(&w->progress, &w->segment, w->env->world_size, w->o->batch_size,
+                            w->data.train.count, &w->snapshot_info.progress);
     snprintf(w->snapshot_path, sizeof w->snapshot_path, "%s", path);
     snapshot_writer_start(w->writer, snapshot_job, w);
 }
@@ -349,69 +355,23 @@ static int snapshot_due_by_steps(const Worker *w) {
     return w->o->save_every_steps > 0 && w->progress.step % w->o->save_every_steps == 0;
 }
 
-/* An option's value in the snapshot's options JSON, as the command line writes it. */
-static void option_value_str(const cJSON *v, char *buf, size_t len) {
-    if (!v)
-        snprintf(buf, len, "(unset)");
-    else if (cJSON_IsBool(v))
-        snprintf(buf, len, "%s", cJSON_IsTrue(v) ? "on" : "off");
-    else if (cJSON_IsString(v))
-        snprintf(buf, len, "%s", v->valuestring);
-    else if (cJSON_IsNumber(v))
-        snprintf(buf, len, "%g", v->valuedouble);
-    else
-        snprintf(buf, len, "?");
-}
-
-static int option_values_equal(const cJSON *a, const cJSON *b) {
-    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) return a->valuedouble == b->valuedouble;
-    char x[128], y[128];
-    option_value_str(a, x, sizeof x);
-    option_value_str(b, y, sizeof y);
-    return strcmp(x, y) == 0;
-}
-
-/* Rank 0, on resume: one line naming every training option (and the dataset's
- * path) that differs from the snapshot's, "--lr 0.1 -> 0.05". --epochs is left
- * out: a larger one is how a finished run continues. The model and the dataset's
- * shape cannot change: checkpoint_resume refused those already. Written into the
- * next snapshot, so a later resume with the same options says nothing. */
-static void report_changed_options(const Worker *w, const CheckpointInfo *snap, const cJSON *was,
-                                   const cJSON *now) {
-    char line[2048] = "";
-    size_t off = 0;
-    for (const cJSON *item = now ? now->child : NULL; item && off < sizeof line; item = item->next) {
-        if (strcmp(item->string, "epochs") == 0) continue;
-        const cJSON *old = was ? cJSON_GetObjectItemCaseSensitive(was, item->string) : NULL;
-        if (option_values_equal(old, item)) continue;
-        char name[64], a[128], b[128];
-        snprintf(name, sizeof name, "--%s", item->string);
-        for (char *c = name; *c; c++)
-            if (*c == '_') *c = '-';
-        option_value_str(old, a, sizeof a);
-        option_value_str(item, b, sizeof b);
-        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s %s -> %s", off ? ", " : "", name, a, b);
-    }
-    const char *old_data = snap->dataset_path ? snap->dataset_path : "";
-    char *data = realpath(w->o->data_path, NULL);
-    if (old_data[0] && data && strcmp(old_data, data) != 0 && off < sizeof line)
-        off += (size_t)snprintf(line + off, sizeof line - off, "%sthe dataset %s -> %s", off ? ", " : "",
-                                old_data, data);
-    free(data);
-    if (off > 0) log_warn_once("resuming with other settings than the snapshot's: %s", line);
-}
-
-/* A partial epoch resumes where it stopped only if its order is the same: the
- * world size, the batch size and the seed define which samples remain. */
-static int partial_epoch_order_changed(const Worker *w, const cJSON *was, const cJSON *now) {
-    int changed = w->progress.world_size != w->env->world_size;
-    static const char *const order_keys[] = {"batch_size", "seed"};
-    for (int k = 0; k < 2 && was && now; k++) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(was, order_keys[k]);
-        if (a && !option_values_equal(a, cJSON_GetObjectItemCaseSensitive(now, order_keys[k])))
-            changed = 1;
-    }
-    return changed;
+/* A snapshot taken within an epoch: continue it from its position (another world
+ * size gets the rest of the epoch dealt to its ranks), or redo it when its order
+ * of samples changed. */
+static void resume_partial_epoch(Worker *w, int order_changed) {
+    const int snap_world = w->progress.world_size, world = w->env->world_size;
+    const int64_t n = w->data.train.count;
+    EpochResume how = epoch_position_resume(&w->progress, &w->segment, w->env->rank, world,
+                                            w->o->batch_size, n, order_changed);
+    if (how == EPOCH_RESUME_RESTART)
+        log_warn_once("resuming a partial epoch with another batch size, seed, --val-fraction or "
+                      "data: the epoch restarts from its beginning");
+    if (how == EPOCH_RESUME_RESHARD)
+        log_info_once("resuming a partial epoch at image %" PRId64 " of %" PRId64 " with %d process%s "
+                      "(the snapshot's had %d): the %" PRId64 " images left are dealt to them, each "
+                      "once; the global batch is now %d x %d", w->progress.epoch_position, n, world,
+                      world == 1 ? "" : "es", snap_world, n - w->progress.epoch_position,
+                      w->o->batch_size, world);
 }
 
 static void resume_or_init(Worker *w) {
@@ -425,7 +385,8 @@ static void resume_or_init(Worker *w) {
     /* the snapshot's options and this run's, to compare */
     cJSON *was = resumed ? cJSON_Parse(snap.options_json ? snap.options_json : "{}") : NULL;
     cJSON *now = cJSON_Parse(w->options_json);
-    if (resumed && w->env->rank == 0) report_changed_options(w, &snap, was, now);
+    if (resumed && w->env->rank == 0)
+        resume_report_changed_options(snap.dataset_path, w->o->data_path, was, now);
     if (!resumed) {
         memset(&w->progress, 0, sizeof w->progress);
         model_init(&w->model, w->state.params, w->state.buffers, w->o->seed);
@@ -434,15 +395,8 @@ static void resume_or_init(Worker *w) {
             memcpy(w->state.ema_params, w->state.params, w->model.num_params * sizeof(float));
             memcpy(w->state.ema_buffers, w->state.buffers, w->model.num_buffers * sizeof(float));
         }
-    } else if (w->progress.step_in_epoch > 0 && partial_epoch_order_changed(w, was, now)) {
-        /* The partial epoch was sharded or ordered differently: redo it from its start. */
-        log_warn_once("resuming a partial epoch (run with %d process%s) with another world size, "
-                      "batch size or seed: the epoch restarts from its beginning",
-                      w->progress.world_size, w->progress.world_size == 1 ? "" : "es");
-        w->progress.step -= w->progress.step_in_epoch;
-        w->progress.step_in_epoch = 0;
-        w->progress.partial_loss_sum = w->progress.partial_correct = 0;
-        w->progress.partial_seen = w->progress.partial_seconds = 0;
+    } else {
+        resume_partial_epoch(w, resume_order_changed(was, now));
     }
     cJSON_Delete(was);
     cJSON_Delete(now);
@@ -524,7 +478,8 @@ static int step_images(const Worker *w, int64_t s) {
  * (evaluations included, since the pace is measured in wall time). */
 static void run_eta_str(const Worker *w, char *buf, size_t len) {
     int64_t done = w->progress.step - w->run_step0;
-    int64_t left = (int64_t)w->o->epochs * w->steps_per_epoch - w->progress.step;
+    int64_t left = (w->epoch_steps - w->progress.step_in_epoch) +
+                   ((int64_t)w->o->epochs - w->progress.epochs - 1) * w->steps_per_epoch;
     double elapsed = now_seconds() - w->run_t0;
     char eta[32];
     progress_format_duration(done > 0 && elapsed > 0 ? (double)left * elapsed / (double)done : -1,
@@ -532,25 +487,38 @@ static void run_eta_str(const Worker *w, char *buf, size_t len) {
     snprintf(buf, len, "run ETA %s", left > 0 ? eta : "0:00");
 }
 
+/* This process's samples of the epoch: dealt from the segment's start (0, or where a
+ * resume found the epoch) to this world size; the epoch's step count with them. */
+static void deal_segment(Worker *w, int64_t epoch) {
+    const int64_t n = w->data.train.count;
+    const int world = w->env->world_size;
+    if (w->progress.step_in_epoch == 0) epoch_position_begin(&w->progress, &w->segment, world);
+    sampler_epoch_from(w->o->seed, epoch, n, w->segment.start, w->env->rank, world, w->perm, w->mine);
+    w->per_rank = sampler_per_rank_from(n, w->segment.start, world);
+    w->epoch_steps = w->segment.step0 + (w->per_rank + w->o->batch_size - 1) / w->o->batch_size;
+}
+
 static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
     const TrainOptions *o = w->o;
     const int world = w->env->world_size;
-    sampler_epoch(o->seed, epoch, w->data.train.count, w->env->rank, world, w->perm, w->mine);
-    w->per_rank = sampler_per_rank(w->data.train.count, world);
+    deal_segment(w, epoch);
+    const int64_t seg_steps = w->epoch_steps - w->segment.step0, at0 = w->segment.start;
     Progress bar;
     char label[64];
     snprintf(label, sizeof label, "epoch %" PRId64 "/%d", epoch + 1, o->epochs);
-    progress_begin(&bar, label, w->per_rank * world, "img");
+    progress_begin(&bar, label, at0 + w->per_rank * world, "img");
     w->compute_seconds = 0;
     double t0 = now_seconds() - w->progress.partial_seconds;
     const LrSchedule sched = train_lr_schedule(o);
-    for (int64_t s = w->progress.step_in_epoch; s < w->steps_per_epoch; s++) {
+    /* s counts the segment's steps, e = segment.step0 + s the epoch's */
+    for (int64_t s = w->progress.step_in_epoch - w->segment.step0; s < seg_steps; s++) {
+        const int64_t e = w->segment.step0 + s;
         int64_t first = s * o->batch_size;
         int n = step_images(w, s);
         /* the engine may gather step s+1's samples while step s runs */
-        if (s + 1 < w->steps_per_epoch)
+        if (s + 1 < seg_steps)
             engine_prefetch(w->engine, w->mine + (s + 1) * o->batch_size, step_images(w, s + 1), 1);
-        double pos = (double)epoch + (double)(s + 1) / (double)w->steps_per_epoch;
+        double pos = (double)epoch + (double)(e + 1) / (double)w->epoch_steps;
         float lr = (float)lr_schedule_at(&sched, pos);
         int correct = 0;
         double t_step = now_seconds(), in_collectives = comm_seconds_in_collectives(w->comm);
@@ -559,9 +527,9 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
         if (!isfinite(loss))
             die_permanent("the loss became %s at epoch %" PRId64 " step %" PRId64
                 " ---> HINT: lower --lr; the last good snapshot is kept",
-                isnan(loss) ? "NaN" : "infinite", epoch + 1, s);
+                isnan(loss) ? "NaN" : "infinite", epoch + 1, e);
         w->progress.step++;
-        w->progress.step_in_epoch = s + 1;
+        w->progress.step_in_epoch = e + 1;
         w->progress.partial_loss_sum += (double)loss * n;
         w->progress.partial_correct += correct;
         w->progress.partial_seen += n;
@@ -572,10 +540,10 @@ static EpochResult run_epoch(Worker *w, int64_t epoch, double *lr_out) {
             char extra[96], run_eta[48];
             run_eta_str(w, run_eta, sizeof run_eta);
             snprintf(extra, sizeof extra, "loss %.4f lr %.4f, %s", loss, lr, run_eta);
-            progress_update(&bar, (first + n) * world, extra);
+            progress_update(&bar, at0 + (first + n) * world, extra);
         }
         comm_board_step(w->comm, w->progress.step);
-        if (s + 1 < w->steps_per_epoch) {
+        if (s + 1 < seg_steps) {
             StepDecision next = agree_next(w, w->progress.step);
             w->progress.partial_seconds = now_seconds() - t0;
             if (next == GO_STOP) return EPOCH_STOPPED;
@@ -660,8 +628,8 @@ static void tb_epoch(Worker *w, const EpochMetrics *m) {
 /* Returns 1 when the epoch's validation accuracy is the best so far (always 0
  * without a hold-out); the first epoch is the first best. */
 static int finish_epoch(Worker *w, int64_t epoch, double lr) {
-    double sums[3] = {w->progress.partial_loss_sum, w->progress.partial_correct,
-                      w->progress.partial_seen};
+    double sums[3];
+    epoch_position_sums(&w->progress, &w->segment, sums);
     comm_allreduce_sum_f64(w->comm, sums, 3);
     EpochMetrics m;
     memset(&m, 0, sizeof m);
@@ -688,13 +656,16 @@ static int finish_epoch(Worker *w, int64_t epoch, double lr) {
     m.rank_seconds = rank_seconds;
     m.slowest_rank = slowest_of(rank_seconds, world);
     m.world_size = world;
+    int worlds[CHECKPOINT_MAX_EPOCH_WORLDS];
+    m.n_world_sizes = w->progress.n_epoch_worlds;
+    memcpy(worlds, w->progress.epoch_worlds, sizeof worlds);
+    m.world_sizes = worlds;
+    m.images = sums[2];
     m.restarts = w->env->restart_count;
     m.device = w->engine->ops->name;
     m.comm = comm_kind_name(comm_kind(w->comm));
     w->progress.epochs = epoch + 1;
-    w->progress.step_in_epoch = 0;
-    w->progress.partial_loss_sum = w->progress.partial_correct = 0;
-    w->progress.partial_seen = w->progress.partial_seconds = 0;
+    epoch_position_end(&w->progress, &w->segment);
     if (w->env->rank == 0) {
         metrics_append(w->o->run_dir, &m);
         stragglers_report(w, rank_seconds);
@@ -717,7 +688,7 @@ static void report_stopped(const Worker *w, const char *path) {
     char where[96];
     if (w->progress.step_in_epoch > 0)
         snprintf(where, sizeof where, "in epoch %" PRId64 "/%d (step %" PRId64 " of %" PRId64 ")",
-                 w->progress.epochs + 1, w->o->epochs, w->progress.step_in_epoch, w->steps_per_epoch);
+                 w->progress.epochs + 1, w->o->epochs, w->progress.step_in_epoch, w->epoch_steps);
     else
         snprintf(where, sizeof where, "after epoch %" PRId64 "/%d", w->progress.epochs, w->o->epochs);
     log_warn_once("stopped by signal %d %s: snapshot %s written; the run is not finished, so no "

@@ -21,12 +21,27 @@ static void shuffle(uint64_t seed, uint64_t stream, uint64_t key, int64_t *v, in
     }
 }
 
-void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world, int64_t *perm,
-                   int64_t *mine) {
+int64_t sampler_per_rank_from(int64_t n, int64_t consumed, int world) {
+    return sampler_per_rank(n - consumed, world);
+}
+
+void sampler_epoch_from(uint64_t seed, int64_t epoch, int64_t n, int64_t consumed, int rank,
+                        int world, int64_t *perm, int64_t *mine) {
     for (int64_t i = 0; i < n; i++) perm[i] = i;
     shuffle(seed, RNG_STREAM_SHUFFLE, (uint64_t)epoch, perm, n);
-    int64_t per_rank = sampler_per_rank(n, world);
-    for (int64_t j = 0; j < per_rank; j++) mine[j] = perm[(rank + j * world) % n];
+    int64_t per_rank = sampler_per_rank_from(n, consumed, world);
+    for (int64_t j = 0; j < per_rank; j++) mine[j] = perm[(consumed + rank + j * world) % n];
+}
+
+void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world, int64_t *perm,
+                   int64_t *mine) {
+    sampler_epoch_from(seed, epoch, n, 0, rank, world, perm, mine);
+}
+
+int64_t sampler_position_after(int64_t n, int64_t consumed, int64_t steps, int batch, int world) {
+    int64_t per_rank = sampler_per_rank_from(n, consumed, world);
+    int64_t taken = steps * batch < per_rank ? steps * batch : per_rank;
+    return consumed + taken * world;
 }
 
 /* The records of class c: held out, the first `take` of a shuffle keyed by (seed, c). */

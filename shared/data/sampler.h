@@ -2,7 +2,16 @@
  * a counter-based permutation so every rank computes the same one alone:
  * a Fisher-Yates shuffle keyed by (seed, epoch) (set_epoch done right: a fresh
  * order every epoch), padded to a multiple of the world size with the start of
- * the permutation, rank r taking positions r, r+W, r+2W, ... */
+ * the permutation, rank r taking positions r, r+W, r+2W, ...
+ *
+ * Dealt that way, the samples W ranks consume in their first k batches of b are
+ * positions [0, k*b*W) of the permutation: a prefix, whatever W. So where an epoch
+ * stands is one count, its position (entries consumed, all ranks together), and
+ * the rest of the epoch can be dealt to another world size from there: rank r of
+ * W' takes positions c + r, c + r + W', ... (a resharded resume, docs/DESIGN.md
+ * "Resharded resume"). From c = 0 that is the dealing above; from c = k*b*W at
+ * the same W it is rank r's dealing from its (k*b)-th sample on, so a resume at
+ * the same world size sees the same samples as a run that never stopped. */
 #ifndef CIFAR_SAMPLER_H
 #define CIFAR_SAMPLER_H
 
@@ -19,6 +28,22 @@ int64_t sampler_per_rank(int64_t n, int world);
  * for the epoch, in order. */
 void sampler_epoch(uint64_t seed, int64_t epoch, int64_t n, int rank, int world, int64_t *perm,
                    int64_t *mine);
+
+/* The rest of an epoch from position `consumed` (0 <= consumed < n): samples per
+ * rank, ceil((n - consumed) / world) (the remainder padded to a multiple of the
+ * world size with the start of the permutation, as above). */
+int64_t sampler_per_rank_from(int64_t n, int64_t consumed, int world);
+
+/* perm[n] (scratch: the epoch's permutation on return) and
+ * mine[sampler_per_rank_from(n, consumed, world)]: this rank's indices for the
+ * rest of the epoch, in order: perm[(consumed + rank + j * world) % n]. */
+void sampler_epoch_from(uint64_t seed, int64_t epoch, int64_t n, int64_t consumed, int rank,
+                        int world, int64_t *perm, int64_t *mine);
+
+/* The position after `steps` batches of `batch` per rank dealt from `consumed`
+ * at `world`: consumed + steps * batch * world, at most the padded end of the
+ * epoch (consumed + sampler_per_rank_from(...) * world). */
+int64_t sampler_position_after(int64_t n, int64_t consumed, int64_t steps, int batch, int world);
 
 /* The validation hold-out of a split (cifar-train --val-fraction): a fixed,
  * class-stratified part of its records, a pure function of (seed, labels,

@@ -130,6 +130,21 @@ static SnapTensorIn *checkpoint_tensors(const Model *m, const TrainState *st, co
     return t;
 }
 
+/* Whether the snapshot records the epoch's position: only for an epoch that ran
+ * with several world sizes (otherwise the step count says it, as it always did). */
+static int records_epoch_position(const TrainProgress *p) {
+    return p->step_in_epoch > 0 && p->n_epoch_worlds > 1;
+}
+
+/* "epoch_position": {"version":1,"consumed":C,"world_sizes":[4,2]}. */
+static void format_epoch_position(const TrainProgress *p, char *buf, size_t len) {
+    size_t off = (size_t)snprintf(buf, len, "{\"version\":%d,\"consumed\":%" PRId64 ",\"world_sizes\":[",
+                                  CHECKPOINT_EPOCH_POSITION_VERSION, p->epoch_position);
+    for (int i = 0; i < p->n_epoch_worlds && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "," : "", p->epoch_worlds[i]);
+    if (off < len) snprintf(buf + off, len - off, "]}");
+}
+
 int checkpoint_write(const char *path, const Model *m, const TrainState *st,
                      const CheckpointInfo *info, char *err, size_t errlen) {
     int64_t nbt = info->progress.step;
@@ -138,7 +153,7 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
     SnapTensorIn *tensors = checkpoint_tensors(m, st, &nbt, &n_tensors, &ema_name_text);
     char *model_json = model_config_to_json(&m->cfg);
     char shape[64], mean[160], std[160], epochs[32], step[32], sie[32], partial[160], world[16],
-        best[64];
+        best[64], position[64 + 12 * CHECKPOINT_MAX_EPOCH_WORLDS];
     checkpoint_dataset_shape(&m->cfg, shape, sizeof shape);
     format_floats(info->mean, m->cfg.img_channels, mean, sizeof mean);
     format_floats(info->std, m->cfg.img_channels, std, sizeof std);
@@ -151,6 +166,7 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
     snprintf(world, sizeof world, "%d", info->progress.world_size);
     snprintf(best, sizeof best, "[%.17g,%" PRId64 "]", info->progress.best_val_acc,
              info->progress.best_epoch);
+    format_epoch_position(&info->progress, position, sizeof position);
     char *classes = class_names_to_json(&info->classes);
     SnapMeta meta[] = {
         {"model", model_json},
@@ -167,9 +183,14 @@ int checkpoint_write(const char *path, const Model *m, const TrainState *st,
         {"best_val", best},
         {"options", info->options_json ? info->options_json : "{}"},
         {"classes", classes},
+        {"epoch_position", position},
     };
-    /* "classes" only when the dataset names them (the last entry). */
-    int n_meta = (int)(sizeof meta / sizeof meta[0]) - (info->classes.count ? 0 : 1);
+    /* The optional entries last: "classes" when the dataset names them, then
+     * "epoch_position" when the epoch was resharded (records_epoch_position). */
+    int n_meta = (int)(sizeof meta / sizeof meta[0]) - 2;
+    if (info->classes.count) n_meta++;
+    else meta[n_meta] = meta[n_meta + 1];
+    if (records_epoch_position(&info->progress)) n_meta++;
     int rc = snapshot_write(path, tensors, n_tensors, meta, n_meta, err, errlen);
     free(classes);
     free(model_json);
@@ -192,6 +213,63 @@ static int parse_i64(const char *text, int64_t *out) {
     return 0;
 }
 
+/* A world size a snapshot may name: a count of processes, not a byte size. */
+#define CHECKPOINT_MAX_WORLD (1 << 20)
+
+/* A JSON number that is a whole count in [lo, hi] into *out: 0, or -1. */
+static int json_count(const cJSON *v, double lo, double hi, int64_t *out) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi ||
+        v->valuedouble != floor(v->valuedouble))
+        return -1;
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+/* The list of world sizes of "epoch_position": 2..CHECKPOINT_MAX_EPOCH_WORLDS of them,
+ * the last one the snapshot's world_size. 0, or -1. */
+static int parse_epoch_worlds(const cJSON *list, TrainProgress *p) {
+    int n = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : 0;
+    if (n < 2 || n > CHECKPOINT_MAX_EPOCH_WORLDS) return -1;
+    for (int i = 0; i < n; i++) {
+        int64_t w;
+        if (json_count(cJSON_GetArrayItem(list, i), 1, CHECKPOINT_MAX_WORLD, &w) != 0) return -1;
+        p->epoch_worlds[i] = (int)w;
+    }
+    p->n_epoch_worlds = n;
+    return p->epoch_worlds[n - 1] == p->world_size ? 0 : -1;
+}
+
+/* "epoch_position" (written for a resharded epoch only). Without it, the epoch in
+ * progress ran at the snapshot's world size alone and its position is -1 (the
+ * trainer derives it from the step count). */
+static int parse_epoch_position(const Snapshot *s, TrainProgress *p, char *err, size_t errlen) {
+    const char *text = snapshot_meta(s, "epoch_position");
+    p->epoch_position = -1;
+    p->n_epoch_worlds = p->step_in_epoch > 0;
+    p->epoch_worlds[0] = p->world_size;
+    if (!text) return 0;
+    cJSON *j = cJSON_Parse(text);
+    int64_t version = 0;
+    int rc = -1;
+    if (cJSON_IsObject(j) &&
+        json_count(cJSON_GetObjectItemCaseSensitive(j, "version"), 1, 1e9, &version) == 0 &&
+        version > CHECKPOINT_EPOCH_POSITION_VERSION) {
+        snprintf(err, errlen, "its \"epoch_position\" was written by a newer version (version %" PRId64
+                 "; this program reads %d): upgrade cifar-train", version,
+                 CHECKPOINT_EPOCH_POSITION_VERSION);
+        cJSON_Delete(j);
+        return -1;
+    }
+    if (version == CHECKPOINT_EPOCH_POSITION_VERSION && p->step_in_epoch > 0 &&
+        json_count(cJSON_GetObjectItemCaseSensitive(j, "consumed"), 1, 9007199254740992.0,
+                   &p->epoch_position) == 0 &&
+        parse_epoch_worlds(cJSON_GetObjectItemCaseSensitive(j, "world_sizes"), p) == 0)
+        rc = 0;
+    cJSON_Delete(j);
+    if (rc != 0) snprintf(err, errlen, "snapshot metadata \"epoch_position\" is malformed: %.80s", text);
+    return rc;
+}
+
 static int parse_progress(const Snapshot *s, TrainProgress *p, char *err, size_t errlen) {
     const char *keys[] = {"epochs", "step", "step_in_epoch"};
     int64_t *dst[] = {&p->epochs, &p->step, &p->step_in_epoch};
@@ -203,6 +281,11 @@ static int parse_progress(const Snapshot *s, TrainProgress *p, char *err, size_t
             return -1;
         }
     }
+    if (p->step_in_epoch > p->step) {
+        snprintf(err, errlen, "snapshot metadata \"step_in_epoch\" (%" PRId64 ") is more than \"step\" (%"
+                 PRId64 ")", p->step_in_epoch, p->step);
+        return -1;
+    }
     const char *partial = snapshot_meta(s, "partial_epoch");
     if (partial && sscanf(partial, "[%lg,%lg,%lg,%lg]", &p->partial_loss_sum, &p->partial_correct,
                           &p->partial_seen, &p->partial_seconds) != 4) {
@@ -210,7 +293,14 @@ static int parse_progress(const Snapshot *s, TrainProgress *p, char *err, size_t
         return -1;
     }
     const char *world = snapshot_meta(s, "world_size");
-    p->world_size = world ? atoi(world) : 1;
+    int64_t world_size = 1;
+    if (world && (parse_i64(world, &world_size) != 0 || world_size < 1 ||
+                  world_size > CHECKPOINT_MAX_WORLD)) {
+        snprintf(err, errlen, "snapshot metadata \"world_size\" is not a world size: %.40s", world);
+        return -1;
+    }
+    p->world_size = (int)world_size;
+    if (parse_epoch_position(s, p, err, errlen) != 0) return -1;
     const char *best = snapshot_meta(s, "best_val"); /* absent before validation splits */
     long long best_epoch = 0;
     if (best && (sscanf(best, "[%lg,%lld]", &p->best_val_acc, &best_epoch) != 2 || best_epoch < 0 ||

@@ -8,7 +8,9 @@
  * the prefix is stripped. __metadata__ holds the model config ("model"), the dataset it was
  * trained on ("dataset", "dataset_shape"), the normalisation ("normalize_mean",
  * "normalize_std"), the progress ("epochs", "step", "step_in_epoch", partial-epoch
- * sums, "best_val": [accuracy, epoch] with a validation split), the training options ("options") and, when the dataset names its
+ * sums, "world_size", "best_val": [accuracy, epoch] with a validation split, and for
+ * an epoch resharded across world sizes "epoch_position":
+ * {"version":1,"consumed":C,"world_sizes":[4,2]}), the training options ("options") and, when the dataset names its
  * classes, their names ("classes", a JSON array: data/classes.h). cifar-train,
  * cifar-eval and cifar-predict use it. */
 #ifndef CIFAR_CHECKPOINT_H
@@ -26,13 +28,31 @@
 extern "C" {
 #endif
 
+/* The most world sizes one epoch's "epoch_position" lists (more changes within an
+ * epoch overwrite the last entry). */
+#define CHECKPOINT_MAX_EPOCH_WORLDS 16
+/* The version of the "epoch_position" metadata this program writes and reads. */
+#define CHECKPOINT_EPOCH_POSITION_VERSION 1
+
 typedef struct {
     int64_t epochs;         /* epochs completed */
     int64_t step;           /* optimizer steps taken (= num_batches_tracked) */
     int64_t step_in_epoch;  /* steps of the epoch in progress (0 at an epoch boundary) */
-    double partial_loss_sum, partial_correct, partial_seen; /* the epoch in progress */
+    /* The epoch in progress: in a snapshot, rank 0's own sums, or the whole job's when
+     * the epoch ran with several world sizes (n_epoch_worlds > 1) */
+    double partial_loss_sum, partial_correct, partial_seen;
     double partial_seconds;
     int world_size;
+    /* Where the epoch in progress stands (data/sampler.h): epoch_position is the
+     * count of its permutation's entries consumed, all ranks together; -1 when the
+     * snapshot does not record it (an epoch at one world size: it is step_in_epoch
+     * x batch x world_size). epoch_worlds: the world sizes the epoch has run with,
+     * in order (n_epoch_worlds 0 at an epoch boundary). A snapshot records both, as
+     * "epoch_position", only for an epoch that ran with more than one world size (a
+     * resharded resume), so a run at one world size writes what it always wrote. */
+    int64_t epoch_position;
+    int epoch_worlds[CHECKPOINT_MAX_EPOCH_WORLDS];
+    int n_epoch_worlds;
     /* --val-fraction: the best validation accuracy so far and its epoch (1-based;
      * 0 = none yet), for best.safetensors and --early-stop */
     double best_val_acc;
