@@ -124,22 +124,6 @@ meta_json() { # version
     printf '{"format":"cifar-lmdb","version":%d,"height":8,"width":8,"channels":3,"num_classes":10,"splits":{"train":{"count":128,"mean":[0.5,0.5,0.5],"std":[0.2,0.2,0.2]},"test":{"count":32,"mean":[0.5,0.5,0.5],"std":[0.2,0.2,0.2]}}}' "$1"
 }
 
-# Rewrite a snapshot's JSON header with a Python expression over `h` (the header dict);
-# the data section, and so the checksum, stay as they are.
-snapshot_edit() { # in out python-statement
-    "$PYTHON" - "$1" "$2" "$3" <<'EOF'
-import json, struct, sys
-src, dst, stmt = sys.argv[1:4]
-b = open(src, 'rb').read()
-n = struct.unpack('<Q', b[:8])[0]
-h = json.loads(b[8:8 + n])
-exec(stmt)
-t = json.dumps(h, separators=(',', ':')).encode()
-t += b' ' * (-len(t) % 8)
-open(dst, 'wb').write(struct.pack('<Q', len(t)) + t + b[8 + n:])
-EOF
-}
-
 # Both readers of a dataset refuse it with `reason`.
 dataset_refused() { # lmdb reason
     run "$BIN/cifar-train" --quiet --threads 1 --model "$MODEL" --run-dir "$BATS_TEST_TMPDIR/r" "$1"

@@ -15,6 +15,22 @@ data_checksum() { # snapshot
     head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'
 }
 
+# Rewrite a snapshot's JSON header with a Python expression over `h` (the header dict);
+# the data section, and so the checksum, stay as they are.
+snapshot_edit() { # in out python-statement
+    "$PY" - "$1" "$2" "$3" <<'EOF'
+import json, struct, sys
+src, dst, stmt = sys.argv[1:4]
+b = open(src, 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+exec(stmt)
+t = json.dumps(h, separators=(',', ':')).encode()
+t += b' ' * (-len(t) % 8)
+open(dst, 'wb').write(struct.pack('<Q', len(t)) + t + b[8 + n:])
+EOF
+}
+
 # A synthetic dataset in DIR and its LMDB (DIR/cifar10.lmdb); args go to cifar-synth.
 make_dataset() { # dir, cifar-synth args...
     local dir=$1

@@ -113,3 +113,36 @@ header_count() { # snapshot, text
     [ "$(header_count "$REF4/snapshot-000003.safetensors" epoch_position)" -eq 0 ]
     [ "$(header_count "$REF4/snapshot-000003.safetensors" '"step_in_epoch":"3"')" -eq 1 ]
 }
+
+@test "a damaged epoch_position: the snapshot is skipped for the previous one; a newer version of it stops the run naming it" {
+    two="$BATS_TEST_TMPDIR/two"
+    from_snapshot "$REF4" 3 "$two"
+    ranks 2 "$two" > /dev/null
+    dir="$BATS_TEST_TMPDIR/damaged"
+    from_snapshot "$REF4" 3 "$dir"
+    for bad in '"{\"version\":1,\"consumed\":\"144\",\"world_sizes\":[4,2]}"' \
+               '"{\"version\":1,\"consumed\":144,\"world_sizes\":[4,3]}"' \
+               '"{\"version\":1,\"consumed\":144,\"world_sizes\":[2]}"' '"[4,2]"'; do
+        snapshot_edit "$two/snapshot-000006.safetensors" "$dir/snapshot-000006.safetensors" \
+            "h['__metadata__']['epoch_position'] = $bad"
+        run --separate-stderr "$BIN/cifar-eval" --quiet --threads 1 "$dir/snapshot-000006.safetensors"
+        [ "$status" -ne 0 ]
+        [[ "$stderr" == *'snapshot metadata "epoch_position" is malformed'* ]] || { echo "$bad: $stderr"; false; }
+    done
+    # resumed: the damaged one is named and skipped, the 4-rank one of step 3 used
+    LOUD=1 run --separate-stderr ranks 3 "$dir" --max-restarts 0
+    assert_success
+    [[ "$stderr" == *"snapshot-000006.safetensors: skipping this snapshot: snapshot metadata \"epoch_position\" is malformed"* ]] ||
+        { echo "$stderr"; false; }
+    [[ "$stderr" == *"resuming from $dir/snapshot-000003.safetensors"* ]]
+    [ "${lines[-1]}" = "$dir/snapshot-000031.safetensors" ]   # 3 + 288 / 24, then 384 / 24
+    newer="$BATS_TEST_TMPDIR/newer"
+    mkdir "$newer"
+    snapshot_edit "$two/snapshot-000006.safetensors" "$newer/snapshot-000006.safetensors" \
+        "h['__metadata__']['epoch_position'] = h['__metadata__']['epoch_position'].replace('\"version\":1', '\"version\":2')"
+    run --separate-stderr ranks 1 "$newer" --max-restarts 0
+    [ "$status" -ne 0 ]
+    [[ "$stderr" == *'its "epoch_position" was written by a newer version (version 2; this program reads 1): upgrade cifar-train'* ]] ||
+        { echo "$stderr"; false; }
+    [ "$(data_checksum "$newer/snapshot-000006.safetensors")" = "$(data_checksum "$two/snapshot-000006.safetensors")" ]
+}
