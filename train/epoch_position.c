@@ -28,23 +28,14 @@ static int64_t snapshot_position(const TrainProgress *p, int batch, int64_t n) {
     return at < (double)n ? p->step_in_epoch * batch * p->world_size : -1;
 }
 
-static void restart(TrainProgress *p, EpochSegment *seg) {
-    p->step -= p->step_in_epoch;
-    p->step_in_epoch = 0;
-    zero_sums(p);
-    p->partial_seconds = 0;
-    p->n_epoch_worlds = 0;
-    p->epoch_position = 0;
-    memset(seg, 0, sizeof *seg);
-}
-
 EpochResume epoch_position_resume(TrainProgress *p, EpochSegment *seg, int rank, int world,
                                   int batch, int64_t n, int order_changed) {
     memset(seg, 0, sizeof *seg);
     if (p->step_in_epoch == 0) return EPOCH_RESUME_NONE;
     int64_t position = snapshot_position(p, batch, n);
-    if (order_changed || position <= 0) {
-        restart(p, seg);
+    if (order_changed || position <= 0) { /* back to the epoch's start */
+        p->step -= p->step_in_epoch;
+        epoch_position_end(p, seg);
         return EPOCH_RESUME_RESTART;
     }
     seg->start = position;
