@@ -3,6 +3,7 @@
 #   make              build bin/ (with CUDA when nvcc, cuDNN, cuBLAS and NCCL are found: see CUDA detection)
 #   make CUDA=0       CPU-only build
 #   make MPI=0        without the MPI communicator (default: built when mpicc links a probe)
+#   make GLOO=0       without the Gloo communicator (default: built when g++ links a probe with libgloo)
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites, then what was skipped and why
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
@@ -27,10 +28,11 @@ PYTHON_TORCH ?= /usr/bin/python3
 PYTHON_TORCH2 ?=
 
 # Debian packages, by the target that needs them (make pipeline: BUILD + PIPELINE;
-# make install: BUILD + INSTALL; make test: all but BENCH; make deps: all). Open MPI is
-# in BUILD: the build probes it (the MPI communicator, libcifar-mpi.so).
+# make install: BUILD + INSTALL; make test: all but BENCH; make deps: all). Open MPI and
+# Gloo are in BUILD: the build probes them (the MPI communicator, libcifar-mpi.so; the
+# Gloo communicator, libcifar-gloo.so, C++: g++).
 DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev \
-            libopenmpi-dev openmpi-bin libprotobuf-c-dev
+            libopenmpi-dev openmpi-bin libprotobuf-c-dev g++ libgloo-dev
 DEB_PIPELINE = gnuplot-nox
 DEB_INSTALL = help2man man-db
 DEB_TEST = bats bats-assert bats-support python3-numpy python3-pil python3-torch clang libclang-rt-14-dev lmdb-utils \
@@ -125,6 +127,15 @@ MPI_PROBE := $(shell printf '#include <mpi.h>\nint main(int c, char **v){MPI_Ini
 override MPI := $(MPI_PROBE)
 endif
 
+# ---- Gloo detection: compile and link a C++ probe against libgloo's TCP transport ----
+GLOO ?= auto
+ifeq ($(GLOO),auto)
+GLOO_PROBE := $(shell printf '#include <gloo/transport/tcp/device.h>\nint main(){gloo::transport::tcp::attr a("127.0.0.1"); return gloo::transport::tcp::CreateDevice(a) ? 0 : 1;}\n' > /tmp/cifar-gloo-probe-$$$$.cc && \
+  $(CXX) -std=c++17 -o /tmp/cifar-gloo-probe-$$$$ /tmp/cifar-gloo-probe-$$$$.cc -lgloo >/dev/null 2>&1 && echo 1 || echo 0; \
+  rm -f /tmp/cifar-gloo-probe-$$$$ /tmp/cifar-gloo-probe-$$$$.cc)
+override GLOO := $(GLOO_PROBE)
+endif
+
 ifeq ($(CUDA),1)
 MODE = cuda
 else
@@ -177,6 +188,20 @@ LDLIBS += -ldl
 endif
 endif
 
+# Gloo builds: the Gloo communicator (comm_gloo.cc, the project's only C++, linked
+# with libgloo) is $(BIN)/libcifar-gloo.so, which shared/comm/gloo_loader.c dlopens
+# for --comm gloo (the default of CPU ranks on several nodes and under torchrun):
+# the commands link no C++ or Gloo library.
+GLOO_C = shared/comm/comm_gloo.cc
+GLOO_SO =
+ifeq ($(GLOO),1)
+CFLAGS += -DCIFAR_GLOO
+GLOO_SO = $(BIN)/libcifar-gloo.so
+ifeq ($(filter -ldl,$(LDLIBS)),)
+LDLIBS += -ldl
+endif
+endif
+
 LIB = $(OBJ)/libcifar.a
 LIB_OBJS = $(SHARED_C:%.c=$(OBJ)/%.o)
 
@@ -210,7 +235,7 @@ FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
-	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY)), MPI=$(MPI)) -> $(BIN)/"
+	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY)), MPI=$(MPI), GLOO=$(GLOO)) -> $(BIN)/"
 ifeq ($(CUDA),1)
 	@echo "build: $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),3) in $(call cuda_part,$(f),1);)"
 	@echo "build: nvrtc $(NVRTC_SAY)"
@@ -260,6 +285,16 @@ $(MPI_SO): $(MPI_C:%.c=$(OBJ)/mpi/%.pic.o)
 	$(MPICC) -shared -Wl,-Bsymbolic -o $@ $^
 endif
 
+ifeq ($(GLOO),1)
+$(OBJ)/gloo/%.pic.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(OPT) -g -std=c++17 -Wall -Wextra -Werror -fPIC -Ishared -MMD -MP -c $< -o $@
+
+$(GLOO_SO): $(GLOO_C:%.cc=$(OBJ)/gloo/%.pic.o)
+	@mkdir -p $(BIN)
+	$(CXX) -shared -Wl,-Bsymbolic -Wl,--no-undefined -o $@ $^ -lgloo -lpthread
+endif
+
 # --version prints the tree's VERSION (below): version.o is rebuilt when it changes,
 # and only then (the stamp is rewritten only when its text differs).
 VERSION_STAMP = $(OBJ)/version-stamp
@@ -279,7 +314,7 @@ $(LIB): $(LIB_OBJS)
 # and spin, in every prep) and no OpenMP runtime.
 cifar-prep_LINK = $(LIB) -Wl,--as-needed $(LDLIBS)
 define command_rule
-$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO) $(MPI_SO)
+$(BIN)/$(1): $(patsubst %.c,$(OBJ)/%.o,$(2)) $(LIB) $(CUDA_SO) $(MPI_SO) $(GLOO_SO)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $$@ $(patsubst %.c,$(OBJ)/%.o,$(2)) \
 	    $(if $($(1)_LINK),$($(1)_LINK),$(LIB) $(LDLIBS))
@@ -341,8 +376,8 @@ test: deps-check
 
 test-bins: $(TEST_BINS) $(GPU_TEST_BINS)
 
-test-unit: $(TEST_BINS) $(CUDA_SO) $(MPI_SO)
-	@set -e; for t in $(TEST_BINS); do echo "== $$t"; CIFAR_MPI_LIB=$(abspath $(MPI_SO)) $$t; done
+test-unit: $(TEST_BINS) $(CUDA_SO) $(MPI_SO) $(GLOO_SO)
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; CIFAR_MPI_LIB=$(abspath $(MPI_SO)) CIFAR_GLOO_LIB=$(abspath $(GLOO_SO)) $$t; done
 ifeq ($(CUDA),1)
 	@echo "== tests/check_cuda_so.sh"; tests/check_cuda_so.sh $(CUDA_SO)
 endif
@@ -471,13 +506,13 @@ install: deps-install all
 	install -m 644 $(MAN_PAGES) $(INSTALL_MAN)/
 	install -m 755 $(PIPELINE_SCRIPTS:%=pipelines/%) $(INSTALL_SHARE)/
 	install -m 644 $(PIPELINE_DATA:%=pipelines/%) $(INSTALL_SHARE)/
-	$(if $(CUDA_SO)$(MPI_SO),install -d $(INSTALL_LIB) && install -m 755 $(CUDA_SO) $(MPI_SO) $(INSTALL_LIB)/)
+	$(if $(CUDA_SO)$(MPI_SO)$(GLOO_SO),install -d $(INSTALL_LIB) && install -m 755 $(CUDA_SO) $(MPI_SO) $(GLOO_SO) $(INSTALL_LIB)/)
 	@echo "installed under $(DESTDIR)$(PREFIX) (man cifar-train; pipelines in $(PREFIX)/share/cifar/)"
 
 uninstall:
 	rm -f $(COMMANDS:%=$(INSTALL_BIN)/%) $(COMMANDS:%=$(INSTALL_MAN)/%.1) \
 	    $(PIPELINE_SCRIPTS:%=$(INSTALL_SHARE)/%) $(PIPELINE_DATA:%=$(INSTALL_SHARE)/%) \
-	    $(INSTALL_LIB)/libcifar-cuda.so $(INSTALL_LIB)/libcifar-mpi.so
+	    $(INSTALL_LIB)/libcifar-cuda.so $(INSTALL_LIB)/libcifar-mpi.so $(INSTALL_LIB)/libcifar-gloo.so
 	@for d in $(INSTALL_SHARE) $(INSTALL_LIB); do \
 	  if [ -d $$d ]; then rmdir --ignore-fail-on-non-empty $$d || exit 1; fi; \
 	done

@@ -14,8 +14,8 @@
  *     of a 3-rank job) while strangers connect: silent, wrong magic, cut short,
  *     another job, a wrong token, another world size, a duplicate rank, and a
  *     rank of another job that keeps knocking: rank 0 drops them (one log line
- *     each) and serves its own ranks; a MASTER_ADDR that is not local;
- *   - the job identity and token of dist_env_read.
+ *     each) and serves its own ranks; a MASTER_ADDR that is not local.
+ * (dist_env_read and the job identity: test_dist_env.c.)
  * `test_comm bench` prints all-reduce times for 200k and 1M floats on 2 ranks.
  * `test_comm rendezvous-rank DIR` is one rank of a rendezvous (its environment
  * says which): rank 0 serves 128 random bytes, every rank writes what it holds to
@@ -40,8 +40,10 @@
 
 #include "core/check.h"
 #include "comm/comm.h"
+#include "comm/comm_gloo.h"
 #include "comm/rendezvous.h"
 
+#include "comm_env_vars.h"
 #include "unit.h"
 
 /* In a worker: a failed expectation ends the process with status 3. */
@@ -159,6 +161,9 @@ static void worker_mixed(Comm *c, int rank, int w, uint64_t *hash) {
     }
 }
 
+static volatile int g_worker_stop;
+static void worker_on_stop(int sig) { g_worker_stop = sig; }
+
 static int worker_main(const char *scenario, const char *dir) {
     log_set_program("test_comm");
     char err[256];
@@ -168,9 +173,13 @@ static int worker_main(const char *scenario, const char *dir) {
         return 5;
     }
     int rank = env.rank, w = env.world_size;
-    /* "mpi-<scenario>": the same over the MPI communicator (started by mpirun) */
-    CommKind kind = strncmp(scenario, "mpi-", 4) == 0 ? COMM_MPI : COMM_SHM;
-    if (kind == COMM_MPI) scenario += 4;
+    /* "mpi-<scenario>": the same over the MPI communicator (started by mpirun);
+     * "gloo-<scenario>": over Gloo */
+    CommKind kind = COMM_SHM;
+    if (strncmp(scenario, "mpi-", 4) == 0) kind = COMM_MPI, scenario += 4;
+    if (strncmp(scenario, "gloo-", 5) == 0) kind = COMM_GLOO, scenario += 5;
+    signal(SIGTERM, worker_on_stop);
+    env.stop_signal = &g_worker_stop; /* as cifar-train's workers */
     Comm *c = comm_create(kind, &env);
     WORKER_EXPECT(comm_kind(c) == kind && comm_rank(c) == rank && comm_world_size(c) == w,
            "comm identity");
@@ -186,9 +195,9 @@ static int worker_main(const char *scenario, const char *dir) {
         worker_mixed(c, rank, w, &hash);
         char text[64];
         snprintf(text, sizeof text, "%016llx\n", (unsigned long long)hash);
-        write_text(dir, kind == COMM_MPI ? "mpi-hash" : "hash", rank, text);
-        uint64_t big = 0; /* MPI: more than one chunk of comm_mpi.c (4 Mi elements) */
-        if (kind == COMM_MPI) worker_allreduce(c, rank, w, ((size_t)1 << 22) + 5, &big);
+        write_text(dir, kind == COMM_MPI ? "mpi-hash" : kind == COMM_GLOO ? "gloo-hash" : "hash", rank, text);
+        uint64_t big = 0; /* MPI, Gloo: more than one chunk of comm_mpi.c, comm_gloo.cc (4 Mi elements) */
+        if (kind != COMM_SHM) worker_allreduce(c, rank, w, ((size_t)1 << 22) + 5, &big);
     } else if (strcmp(scenario, "die-early") == 0) {
         if (rank == w - 1) _exit(0); /* gone before the collective, no goodbye */
         float x[8] = {0};
@@ -196,6 +205,12 @@ static int worker_main(const char *scenario, const char *dir) {
         return 0; /* must not get here */
     } else if (strcmp(scenario, "stop") == 0) {
         if (rank == 1) raise(SIGSTOP);
+        float x[8] = {0};
+        comm_allreduce_mean(c, x, 8);
+        return 0;
+    } else if (strcmp(scenario, "stop-signal") == 0) { /* the driver sends SIGTERM to rank 0 */
+        if (rank == 1) raise(SIGSTOP);
+        write_text(dir, "stop-signal-waiting", rank, "\n");
         float x[8] = {0};
         comm_allreduce_mean(c, x, 8);
         return 0;
@@ -235,6 +250,7 @@ typedef struct {
 } Group;
 
 static char g_dir[256];
+static int g_gloo_port; /* MASTER_PORT of the next Gloo group */
 
 static void set_rank_env(int rank, int w, const char *run_id, int world_override) {
     char v[32];
@@ -249,6 +265,16 @@ static void set_rank_env(int rank, int w, const char *run_id, int world_override
     setenv("CIFAR_RUN_ID", run_id, 1);
 }
 
+static int free_local_port(void);
+
+/* Gloo's rank 0 serves the exchange on MASTER_PORT: a free one, and the job's identity. */
+static void set_gloo_env(const char *run_id) {
+    char v[32];
+    snprintf(v, sizeof v, "%d", g_gloo_port);
+    setenv("MASTER_PORT", v, 1);
+    setenv("CIFAR_JOB_ID", run_id, 1);
+}
+
 /* Starts ranks [first, first+count) of a world of w; stderr of rank r goes to
  * <dir>/<scenario>-stderr-r. `bad_world_rank` gets WORLD_SIZE w+1 (mismatch). */
 static void group_spawn(Group *g, const char *scenario, int w, int first, int count,
@@ -261,6 +287,7 @@ static void group_spawn(Group *g, const char *scenario, int w, int first, int co
         }
         if (pid == 0) {
             set_rank_env(r, w, run_id, r == bad_world_rank ? w + 1 : 0);
+            if (strncmp(scenario, "gloo-", 5) == 0) set_gloo_env(run_id);
             setenv("CIFAR_COMM_TIMEOUT", timeout, 1);
             setenv("CIFAR_COMM_SLOT_BYTES", "4096", 1);
             char path[512];
@@ -421,181 +448,6 @@ static void test_no_rank0(void) {
     CHECK(exited_with(g.status[1], 1) && strstr(e, "waiting for rank 0 to create") != NULL,
           "no rank 0: status %d: %s", g.status[1], e);
     CHECK(g.elapsed < 4.0, "no rank 0: took %.2f s", g.elapsed);
-}
-
-/* ------------------------------------------------------------ dist_env_read */
-
-static const char *all_vars[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID",
-    "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "CIFAR_JOB_ID", "CIFAR_JOB_TOKEN",
-    "PMIX_NAMESPACE", "PMIX_RANK", "PMI_RANK", "CIFAR_RENDEZVOUS_BIND", "CIFAR_COMM_TIMEOUT", NULL};
-
-static void env_clear(void) {
-    for (int i = 0; all_vars[i]; i++) unsetenv(all_vars[i]);
-}
-
-static void test_dist_env(void) {
-    DistEnv e;
-    char err[256];
-    env_clear();
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 0 && e.world_size == 1 &&
-              e.from_env == 0 && e.local_world_size == 1 && e.master_port == 29500 &&
-              strcmp(e.master_addr, "127.0.0.1") == 0,
-          "defaults: %s", err);
-
-    setenv("RANK", "3", 1);
-    setenv("WORLD_SIZE", "8", 1);
-    setenv("LOCAL_RANK", "1", 1);
-    setenv("LOCAL_WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "node7", 1);
-    setenv("MASTER_PORT", "1234", 1);
-    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 3 && e.world_size == 8 &&
-              e.local_rank == 1 && e.local_world_size == 2 && e.from_env == 1 &&
-              e.master_port == 1234 && strcmp(e.master_addr, "node7") == 0 &&
-              e.restart_count == 2 && strcmp(e.run_id, "p1234-r2") == 0,
-          "torchrun vars: %s run_id %s", err, e.run_id);
-    setenv("CIFAR_RUN_ID", "77-ab/c", 1);
-    setenv("CIFAR_RESTART_COUNT", "1", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && strcmp(e.run_id, "77-ab_c") == 0 &&
-              e.restart_count == 1,
-          "CIFAR_RUN_ID sanitized: %s", e.run_id);
-
-    setenv("RANK", "8", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "rank 8") != NULL,
-          "rank >= world: %s", err);
-    setenv("RANK", "x1", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "RANK=x1") != NULL,
-          "bad integer: %s", err);
-    setenv("RANK", "1", 1);
-    setenv("MASTER_PORT", "70000", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "MASTER_PORT") != NULL,
-          "bad port: %s", err);
-    env_clear();
-    setenv("RANK", "0", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == -1 && strstr(err, "WORLD_SIZE") != NULL,
-          "RANK without WORLD_SIZE: %s", err);
-
-    env_clear();
-    setenv("SLURM_PROCID", "5", 1);
-    setenv("SLURM_NTASKS", "8", 1);
-    setenv("SLURM_LOCALID", "1", 1);
-    setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);
-    setenv("SLURM_JOB_ID", "991", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 5 && e.world_size == 8 &&
-              e.local_rank == 1 && e.local_world_size == 4 && e.from_env &&
-              strncmp(e.run_id, "slurm-991.", 10) == 0,
-          "slurm: %s %s", err, e.run_id);
-
-    env_clear();
-    setenv("OMPI_COMM_WORLD_RANK", "2", 1);
-    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 2 && e.world_size == 3 &&
-              e.local_rank == 2 && e.local_world_size == 3 && e.from_env,
-          "open mpi: %s", err);
-    env_clear();
-
-    /* world size 1: every kind but NCCL is a no-op single communicator */
-    DistEnv one;
-    CHECK(dist_env_read(&one, err, sizeof err) == 0, "%s", err);
-    Comm *c = comm_create(COMM_SHM, &one);
-    float x[3] = {1.5f, -2.0f, 3.25f};
-    double d[2] = {4.0, 5.0};
-    comm_allreduce_mean(c, x, 3);
-    comm_allreduce_sum_f64(c, d, 2);
-    comm_barrier(c);
-    comm_broadcast_host(c, x, sizeof x, 0);
-    CHECK(comm_kind(c) == COMM_SINGLE && x[0] == 1.5f && x[2] == 3.25f && d[1] == 5.0,
-          "single communicator is the identity");
-    comm_destroy(c);
-}
-
-static int job_id_is(const char *want, int weak) {
-    DistEnv e;
-    char err[256];
-    if (dist_env_read(&e, err, sizeof err) != 0) {
-        fprintf(stderr, "dist_env_read: %s\n", err);
-        return 0;
-    }
-    if (strcmp(e.job_id, want) != 0 || e.job_id_weak != weak)
-        fprintf(stderr, "job id '%s' (weak %d), expected '%s' (weak %d)\n", e.job_id, e.job_id_weak,
-                want, weak);
-    return strcmp(e.job_id, want) == 0 && e.job_id_weak == weak;
-}
-
-static void token_of(unsigned char out[32], int *from_user) {
-    DistEnv e;
-    char err[256];
-    CHECK(dist_env_read(&e, err, sizeof err) == 0, "%s", err);
-    memcpy(out, e.job_token, 32);
-    *from_user = e.token_from_user;
-}
-
-/* Job identity: the first of CIFAR_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID.STEP,
- * PMIX_NAMESPACE, the single-node launcher's run id, else address:port (weak). */
-static void test_job_identity(void) {
-    env_clear();
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "2", 1);
-    CHECK(job_id_is("addr:127.0.0.1:29500", 1), "nothing set: weak address identity");
-    setenv("CIFAR_RUN_ID", "123-abc-a0", 1);
-    CHECK(job_id_is("launcher:123-abc-a0", 0), "the launcher's run id on one node");
-    setenv("LOCAL_WORLD_SIZE", "1", 1);
-    CHECK(job_id_is("addr:127.0.0.1:29500", 1), "several launchers: their run ids differ");
-    setenv("PMIX_NAMESPACE", "4242", 1);
-    CHECK(job_id_is("pmix:4242", 0), "mpirun's namespace");
-    setenv("SLURM_JOB_ID", "77", 1);
-    setenv("SLURM_STEP_ID", "3", 1);
-    CHECK(job_id_is("slurm:77.3", 0), "Slurm job and step");
-    setenv("TORCHELASTIC_RUN_ID", "te1", 1);
-    setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
-    CHECK(job_id_is("torchelastic:te1-r2", 0), "torchrun's run id and restart");
-    setenv("CIFAR_JOB_ID", "mine", 1);
-    CHECK(job_id_is("user:mine", 0), "CIFAR_JOB_ID first");
-
-    unsigned char a[32], b[32];
-    int user_a = 0, user_b = 0;
-    token_of(a, &user_a);
-    static const unsigned char want[8] = {0xeb, 0x7e, 0x68, 0x45, 0x17, 0xb8, 0x39, 0x45};
-    CHECK(memcmp(a, want, 8) == 0 && !user_a, "derived token = SHA-256(prefix, job id)");
-    setenv("CIFAR_JOB_ID", "theirs", 1);
-    token_of(b, &user_b);
-    CHECK(memcmp(a, b, 32) != 0, "another job, another token");
-    setenv("CIFAR_JOB_TOKEN", "s3cret", 1);
-    token_of(b, &user_b);
-    CHECK(user_b && memcmp(a, b, 32) != 0, "CIFAR_JOB_TOKEN replaces the derived token");
-
-    env_clear();
-    DistEnv e;
-    char err[256];
-    setenv("SLURM_PROCID", "0", 1); /* the batch step's, inherited by mpirun's ranks */
-    setenv("SLURM_NTASKS", "1", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.rank == 1 && e.world_size == 2 &&
-              e.mpi_launched,
-          "mpirun inside sbatch: Open MPI's variables win (%s rank %d)", err, e.rank);
-    env_clear();
-    setenv("SLURM_PROCID", "1", 1);
-    setenv("SLURM_NTASKS", "2", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && !e.mpi_launched, "plain srun: not MPI");
-    setenv("PMIX_RANK", "1", 1);
-    CHECK(dist_env_read(&e, err, sizeof err) == 0 && e.mpi_launched, "srun --mpi=pmix: MPI");
-    env_clear();
-}
-
-static void test_timeout_parse(void) {
-    CommSettings s;
-    unsetenv("CIFAR_COMM_TIMEOUT");
-    settings_comm_from_env(&s);
-    CHECK(s.timeout_s == 300.0, "default timeout");
-    setenv("CIFAR_COMM_TIMEOUT", "2.5", 1);
-    settings_comm_from_env(&s);
-    CHECK(s.timeout_s == 2.5, "CIFAR_COMM_TIMEOUT=2.5");
-    unsetenv("CIFAR_COMM_TIMEOUT");
 }
 
 /* ------------------------------------------------------------ rendezvous */
@@ -865,6 +717,115 @@ static void test_mpi_collectives(int w) {
     printf("mpi collectives W=%d: %.2f s\n", w, now_s() - t0);
 }
 
+/* ------------------------------------------------------------------ Gloo */
+
+/* A Gloo build must load its library (CIFAR_GLOO_LIB: make test-unit sets it). */
+static int gloo_ready(void) {
+#ifndef CIFAR_GLOO
+    printf("SKIP gloo: this build has no Gloo (libgloo-dev missing at build time)\n");
+    return 0;
+#else
+    const char *why = comm_gloo_library_error();
+    CHECK(why == NULL, "libcifar-gloo.so: %s (set CIFAR_GLOO_LIB)", why ? why : "");
+    return why == NULL;
+#endif
+}
+
+/* The collectives over Gloo: every rank's result bits equal the shared-memory run's. */
+static void test_gloo_collectives(int w) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-gloo%d", (int)getpid(), w);
+    g_gloo_port = free_local_port();
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "gloo-collectives", w, 0, w, run_id, "60", -1);
+    group_wait(&g, 0, w, t0);
+    for (int r = 0; r < w; r++) {
+        char name[64], hash[64];
+        CHECK(exited_with(g.status[r], 0), "Gloo W=%d rank %d status %d: %s", w, r, g.status[r],
+              stderr_of("gloo-collectives", r));
+        snprintf(name, sizeof name, "gloo-hash-%d", r);
+        snprintf(hash, sizeof hash, "%s", rv_text(name));
+        CHECK(hash[0] != '\0' && strcmp(hash, g_shm_hash[w]) == 0,
+              "W=%d Gloo rank %d result %s, shared memory %s", w, r, hash, g_shm_hash[w]);
+    }
+    printf("gloo collectives W=%d: %.2f s\n", w, g.elapsed);
+}
+
+/* A peer that exits after the connection: the others fail at once (its connections
+ * close), not at the timeout. */
+static void test_gloo_die_early(int w) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-gloodie%d", (int)getpid(), w);
+    g_gloo_port = free_local_port();
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "gloo-die-early", w, 0, w, run_id, "60", -1);
+    group_wait(&g, 0, w, t0);
+    CHECK(exited_with(g.status[w - 1], 0), "the leaving rank exits 0 (%d)", g.status[w - 1]);
+    for (int r = 0; r < w - 1; r++) {
+        const char *e = stderr_of("gloo-die-early", r);
+        CHECK(exited_with(g.status[r], 1) && strstr(e, "Gloo all-reduce failed") != NULL,
+              "Gloo W=%d rank %d status %d: %s", w, r, g.status[r], e);
+    }
+    /* far below the 60 s timeout: the closed connections, not the clock */
+    CHECK(g.elapsed < 30.0, "Gloo W=%d: a dead peer took %.2f s to notice (timeout 60)", w, g.elapsed);
+    printf("gloo die-early W=%d: noticed in %.2f s\n", w, g.elapsed);
+}
+
+/* A SIGSTOPped peer: Gloo's own timeout (CIFAR_COMM_TIMEOUT=1) ends the wait. */
+static void test_gloo_stopped_peer(int w) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-gloostop%d", (int)getpid(), w);
+    g_gloo_port = free_local_port();
+    Group g;
+    double t0 = now_s();
+    group_spawn(&g, "gloo-stop", w, 0, w, run_id, "1", -1);
+    for (int r = 0; r < w; r++)
+        if (r != 1) group_wait(&g, r, 1, t0);
+    double elapsed = now_s() - t0;
+    kill(g.pid[1], SIGKILL);
+    group_wait(&g, 1, 1, t0);
+    int timed_out = 0;
+    for (int r = 0; r < w; r++) {
+        if (r == 1) continue;
+        const char *e = stderr_of("gloo-stop", r);
+        int timeout_msg = strstr(e, "collective timed out after 1 s (Gloo all-reduce)") != NULL;
+        timed_out += timeout_msg;
+        CHECK(exited_with(g.status[r], 1) && (timeout_msg || strstr(e, "Gloo all-reduce failed")),
+              "Gloo W=%d rank %d status %d: %s", w, r, g.status[r], e);
+    }
+    CHECK(timed_out >= 1, "Gloo W=%d: no rank reported the timeout", w);
+    CHECK(elapsed >= 1.0, "Gloo W=%d: timed out after %.2f s, before CIFAR_COMM_TIMEOUT=1", w, elapsed);
+    printf("gloo stopped peer W=%d: timed out in %.2f s\n", w, elapsed);
+}
+
+/* A stop signal while rank 0 waits for a stopped rank 1: rank 0 leaves after the
+ * grace (COMM_STOP_GRACE_SECONDS) with 128 + 15, long before the 60 s timeout. */
+static void test_gloo_stop_signal(void) {
+    char run_id[64], ready[512];
+    snprintf(run_id, sizeof run_id, "test-%d-gloosig", (int)getpid());
+    snprintf(ready, sizeof ready, "%s/stop-signal-waiting-0", g_dir);
+    g_gloo_port = free_local_port();
+    Group g;
+    group_spawn(&g, "gloo-stop-signal", 2, 0, 2, run_id, "60", -1);
+    for (int i = 0; i < 600 && access(ready, F_OK) != 0; i++) usleep(50000);
+    CHECK(access(ready, F_OK) == 0, "rank 0 never reached its all-reduce: %s", stderr_of("gloo-stop-signal", 0));
+    double t0 = now_s();
+    kill(g.pid[0], SIGTERM);
+    group_wait(&g, 0, 1, t0);
+    double elapsed = now_s() - t0;
+    kill(g.pid[1], SIGKILL);
+    group_wait(&g, 1, 1, t0);
+    const char *e = stderr_of("gloo-stop-signal", 0);
+    CHECK(exited_with(g.status[0], 128 + SIGTERM) &&
+              strstr(e, "stopped by signal 15 while waiting for its peers (Gloo all-reduce)") != NULL,
+          "Gloo stop signal: rank 0 status %d: %s", g.status[0], e);
+    /* the grace is 0.5 s; 30 s is half the timeout: only the stop flag ends it sooner */
+    CHECK(elapsed < 30.0, "Gloo stop signal: rank 0 left after %.2f s", elapsed);
+    printf("gloo stop signal: rank 0 left %.2f s after SIGTERM\n", elapsed);
+}
+
 static void make_temp_dir(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s/test_comm.XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -908,17 +869,19 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "rendezvous-rank") == 0) return rendezvous_rank_main(argv[2]);
     log_set_program("test_comm");
     make_temp_dir();
-    test_dist_env();
-    test_timeout_parse();
-    test_job_identity();
     test_rendezvous_strays();
     test_rendezvous_not_local();
+    int gloo = gloo_ready();
     for (int w = 2; w <= 3; w++) {
         test_collectives(w);
         test_mpi_collectives(w);
+        if (gloo) test_gloo_collectives(w);
         test_die_early(w);
+        if (gloo) test_gloo_die_early(w);
         test_stopped_peer(w);
+        if (gloo) test_gloo_stopped_peer(w);
     }
+    if (gloo) test_gloo_stop_signal();
     test_world_mismatch();
     test_no_rank0();
     remove_temp_dir();

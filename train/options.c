@@ -71,9 +71,10 @@ static const char *usage_text =
     "  --threads N            CPU threads per process (default: cores / local processes)\n"
     "  --precision P          fp32 | tf32 | bf16 (GPU; default tf32)\n"
     "  --deterministic        deterministic GPU algorithms\n"
-    "  --comm C               shm | mpi | nccl: the gradient exchange between processes\n"
-    "                         (default: nccl on GPUs; on CPUs mpi under mpirun or\n"
-    "                         srun --mpi=pmix, else shm: one machine)\n"
+    "  --comm C               shm | mpi | gloo | nccl: the gradient exchange between\n"
+    "                         processes (default: nccl on GPUs; on CPUs mpi under mpirun\n"
+    "                         or srun --mpi=pmix, gloo under torchrun or on several nodes\n"
+    "                         (--nnodes), else shm: one machine)\n"
     "\n"
     "Processes (torchrun's options; workers started with RANK etc. set run directly;\n"
     "CPUs on several machines: mpirun -np N cifar-train ... or srun --mpi=pmix):\n"
@@ -107,8 +108,10 @@ static const char *usage_text =
     "                         the job's identity and shared secret at the rendezvous\n"
     "  CIFAR_RENDEZVOUS_BIND=all|ADDR  where rank 0 listens (default: MASTER_ADDR)\n"
     "  CIFAR_PERMANENT_EXIT_STATUS=N   exit status of a permanent failure (1..125; 3)\n"
-    "  CIFAR_CUDA_LIB=PATH, CIFAR_MPI_LIB=PATH\n"
-    "                         the GPU or MPI library, if not beside the command\n"
+    "  CIFAR_CUDA_LIB=PATH, CIFAR_MPI_LIB=PATH, CIFAR_GLOO_LIB=PATH\n"
+    "                         the GPU, MPI or Gloo library, if not beside the command\n"
+    "  GLOO_SOCKET_IFNAME=IF  the network interface --comm gloo listens on (default: the\n"
+    "                         address this machine reaches MASTER_ADDR from)\n"
     "  OMP_WAIT_POLICY, GOMP_SPINCOUNT  override the OpenMP wait policy chosen at start;\n"
     "  OPENBLAS_NUM_THREADS   1 unless set (the ops run BLAS inside their own threads)\n"
     "  CUDA_VISIBLE_DEVICES, NCCL_*     as for any CUDA or NCCL program\n"
@@ -272,7 +275,7 @@ void train_options_parse(TrainOptions *o, int argc, char **argv) {
         case OPT_COMM: {
             CommKind k;
             if (comm_kind_parse(optarg, &k) != 0 || k == COMM_SINGLE)
-                die_usage("--comm: unknown value '%s' (shm | mpi | nccl)", optarg);
+                die_usage("--comm: unknown value '%s' (shm | mpi | gloo | nccl)", optarg);
             o->comm = (int)k;
             break;
         }

@@ -1,5 +1,6 @@
 /* comm.c: the communicator of comm.h: COMM_SINGLE, COMM_SHM, the progress
- * board, and the dispatch to COMM_NCCL (libcifar-cuda.so) and COMM_MPI (libcifar-mpi.so).
+ * board, and the dispatch to COMM_NCCL (libcifar-cuda.so), COMM_MPI (libcifar-mpi.so)
+ * and COMM_GLOO (libcifar-gloo.so).
  *
  * COMM_SHM segment "/cifar-<run_id>" (POSIX shm, one machine):
  *     [ShmHeader, padded to 4 KiB][slot 0]...[slot W-1][area 0][area 1]
@@ -44,7 +45,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/comm_gloo.h"
 #include "comm/comm_mpi.h"
+#include "comm/rendezvous.h"
 #include "core/check.h"
 #include "core/fsutil.h"
 #ifdef CIFAR_CUDA
@@ -86,7 +89,8 @@ struct Comm {
     uint64_t area_seq; /* which result area the next phase uses */
     int name_linked;   /* rank 0: the name is still in /dev/shm */
     char name[96];
-    CommMpi *mpi; /* COMM_MPI */
+    CommMpi *mpi;   /* COMM_MPI */
+    CommGloo *gloo; /* COMM_GLOO */
 #ifdef CIFAR_CUDA
     CommNccl *nccl;
 #endif
@@ -99,14 +103,15 @@ struct Comm {
     int pid;
 };
 
-static const char *const comm_kind_names[] = {"single", "shm", "nccl", "mpi"};
+static const char *const comm_kind_names[] = {"single", "shm", "nccl", "mpi", "gloo"};
+#define COMM_KINDS ((int)(sizeof comm_kind_names / sizeof *comm_kind_names))
 
 const char *comm_kind_name(CommKind kind) {
-    return (unsigned)kind < 4 ? comm_kind_names[kind] : "unknown";
+    return (unsigned)kind < COMM_KINDS ? comm_kind_names[kind] : "unknown";
 }
 
 int comm_kind_parse(const char *name, CommKind *kind) {
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < COMM_KINDS; k++)
         if (strcmp(name, comm_kind_names[k]) == 0) {
             *kind = (CommKind)k;
             return 0;
@@ -499,8 +504,8 @@ static void shm_open_comm(Comm *c, const DistEnv *env) {
     if (env->local_world_size != env->world_size)
         die_permanent("CPU workers on several nodes: the shared-memory communicator needs every "
                       "rank on one machine (world size %d, %d on this node)\n---> HINT: for CPUs "
-                      "on several machines start the ranks with mpirun or srun --mpi=pmix (MPI "
-                      "communicator); GPUs use NCCL",
+                      "on several machines use --comm gloo (their default), or start the ranks with "
+                      "mpirun or srun --mpi=pmix (MPI communicator); GPUs use NCCL",
                       env->world_size, env->local_world_size);
     if (env->world_size > SHM_MAX_RANKS)
         die("the shared-memory communicator supports at most %d ranks (asked: %d)",
@@ -584,6 +589,23 @@ static void shm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     }
 }
 
+/* ------------------------------------------------------------------- gloo */
+
+/* Where Gloo listens: GLOO_SOCKET_IFNAME (PyTorch's variable) names an interface,
+ * else the address this machine reaches MASTER_ADDR from. */
+static CommGloo *gloo_open_comm(const DistEnv *env, double timeout_s) {
+    const char *why = comm_gloo_library_error();
+    if (why)
+        die_permanent("--comm gloo: the Gloo communicator is not available: %s\n---> HINT: install "
+                      "libgloo-dev (make deps) and rebuild, or start the ranks with mpirun (--comm mpi)", why);
+    const char *iface = getenv("GLOO_SOCKET_IFNAME");
+    char address[256] = "";
+    if ((!iface || !*iface) && rendezvous_route_address(env, address, sizeof address) != 0)
+        die("rank %d: where should Gloo listen? %s\n---> HINT: set MASTER_ADDR to rank 0's host, or "
+            "GLOO_SOCKET_IFNAME to this machine's network interface", env->rank, address);
+    return comm_gloo_create(env, timeout_s, iface, address);
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 Comm *comm_create(CommKind kind, const DistEnv *env) {
@@ -608,6 +630,7 @@ Comm *comm_create(CommKind kind, const DistEnv *env) {
     c->kind = env->world_size == 1 ? COMM_SINGLE : kind;
     if (c->kind == COMM_SHM) shm_open_comm(c, env);
     if (c->kind == COMM_MPI) c->mpi = comm_mpi_create(env, c->timeout_s);
+    if (c->kind == COMM_GLOO) c->gloo = gloo_open_comm(env, c->timeout_s);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) c->nccl = comm_nccl_create(env, c->timeout_s);
 #endif
@@ -620,6 +643,7 @@ void comm_destroy(Comm *c) {
     if (g_board_comm == c) g_board_comm = NULL;
     if (c->kind == COMM_SHM && c->base) munmap(c->base, c->map_bytes);
     if (c->kind == COMM_MPI) comm_mpi_destroy(c->mpi);
+    if (c->kind == COMM_GLOO) comm_gloo_destroy(c->gloo);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_destroy(c->nccl);
 #endif
@@ -638,13 +662,14 @@ void comm_allreduce_mean(Comm *c, float *buf, size_t n) {
     double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_allreduce_mean(c, buf, n);
     if (c->kind == COMM_MPI) comm_mpi_allreduce_mean(c->mpi, buf, n);
+    if (c->kind == COMM_GLOO) comm_gloo_allreduce_mean(c->gloo, buf, n);
     collective_end(c, t0);
 }
 
 static void comm_check_device_memory(const Comm *c, const char *what) {
-    if (c->kind == COMM_SHM || c->kind == COMM_MPI)
+    if (c->kind == COMM_SHM || c->kind == COMM_MPI || c->kind == COMM_GLOO)
         die("%s on a CUDA stream: the %s communicator works on host memory only", what,
-            c->kind == COMM_SHM ? "shared-memory" : "MPI");
+            c->kind == COMM_SHM ? "shared-memory" : c->kind == COMM_MPI ? "MPI" : "Gloo");
 }
 
 void comm_allreduce_mean_on_stream(Comm *c, float *dev_buf, size_t n, void *cuda_stream) {
@@ -662,6 +687,7 @@ void comm_allreduce_sum_f64(Comm *c, double *buf, size_t n) {
     double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_allreduce_sum_f64(c, buf, n);
     if (c->kind == COMM_MPI) comm_mpi_allreduce_sum_f64(c->mpi, buf, n);
+    if (c->kind == COMM_GLOO) comm_gloo_allreduce_sum_f64(c->gloo, buf, n);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_allreduce_sum_f64(c->nccl, buf, n);
 #endif
@@ -682,6 +708,7 @@ void comm_broadcast(Comm *c, void *buf, size_t bytes, int root) {
     double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
     if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
+    if (c->kind == COMM_GLOO) comm_gloo_broadcast(c->gloo, buf, bytes, root);
     collective_end(c, t0);
 }
 
@@ -702,6 +729,7 @@ void comm_broadcast_host(Comm *c, void *buf, size_t bytes, int root) {
     double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_broadcast(c, buf, bytes, root);
     if (c->kind == COMM_MPI) comm_mpi_broadcast(c->mpi, buf, bytes, root);
+    if (c->kind == COMM_GLOO) comm_gloo_broadcast(c->gloo, buf, bytes, root);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_broadcast_host(c->nccl, buf, bytes, root);
 #endif
@@ -712,6 +740,7 @@ void comm_barrier(Comm *c) {
     double t0 = collective_begin(c);
     if (c->kind == COMM_SHM) shm_barrier(c);
     if (c->kind == COMM_MPI) comm_mpi_barrier(c->mpi);
+    if (c->kind == COMM_GLOO) comm_gloo_barrier(c->gloo);
 #ifdef CIFAR_CUDA
     if (c->kind == COMM_NCCL) comm_nccl_barrier(c->nccl);
 #endif

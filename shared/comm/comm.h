@@ -8,7 +8,11 @@
  *     only to ranks that present the job's identity and token);
  *   - COMM_MPI: CPU ranks started by mpirun or srun --mpi=pmix, on any number of
  *     machines (comm_mpi.c in libcifar-mpi.so, dlopened: built when Open MPI is
- *     found); sums in rank order like COMM_SHM, so both give the same bits.
+ *     found); sums in rank order like COMM_SHM, so both give the same bits;
+ *   - COMM_GLOO: CPU ranks on any number of machines over TCP (comm_gloo.cc in
+ *     libcifar-gloo.so, dlopened: built when Gloo's headers are found); the pairs'
+ *     addresses go through rank 0 like NCCL's id (rendezvous.h); sums in rank order
+ *     like COMM_SHM and COMM_MPI, same bits.
  * Every blocking call gives up after the timeout (a peer stopped or died) and
  * fails with a clear message, so the launcher can restart the group. */
 #ifndef CIFAR_COMM_H
@@ -23,9 +27,9 @@
 extern "C" {
 #endif
 
-typedef enum { COMM_SINGLE, COMM_SHM, COMM_NCCL, COMM_MPI } CommKind;
+typedef enum { COMM_SINGLE, COMM_SHM, COMM_NCCL, COMM_MPI, COMM_GLOO } CommKind;
 
-/* "single", "shm", "nccl", "mpi" (metrics lines and logs). */
+/* "single", "shm", "nccl", "mpi", "gloo" (metrics lines and logs). */
 const char *comm_kind_name(CommKind kind);
 /* The inverse for --comm: 0 and *kind set, -1 for an unknown name. */
 int comm_kind_parse(const char *name, CommKind *kind);
@@ -80,11 +84,18 @@ static inline int comm_stop_due(const volatile int *stop, double now, double *si
  * inconsistent values. */
 int dist_env_read(DistEnv *env, char *err, size_t errlen);
 
+/* The communicator of a CPU rank when --comm does not say (comm_env.c): COMM_MPI when
+ * mpirun or srun --mpi=pmix started it; COMM_GLOO when torchrun did (TORCHELASTIC_RUN_ID)
+ * or the job spans several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE: the launcher's
+ * --nnodes); else COMM_SHM (one machine). */
+CommKind comm_kind_default_cpu(const DistEnv *env);
+
 typedef struct Comm Comm;
 
 /* Create the communicator: COMM_SINGLE when world_size == 1; COMM_SHM for CPU
  * workers (all ranks must be on this machine); COMM_MPI for CPU ranks of an MPI
- * job (MPI build; libcifar-mpi.so is loaded here); COMM_NCCL needs a CUDA build
+ * job (MPI build; libcifar-mpi.so is loaded here); COMM_GLOO for CPU ranks
+ * anywhere (libcifar-gloo.so is loaded here); COMM_NCCL needs a CUDA build
  * and the device already selected. Dies with a clear message on failure. */
 Comm *comm_create(CommKind kind, const DistEnv *env);
 void comm_destroy(Comm *c);
@@ -92,10 +103,10 @@ CommKind comm_kind(const Comm *c);
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 
-/* In place: buf = mean over ranks of buf (float32, host memory for SHM and MPI,
+/* In place: buf = mean over ranks of buf (float32, host memory for SHM, MPI and GLOO,
  * device memory for NCCL: on the legacy default stream; comm_allreduce_mean_on_stream
- * takes the caller's). SHM and MPI: sum in rank order 0..W-1, then divide by W, so
- * both give every rank the same bits. */
+ * takes the caller's). SHM, MPI and GLOO: sum in rank order 0..W-1, then divide by W,
+ * so all three give every rank the same bits. */
 void comm_allreduce_mean(Comm *c, float *buf, size_t n);
 /* NCCL, device memory: comm_allreduce_mean and comm_broadcast enqueued on the CUDA
  * stream `cuda_stream` (a cudaStream_t), after the work already in it; they return

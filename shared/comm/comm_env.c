@@ -178,6 +178,13 @@ static int dist_env_validate(const DistEnv *env, char *err, size_t errlen) {
     return 0;
 }
 
+CommKind comm_kind_default_cpu(const DistEnv *env) {
+    if (env->world_size == 1) return COMM_SINGLE;
+    if (env->mpi_launched) return COMM_MPI;
+    if (env_set("TORCHELASTIC_RUN_ID") || env->local_world_size < env->world_size) return COMM_GLOO;
+    return COMM_SHM;
+}
+
 int dist_env_read(DistEnv *env, char *err, size_t errlen) {
     memset(env, 0, sizeof *env);
     env->world_size = 1;

@@ -19,6 +19,7 @@
  * the job). Errors are returned (MPI_ERRORS_RETURN), not fatal inside MPI, so the
  * message names what failed. */
 #include "comm/comm_mpi.h"
+#include "comm/slice_sum.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -146,9 +147,6 @@ void comm_mpi_destroy(CommMpi *m) {
     free(m);
 }
 
-/* Slice r of a chunk of n elements: [n r / W, n (r+1) / W), as in comm.c. */
-static size_t slice_lo(size_t n, int r, int w) { return n * (size_t)r / (size_t)w; }
-
 /* Counts and displacements of the chunk's reduce-scatter (step 1) for this rank:
  * send slice r to rank r; receive my slice from every rank, one after the other. */
 static size_t mpi_plan_chunk(CommMpi *m, size_t n) {
@@ -180,26 +178,7 @@ static void mpi_scatter_slices(CommMpi *m, const void *buf, MPI_Datatype type, c
     mpi_wait(m, &req, what);
 }
 
-/* Step 2 for floats: out = (in[0] + in[1] + ... + in[W-1]) / W, in rank order. */
-static void sum_slices_mean_f32(void *out_v, const void *in_v, size_t mine, int world) {
-    float *out = out_v;
-    const float *in = in_v;
-    memcpy(out, in, mine * sizeof(float));
-    for (int r = 1; r < world; r++)
-        for (size_t i = 0; i < mine; i++) out[i] += in[(size_t)r * mine + i];
-    const float w = (float)world;
-    for (size_t i = 0; i < mine; i++) out[i] /= w;
-}
-
-/* Step 2 for doubles: the sum in rank order. */
-static void sum_slices_f64(void *out_v, const void *in_v, size_t mine, int world) {
-    double *out = out_v;
-    const double *in = in_v;
-    memcpy(out, in, mine * sizeof(double));
-    for (int r = 1; r < world; r++)
-        for (size_t i = 0; i < mine; i++) out[i] += in[(size_t)r * mine + i];
-}
-
+/* Step 2: sum_slices_mean_f32 or sum_slices_f64 (slice_sum.h). */
 typedef void (*SliceReduce)(void *out, const void *in, size_t mine, int world);
 
 /* Steps 1-3 per chunk of n elements of `elem` bytes. */

@@ -1,4 +1,5 @@
-/* rendezvous.c: rank 0 hands a blob to the ranks of its job over TCP (rendezvous.h). */
+/* rendezvous.c: rank 0 hands a blob to the ranks of its job over TCP, or serves an
+ * exchange of one entry per pair of ranks (rendezvous.h). */
 #define _GNU_SOURCE /* accept4 */
 #include "comm/rendezvous.h"
 
@@ -158,12 +159,20 @@ typedef struct {
     size_t got;
     double deadline;
     char host[64], port[16];
+    /* an exchange's rank past its hello: its entries, until they are all here */
+    unsigned char *body;
+    size_t body_got;
+    int rank;
 } Pending;
 
 typedef struct {
     const DistEnv *env;
-    const unsigned char *blob;
-    size_t len;
+    uint32_t magic;            /* RENDEZVOUS_MAGIC, or RENDEZVOUS_EXCHANGE_MAGIC */
+    const unsigned char *blob; /* share: what every rank gets */
+    size_t len;                /* the hellos' blob length (an exchange: W * entry) */
+    size_t entry;              /* exchange: bytes per entry */
+    unsigned char *table;      /* exchange: row r (len bytes) from rank r; NULL: share */
+    int *parked;               /* exchange: rank r's connection waiting for its entries, -1 */
     unsigned char job_hash[SHA256_BYTES];
     unsigned char *served; /* per rank */
     int left;              /* ranks still to serve */
@@ -213,6 +222,7 @@ static void rv_log_drop(Server *s, const Pending *p, const char *reason) {
 static void rv_close_pending(Server *s, int i, const char *reason) {
     if (reason) rv_log_drop(s, &s->pend[i], reason);
     close(s->pend[i].fd);
+    free(s->pend[i].body);
     s->pend[i] = s->pend[--s->npend];
 }
 
@@ -224,8 +234,8 @@ static void rv_accept_new(Server *s, int lfd) {
         if (fd < 0) return; /* EAGAIN: no more for now; other errors: the peer left */
         if (s->npend == RV_MAX_PENDING) rv_close_pending(s, 0, "too many silent connections at once");
         Pending *p = &s->pend[s->npend++];
+        memset(p, 0, sizeof *p);
         p->fd = fd;
-        p->got = 0;
         p->deadline = rv_now() + RENDEZVOUS_HELLO_SECONDS;
         rv_peer_name(&sa, sl, p);
     }
@@ -234,7 +244,10 @@ static void rv_accept_new(Server *s, int lfd) {
 /* The status for a complete hello, or -1 when it is not a cifar hello at all. */
 static int rv_judge_hello(const Server *s, const unsigned char *h, char *why, size_t n) {
     const DistEnv *env = s->env;
-    if (get_u32(h) != RENDEZVOUS_MAGIC) return snprintf(why, n, "wrong magic (not a cifar rank)"), -1;
+    if (get_u32(h) == (s->table ? RENDEZVOUS_MAGIC : RENDEZVOUS_EXCHANGE_MAGIC))
+        return snprintf(why, n, "a rank of another kind of rendezvous (another communicator: "
+                        "every rank of a job must use the same --comm)"), -1;
+    if (get_u32(h) != s->magic) return snprintf(why, n, "wrong magic (not a cifar rank)"), -1;
     if (get_u32(h + 4) != RENDEZVOUS_VERSION)
         return snprintf(why, n, "hello version %u (this build speaks %u)", get_u32(h + 4), RENDEZVOUS_VERSION), -1;
     uint32_t rank = get_u32(h + 8), world = get_u32(h + 12), len = get_u32(h + 16);
@@ -254,6 +267,67 @@ static int rv_judge_hello(const Server *s, const unsigned char *h, char *why, si
     return RV_OK;
 }
 
+/* An exchange's rank whose hello passed: the go-ahead, then it sends its entries. */
+static void rv_await_entries(Server *s, int i) {
+    Pending *p = &s->pend[i];
+    unsigned char reply[RENDEZVOUS_REPLY_BYTES];
+    put_u32(reply, s->magic);
+    put_u32(reply + 4, RV_OK);
+    if (rv_io_all(s->env, p->fd, reply, sizeof reply, 1, rv_now() + RENDEZVOUS_HELLO_SECONDS) != 0) {
+        rv_close_pending(s, i, "the rank left before it got its answer");
+        return;
+    }
+    p->rank = (int)get_u32(p->buf + 8);
+    p->body = xmalloc(s->len);
+    p->body_got = 0;
+    p->deadline = rv_now() + RENDEZVOUS_HELLO_SECONDS;
+}
+
+/* Every entry of rank p->rank is here: it waits for the others' (parked). */
+static void rv_park(Server *s, int i) {
+    Pending *p = &s->pend[i];
+    if (s->served[p->rank]) { /* two connections of one rank passed their hellos at once */
+        rv_close_pending(s, i, "a rank again (already registered)");
+        return;
+    }
+    memcpy(s->table + (size_t)p->rank * s->len, p->body, s->len);
+    s->parked[p->rank] = p->fd;
+    s->served[p->rank] = 1;
+    s->left--;
+    free(p->body);
+    s->pend[i] = s->pend[--s->npend];
+}
+
+/* A parked rank's connection said something or closed: that rank left (died, or
+ * gave up); it is forgotten, and may register again. */
+static void rv_unpark(Server *s, int r) {
+    log_warn("rank 0: rendezvous: rank %d left before every rank had come; waiting for it again", r);
+    close(s->parked[r]);
+    s->parked[r] = -1;
+    s->served[r] = 0;
+    s->left++;
+}
+
+/* Every rank is here: entry r of every row to rank r, in rank order. */
+static void rv_send_entries(Server *s, unsigned char *theirs) {
+    const int w = s->env->world_size;
+    unsigned char *column = xmalloc(s->len);
+    for (int r = 0; r < w; r++) {
+        for (int i = 0; i < w; i++)
+            memcpy(column + (size_t)i * s->entry, s->table + (size_t)i * s->len + (size_t)r * s->entry,
+                   s->entry);
+        if (r == 0) {
+            memcpy(theirs, column, s->len);
+            continue;
+        }
+        if (rv_io_all(s->env, s->parked[r], column, s->len, 1, rv_now() + RENDEZVOUS_HELLO_SECONDS) != 0)
+            log_warn("rank 0: rendezvous: rank %d left before it got its entries", r);
+        close(s->parked[r]);
+        s->parked[r] = -1;
+    }
+    free(column);
+}
+
 static void rv_answer(Server *s, int i) {
     Pending *p = &s->pend[i];
     char why[200];
@@ -262,8 +336,12 @@ static void rv_answer(Server *s, int i) {
         rv_close_pending(s, i, why);
         return;
     }
+    if (status == RV_OK && s->table) {
+        rv_await_entries(s, i);
+        return;
+    }
     unsigned char reply[RENDEZVOUS_REPLY_BYTES + RENDEZVOUS_MAX_BLOB];
-    put_u32(reply, RENDEZVOUS_MAGIC);
+    put_u32(reply, s->magic);
     put_u32(reply + 4, (uint32_t)status);
     size_t n = RENDEZVOUS_REPLY_BYTES;
     if (status == RV_OK) {
@@ -283,10 +361,18 @@ static void rv_answer(Server *s, int i) {
 /* Reads what pending connection i has sent; answers a complete hello. */
 static void rv_read_pending(Server *s, int i) {
     Pending *p = &s->pend[i];
-    ssize_t n = recv(p->fd, p->buf + p->got, sizeof p->buf - p->got, 0);
+    unsigned char *to = p->body ? p->body + p->body_got : p->buf + p->got;
+    size_t want = p->body ? s->len - p->body_got : sizeof p->buf - p->got;
+    ssize_t n = recv(p->fd, to, want, 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n <= 0) {
-        rv_close_pending(s, i, p->got ? "closed in the middle of a hello" : "closed without a word");
+        rv_close_pending(s, i, p->body ? "closed before all its entries came"
+                               : p->got ? "closed in the middle of a hello" : "closed without a word");
+        return;
+    }
+    if (p->body) {
+        p->body_got += (size_t)n;
+        if (p->body_got == s->len) rv_park(s, i);
         return;
     }
     p->got += (size_t)n;
@@ -304,10 +390,10 @@ static void rv_die_waiting(const Server *s, double timeout_s) {
         s->env->world_size - 1, s->drops, s->drops == 1 ? "" : "s");
 }
 
-static void rv_serve(const DistEnv *env, const void *blob, size_t len, double timeout_s) {
+static Server *rv_server_new(const DistEnv *env, uint32_t magic, size_t len) {
     Server *s = xcalloc(1, sizeof *s);
     s->env = env;
-    s->blob = blob;
+    s->magic = magic;
     s->len = len;
     rv_job_hash(env, s->job_hash);
     s->served = xcalloc((size_t)env->world_size, 1);
@@ -315,9 +401,27 @@ static void rv_serve(const DistEnv *env, const void *blob, size_t len, double ti
     if (env->job_id_weak)
         log_warn("rank 0: rendezvous: this job has no identity beyond %s: set CIFAR_JOB_ID (and "
                  "CIFAR_JOB_TOKEN) on every rank to shut out other jobs", env->job_id);
+    return s;
+}
+
+static void rv_server_free(Server *s) {
+    for (int i = s->npend - 1; i >= 0; i--) rv_close_pending(s, i, NULL);
+    for (int r = 0; s->parked && r < s->env->world_size; r++)
+        if (s->parked[r] >= 0) close(s->parked[r]);
+    if (s->logged <= RV_MAX_DROP_LOGS) rv_log_repeats(s);
+    free(s->parked);
+    free(s->table);
+    free(s->served);
+    free(s);
+}
+
+/* Until every rank is served (share) or registered (exchange), or the timeout. */
+static void rv_serve(Server *s, double timeout_s) {
+    const DistEnv *env = s->env;
+    const int w = env->world_size;
     int lfd = rv_listen(env);
     double deadline = rv_now() + timeout_s, stop_since = 0;
-    struct pollfd fds[RV_MAX_PENDING + 1];
+    struct pollfd *fds = xcalloc((size_t)(RV_MAX_PENDING + 1 + w), sizeof *fds);
     while (s->left > 0) {
         double now = rv_now();
         if (now > deadline) rv_die_waiting(s, timeout_s);
@@ -327,20 +431,21 @@ static void rv_serve(const DistEnv *env, const void *blob, size_t len, double ti
                 rv_close_pending(s, i, "no complete hello within 5 s");
         fds[0] = (struct pollfd){lfd, POLLIN, 0};
         for (int i = 0; i < s->npend; i++) fds[i + 1] = (struct pollfd){s->pend[i].fd, POLLIN, 0};
-        int npoll = s->npend + 1;
+        int npend = s->npend, npoll = npend + 1;
+        for (int r = 0; s->parked && r < w; r++)
+            fds[npoll++] = (struct pollfd){s->parked[r], POLLIN, 0}; /* -1: ignored by poll */
         int rc = poll(fds, (nfds_t)npoll, 100);
         if (rc < 0 && errno != EINTR) CHECK_STDIO(0, "poll(rendezvous)");
         if (rc <= 0) continue;
+        for (int r = 0; s->parked && r < w; r++)
+            if (fds[npend + 1 + r].fd >= 0 && fds[npend + 1 + r].revents) rv_unpark(s, r);
         /* pending connections first, from the last (closing one moves the last into its place) */
-        for (int i = npoll - 2; i >= 0; i--)
+        for (int i = npend - 1; i >= 0; i--)
             if (fds[i + 1].revents) rv_read_pending(s, i);
         if (fds[0].revents & POLLIN) rv_accept_new(s, lfd);
     }
-    for (int i = s->npend - 1; i >= 0; i--) rv_close_pending(s, i, NULL);
-    if (s->logged <= RV_MAX_DROP_LOGS) rv_log_repeats(s);
+    free(fds);
     close(lfd);
-    free(s->served);
-    free(s);
 }
 
 /* ------------------------------------------------------------------ other ranks */
@@ -382,21 +487,31 @@ static const char *rv_status_text(uint32_t status) {
     }
 }
 
-/* One exchange on a connected socket: RV_OK with blob filled, another status, or
- * -1 when rank 0 closed without answering. */
-static int rv_ask(const DistEnv *env, int fd, void *blob, size_t len, double deadline) {
+/* What a rank asks rank 0: the shared blob (send_len 0), or an exchange. */
+typedef struct {
+    uint32_t magic;
+    const void *send; /* sent after rank 0's RV_OK */
+    size_t send_len;
+    void *recv;       /* received last */
+    size_t recv_len;
+} RvAsk;
+
+/* One exchange on a connected socket: RV_OK with q->recv filled, another status,
+ * or -1 when rank 0 closed without answering. */
+static int rv_ask(const DistEnv *env, int fd, const RvAsk *q, double deadline) {
     unsigned char hello[RENDEZVOUS_HELLO_BYTES], reply[RENDEZVOUS_REPLY_BYTES];
-    rendezvous_hello_encode(env, (uint32_t)len, hello);
+    rendezvous_hello_encode(env, (uint32_t)q->recv_len, hello);
+    put_u32(hello, q->magic);
     if (rv_io_all(env, fd, hello, sizeof hello, 1, deadline) != 0 ||
-        rv_io_all(env, fd, reply, sizeof reply, 0, deadline) != 0 ||
-        get_u32(reply) != RENDEZVOUS_MAGIC)
+        rv_io_all(env, fd, reply, sizeof reply, 0, deadline) != 0 || get_u32(reply) != q->magic)
         return -1;
     uint32_t status = get_u32(reply + 4);
     if (status != RV_OK) return (int)status;
-    return rv_io_all(env, fd, blob, len, 0, deadline) == 0 ? RV_OK : -1;
+    if (q->send_len && rv_io_all(env, fd, (void *)q->send, q->send_len, 1, deadline) != 0) return -1;
+    return rv_io_all(env, fd, q->recv, q->recv_len, 0, deadline) == 0 ? RV_OK : -1;
 }
 
-static void rv_fetch(const DistEnv *env, void *blob, size_t len, double timeout_s) {
+static void rv_fetch(const DistEnv *env, const RvAsk *q, double timeout_s) {
     double deadline = rv_now() + timeout_s, stop_since = 0;
     int last = -2; /* nothing answered yet */
     for (;;) {
@@ -409,7 +524,7 @@ static void rv_fetch(const DistEnv *env, void *blob, size_t len, double timeout_
                 last == -2 ? "" : ": the last answer: ", last == -2 ? "" : rv_status_text((uint32_t)last));
         int fd = rv_connect_once(env);
         if (fd >= 0) {
-            int status = rv_ask(env, fd, blob, len, deadline);
+            int status = rv_ask(env, fd, q, deadline);
             close(fd);
             if (status == RV_OK) return;
             if (status == RV_BAD_RANK || status == RV_DUPLICATE)
@@ -432,12 +547,74 @@ static void rv_fetch(const DistEnv *env, void *blob, size_t len, double timeout_
     }
 }
 
+int rendezvous_route_address(const DistEnv *env, char *buf, size_t len) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", env->master_port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    int rc = getaddrinfo(env->master_addr, port, &hints, &res);
+    if (rc != 0) {
+        snprintf(buf, len, "MASTER_ADDR %s: %s", env->master_addr, gai_strerror(rc));
+        return -1;
+    }
+    int ok = -1, err = 0;
+    for (struct addrinfo *a = res; a && ok != 0; a = a->ai_next) {
+        /* a UDP socket's connect sends nothing: the kernel only picks the route */
+        int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_storage self;
+        socklen_t sl = sizeof self;
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&self, &sl) == 0 &&
+            getnameinfo((struct sockaddr *)&self, sl, buf, (socklen_t)len, NULL, 0, NI_NUMERICHOST) == 0)
+            ok = 0;
+        else
+            err = errno;
+        if (fd >= 0) close(fd);
+    }
+    freeaddrinfo(res);
+    if (ok != 0) snprintf(buf, len, "no route to MASTER_ADDR %s: %s", env->master_addr, strerror(err));
+    return ok;
+}
+
 void rendezvous_share(const DistEnv *env, void *blob, size_t len, double timeout_s) {
     if (len > RENDEZVOUS_MAX_BLOB)
         die("rendezvous: a blob of %zu bytes (at most %d)", len, RENDEZVOUS_MAX_BLOB);
     if (env->world_size == 1) return;
-    if (env->rank == 0)
-        rv_serve(env, blob, len, timeout_s);
-    else
-        rv_fetch(env, blob, len, timeout_s);
+    if (env->rank != 0) {
+        RvAsk q = {RENDEZVOUS_MAGIC, NULL, 0, blob, len};
+        rv_fetch(env, &q, timeout_s);
+        return;
+    }
+    Server *s = rv_server_new(env, RENDEZVOUS_MAGIC, len);
+    s->blob = blob;
+    rv_serve(s, timeout_s);
+    rv_server_free(s);
+}
+
+void rendezvous_exchange(const DistEnv *env, const void *mine, void *theirs, size_t entry,
+                         double timeout_s) {
+    const size_t w = (size_t)env->world_size, len = w * entry;
+    if (entry == 0 || entry > RENDEZVOUS_MAX_ENTRY || w > RENDEZVOUS_MAX_TABLE / len / entry)
+        die("rendezvous: an exchange of %zu-byte entries between %zu ranks (at most %d bytes, "
+            "%zu MiB in all at rank 0)", entry, w, RENDEZVOUS_MAX_ENTRY, RENDEZVOUS_MAX_TABLE >> 20);
+    if (w == 1) {
+        memcpy(theirs, mine, entry);
+        return;
+    }
+    if (env->rank != 0) {
+        RvAsk q = {RENDEZVOUS_EXCHANGE_MAGIC, mine, len, theirs, len};
+        rv_fetch(env, &q, timeout_s);
+        return;
+    }
+    Server *s = rv_server_new(env, RENDEZVOUS_EXCHANGE_MAGIC, len);
+    s->entry = entry;
+    s->table = xmalloc(w * len);
+    memcpy(s->table, mine, len); /* row 0: rank 0's own */
+    s->parked = xmalloc(w * sizeof *s->parked);
+    for (size_t r = 0; r < w; r++) s->parked[r] = -1;
+    rv_serve(s, timeout_s);
+    rv_send_entries(s, theirs);
+    rv_server_free(s);
 }

@@ -19,8 +19,18 @@
  * A rank refused as another job or token keeps retrying (a stale rank 0 may hold
  * the port for a moment) and fails at the timeout with the reason; one refused as
  * RV_BAD_RANK or RV_DUPLICATE fails at once (its own job is misconfigured).
- * The CPU communicators do not need the exchange; tests/test_comm.c runs it
- * between real processes (test_comm rendezvous-rank) with stray connections. */
+ * The shm and MPI communicators do not need it; tests/test_comm.c runs it
+ * between real processes (test_comm rendezvous-rank) with stray connections.
+ *
+ * rendezvous_exchange (the Gloo communicator's addresses, comm_gloo.cc): every
+ * rank gives one entry per rank and gets the entry each rank gave for it, through
+ * the same server on rank 0, the same checks and the same refusals. The hello is
+ * the one above with magic "CFRX" and blob length W * entry; rank 0 answers
+ * "CFRX" | status at once; after RV_OK the rank sends its W entries (checked for
+ * length within RENDEZVOUS_HELLO_SECONDS) and waits; once every rank has sent its
+ * own, rank 0 sends each rank its W entries (rank i's entry for it, in rank order)
+ * and closes. A registered rank whose connection closes before that is forgotten
+ * (it may come again). */
 #ifndef CIFAR_RENDEZVOUS_H
 #define CIFAR_RENDEZVOUS_H
 
@@ -39,6 +49,10 @@ extern "C" {
 #define RENDEZVOUS_REPLY_BYTES 8
 #define RENDEZVOUS_MAX_BLOB 4096
 #define RENDEZVOUS_HELLO_SECONDS 5.0
+#define RENDEZVOUS_EXCHANGE_MAGIC 0x43465258u /* "CFRX" */
+#define RENDEZVOUS_MAX_ENTRY 1024
+/* What rank 0 holds for an exchange (W * W * entry): bounds the world size. */
+#define RENDEZVOUS_MAX_TABLE ((size_t)256 << 20)
 
 typedef enum {
     RV_OK = 0,
@@ -52,7 +66,20 @@ typedef enum {
  * len <= RENDEZVOUS_MAX_BLOB. Dies with a clear message on failure or timeout. */
 void rendezvous_share(const DistEnv *env, void *blob, size_t len, double timeout_s);
 
-/* The hello a rank of `env` sends (tests build wrong ones from it). */
+/* Every rank: mine holds W entries of `entry` bytes (entry r for rank r); on return
+ * theirs holds W entries, entry i the one rank i gave for this rank (entry `rank`
+ * is this rank's own). entry <= RENDEZVOUS_MAX_ENTRY. Dies with a clear message on
+ * failure or timeout. */
+void rendezvous_exchange(const DistEnv *env, const void *mine, void *theirs, size_t entry,
+                         double timeout_s);
+
+/* The local address (numeric) this machine reaches MASTER_ADDR from: where the
+ * Gloo communicator listens for its peers, so that a node with several networks
+ * offers the one that leads to rank 0. 0, or -1 with a reason in buf. */
+int rendezvous_route_address(const DistEnv *env, char *buf, size_t len);
+
+/* The hello a rank of `env` sends (tests build wrong ones from it; an exchange's
+ * hello is the same with RENDEZVOUS_EXCHANGE_MAGIC in its first 4 bytes). */
 void rendezvous_hello_encode(const DistEnv *env, uint32_t blob_len,
                              unsigned char out[RENDEZVOUS_HELLO_BYTES]);
 

@@ -18,7 +18,7 @@
  *
  * Not here: the launch protocol between the launcher and its workers (RANK, MASTER_ADDR,
  * CIFAR_RUN_ID, CIFAR_JOB_TOKEN, ...: comm.h's DistEnv), the libraries' paths
- * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB) and the test suite's hooks (CIFAR_TEST_*:
+ * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB, CIFAR_GLOO_LIB) and the test suite's hooks (CIFAR_TEST_*:
  * train/test_hooks.c). */
 #ifndef CIFAR_SETTINGS_H
 #define CIFAR_SETTINGS_H
