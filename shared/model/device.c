@@ -60,16 +60,17 @@ Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_ran
 }
 
 /* The engine's communicator unless --comm chose one: NCCL for CUDA engines; for CPU
- * engines MPI when mpirun/srun started the ranks, else shared memory. A GPU engine
- * all-reduces device memory (NCCL only), a CPU engine host memory (shm, mpi). */
+ * engines comm_kind_default_cpu (MPI under mpirun/srun, Gloo under torchrun or on
+ * several nodes, else shared memory). A GPU engine all-reduces device memory (NCCL
+ * only), a CPU engine host memory (shm, mpi, gloo). */
 static CommKind comm_kind_for(const Engine *e, const DistEnv *env, int requested) {
     if (env->world_size == 1) return COMM_SINGLE;
     int gpu = strcmp(e->ops->name, "cpu") != 0;
-    CommKind fallback = gpu ? COMM_NCCL : env->mpi_launched ? COMM_MPI : COMM_SHM;
+    CommKind fallback = gpu ? COMM_NCCL : comm_kind_default_cpu(env);
     CommKind k = requested >= 0 ? (CommKind)requested : fallback;
     if (gpu != (k == COMM_NCCL))
         die_usage("--comm %s: %s trains with %s", comm_kind_name(k), gpu ? "the GPU" : "the CPU",
-                  gpu ? "--comm nccl (or --device cpu for shm/mpi)" : "--comm shm or mpi");
+                  gpu ? "--comm nccl (or --device cpu for shm/mpi/gloo)" : "--comm shm, mpi or gloo");
     return k;
 }
 
