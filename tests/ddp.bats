@@ -272,13 +272,13 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
     assert_output --partial "expected local ranks in 0..1"
 }
 
-@test "a torchrun-style CPU rank of a job spanning nodes: the permanent status, and why" {
+@test "a torchrun-style CPU rank of a job spanning nodes with --comm shm: the permanent status, and why" {
     RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29593 \
-        run --separate-stderr timeout 60 "$BIN/cifar-train" --quiet --device cpu --epochs 1 \
+        run --separate-stderr timeout 60 "$BIN/cifar-train" --quiet --device cpu --comm shm --epochs 1 \
         --run-dir "$BATS_TEST_TMPDIR/run" "$LMDB"
     assert_failure 3
     [[ "$stderr" == *"CPU workers on several nodes: the shared-memory communicator needs every rank on one machine (world size 2, 1 on this node)"* ]] || { echo "$stderr"; false; }
-    [[ "$stderr" == *"mpirun or srun --mpi=pmix"* ]]
+    [[ "$stderr" == *"--comm gloo (their default)"*"mpirun or srun --mpi=pmix"* ]]
 }
 
 # The worker of the launcher whose RANK is r.

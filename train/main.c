@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/omp_env.h"
 #include "comm/comm.h"
+#include "comm/comm_gloo.h"
 #include "format/checkpoint.h"
 #include "launcher.h"
 #include "train.h"
@@ -60,6 +61,17 @@ static int launch_workers(const LaunchOptions *lo, const TrainOptions *o, int ar
     return status;
 }
 
+/* CPU workers on several nodes use Gloo (their default): without libcifar-gloo.so,
+ * say so before a worker starts, not once per worker and restart. */
+static void refuse_cpu_nodes_without_gloo(const TrainOptions *o, int nnodes) {
+    if (o->comm >= 0 && o->comm != COMM_GLOO) return; /* the worker judges --comm shm/mpi */
+    const char *why = comm_gloo_library_error();
+    if (why)
+        die_usage("--nnodes %d on the CPU: the workers' Gloo communicator is not available: %s\n"
+                  "---> HINT: install libgloo-dev (make deps) and rebuild, or start the CPU ranks "
+                  "with mpirun -np N --hostfile H cifar-train ... (MPI)", nnodes, why);
+}
+
 int main(int argc, char **argv) {
     log_set_program("cifar-train");
     /* A closed log pipe (`cifar-train ... 2>&1 | head`) must not kill training: a
@@ -78,10 +90,7 @@ int main(int argc, char **argv) {
     train_options_parse(&o, argc, argv); /* --help and bad usage end here, before any launch */
     if (launcher_wanted(&lo, &env)) {
         if (lo.nnodes > 1 && (o.device == DEVICE_CPU || launcher_count_gpus() == 0))
-            die_usage("--nnodes %d on the CPU: the launcher's CPU workers share memory, on one "
-                      "machine only\n---> HINT: start CPU ranks on several machines with MPI: "
-                      "mpirun -np N --hostfile H cifar-train ... (or srun --mpi=pmix cifar-train ...)",
-                      lo.nnodes);
+            refuse_cpu_nodes_without_gloo(&o, lo.nnodes);
         launcher_lock_run_dir(&lo, &o);
         lo.signals = o.signals;
         return launch_workers(&lo, &o, argc, argv);
