@@ -457,6 +457,21 @@ static void test_no_rank0(void) {
 static volatile int g_rv_stop;
 static void rv_on_stop(int sig) { g_rv_stop = sig; }
 
+#define XCH_ENTRY 4
+
+/* One rank of a rendezvous_exchange: its entry for rank j is "E", rank, j, '.'; it
+ * writes what it got, as text: "E<i><me>." for every rank i. */
+static int exchange_rank_main(const DistEnv *env, const char *dir) {
+    const int w = env->world_size;
+    char mine[16 * XCH_ENTRY], theirs[16 * XCH_ENTRY + 1];
+    for (int j = 0; j < w; j++)
+        memcpy(mine + j * XCH_ENTRY, (char[]){'E', (char)('0' + env->rank), (char)('0' + j), '.'}, XCH_ENTRY);
+    rendezvous_exchange(env, mine, theirs, XCH_ENTRY, env->comm.timeout_s);
+    theirs[w * XCH_ENTRY] = '\0';
+    write_text(dir, "exchange", env->rank, theirs);
+    return 0;
+}
+
 /* One rank of a rendezvous, from its environment (test_comm rendezvous-rank DIR);
  * SIGTERM asks it to stop, as cifar-train's handler does. */
 static int rendezvous_rank_main(const char *dir) {
@@ -469,6 +484,7 @@ static int rendezvous_rank_main(const char *dir) {
     }
     signal(SIGTERM, rv_on_stop);
     env.stop_signal = &g_rv_stop;
+    if (getenv("TEST_COMM_EXCHANGE")) return exchange_rank_main(&env, dir);
     unsigned char blob[RV_BLOB] = {0};
     if (env.rank == 0 && getrandom(blob, sizeof blob, 0) != (ssize_t)sizeof blob) {
         perror("getrandom");
@@ -674,6 +690,55 @@ static void test_rendezvous_strays(void) {
     printf("rendezvous with strangers: %.2f s, %d connections dropped\n", now_s() - t0, drops);
 }
 
+/* The exchange (Gloo's pair addresses) between ranks 0, 1, 2 while strangers knock,
+ * and a rank 1 that registers and then vanishes (it is forgotten and served again). */
+static void test_exchange_strays(void) {
+    int port = free_local_port();
+    char job[64], other[64], want[64];
+    snprintf(job, sizeof job, "xch-%d", (int)getpid());
+    snprintf(other, sizeof other, "xch-%d-other", (int)getpid());
+    setenv("TEST_COMM_EXCHANGE", "1", 1);
+    pid_t r0 = rendezvous_spawn("x0", 0, 3, port, job, "127.0.0.1", "30");
+    int silent = connect_local(port);
+    CHECK(silent >= 0, "rank 0 never listened on port %d", port);
+    unsigned char hello[RENDEZVOUS_HELLO_BYTES + 3 * XCH_ENTRY];
+    stray_hello(port, 1, 3, job, NULL, hello); /* a rendezvous_share hello: another communicator */
+    CHECK(stray_exchange(port, hello, RENDEZVOUS_HELLO_BYTES) == -1, "a share hello: closed");
+    stray_hello(port, 1, 3, other, NULL, hello);
+    memcpy(hello, "CFRX", 4);
+    CHECK(stray_exchange(port, hello, RENDEZVOUS_HELLO_BYTES) == RV_WRONG_JOB, "another job: RV_WRONG_JOB");
+    /* rank 1's hello and entries, then gone before the others come */
+    stray_hello(port, 1, 3, job, NULL, hello);
+    memcpy(hello, "CFRX", 4);
+    hello[16 + 3] = 3 * XCH_ENTRY; /* blob length: W entries (the hello's byte order: big-endian) */
+    memset(hello + RENDEZVOUS_HELLO_BYTES, 'v', 3 * XCH_ENTRY);
+    int fd = connect_local(port);
+    unsigned char reply[RENDEZVOUS_REPLY_BYTES];
+    CHECK(fd >= 0 && send(fd, hello, RENDEZVOUS_HELLO_BYTES, MSG_NOSIGNAL) == RENDEZVOUS_HELLO_BYTES &&
+              read_within(fd, reply, sizeof reply, 8.0) == (ssize_t)sizeof reply && reply[7] == RV_OK &&
+              send(fd, hello + RENDEZVOUS_HELLO_BYTES, 3 * XCH_ENTRY, MSG_NOSIGNAL) == 3 * XCH_ENTRY,
+          "a vanishing rank 1 registers");
+    if (fd >= 0) close(fd);
+    for (int i = 0; i < 200 && !strstr(rv_text("rv-x0-stderr"), "rank 1 left"); i++) usleep(50000);
+    pid_t r1 = rendezvous_spawn("x1", 1, 3, port, job, "127.0.0.1", "30");
+    pid_t r2 = rendezvous_spawn("x2", 2, 3, port, job, "127.0.0.1", "30");
+    CHECK(exited_with(wait_status(r1), 0), "rank 1 served: %s", rv_text("rv-x1-stderr"));
+    CHECK(exited_with(wait_status(r2), 0), "rank 2 served: %s", rv_text("rv-x2-stderr"));
+    CHECK(exited_with(wait_status(r0), 0), "rank 0 survived: %s", rv_text("rv-x0-stderr"));
+    close(silent);
+    unsetenv("TEST_COMM_EXCHANGE");
+    for (int me = 0; me < 3; me++) {
+        char name[32];
+        snprintf(want, sizeof want, "E0%d.E1%d.E2%d.", me, me, me);
+        snprintf(name, sizeof name, "exchange-%d", me);
+        CHECK(strcmp(rv_text(name), want) == 0, "rank %d got %s, wants %s", me, rv_text(name), want);
+    }
+    const char *log0 = rv_text("rv-x0-stderr");
+    CHECK(strstr(log0, "another kind of rendezvous") && strstr(log0, "another job") &&
+              strstr(log0, "rank 1 left before every rank had come"),
+          "each reason named: %s", log0);
+}
+
 static void test_rendezvous_not_local(void) {
     int port = free_local_port();
     pid_t r0 = rendezvous_spawn("remote", 0, 2, port, "rv-remote", "192.0.2.7", "5");
@@ -871,6 +936,7 @@ int main(int argc, char **argv) {
     make_temp_dir();
     test_rendezvous_strays();
     test_rendezvous_not_local();
+    test_exchange_strays();
     int gloo = gloo_ready();
     for (int w = 2; w <= 3; w++) {
         test_collectives(w);
