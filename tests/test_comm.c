@@ -16,7 +16,8 @@
  *     rank of another job that keeps knocking: rank 0 drops them (one log line
  *     each) and serves its own ranks; a MASTER_ADDR that is not local.
  * (dist_env_read and the job identity: test_dist_env.c.)
- * `test_comm bench` prints all-reduce times for 200k and 1M floats on 2 ranks.
+ * `test_comm bench [gloo]` prints all-reduce times for 200k and 1M floats on 2 ranks
+ * (shared memory, or Gloo).
  * `test_comm rendezvous-rank DIR` is one rank of a rendezvous (its environment
  * says which): rank 0 serves 128 random bytes, every rank writes what it holds to
  * DIR/rendezvous-<rank> in hex (tests/rendezvous.bats). */
@@ -796,14 +797,20 @@ static int gloo_ready(void) {
 #endif
 }
 
+/* Starts a Gloo group of w ranks running `scenario` on a free port: the start time. */
+static double gloo_group_start(Group *g, const char *scenario, int w, const char *timeout) {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "test-%d-%s%d", (int)getpid(), scenario, w);
+    g_gloo_port = free_local_port();
+    double t0 = now_s();
+    group_spawn(g, scenario, w, 0, w, run_id, timeout, -1);
+    return t0;
+}
+
 /* The collectives over Gloo: every rank's result bits equal the shared-memory run's. */
 static void test_gloo_collectives(int w) {
-    char run_id[64];
-    snprintf(run_id, sizeof run_id, "test-%d-gloo%d", (int)getpid(), w);
-    g_gloo_port = free_local_port();
     Group g;
-    double t0 = now_s();
-    group_spawn(&g, "gloo-collectives", w, 0, w, run_id, "60", -1);
+    double t0 = gloo_group_start(&g, "gloo-collectives", w, "60");
     group_wait(&g, 0, w, t0);
     for (int r = 0; r < w; r++) {
         char name[64], hash[64];
@@ -820,12 +827,8 @@ static void test_gloo_collectives(int w) {
 /* A peer that exits after the connection: the others fail at once (its connections
  * close), not at the timeout. */
 static void test_gloo_die_early(int w) {
-    char run_id[64];
-    snprintf(run_id, sizeof run_id, "test-%d-gloodie%d", (int)getpid(), w);
-    g_gloo_port = free_local_port();
     Group g;
-    double t0 = now_s();
-    group_spawn(&g, "gloo-die-early", w, 0, w, run_id, "60", -1);
+    double t0 = gloo_group_start(&g, "gloo-die-early", w, "60");
     group_wait(&g, 0, w, t0);
     CHECK(exited_with(g.status[w - 1], 0), "the leaving rank exits 0 (%d)", g.status[w - 1]);
     for (int r = 0; r < w - 1; r++) {
@@ -840,12 +843,8 @@ static void test_gloo_die_early(int w) {
 
 /* A SIGSTOPped peer: Gloo's own timeout (CIFAR_COMM_TIMEOUT=1) ends the wait. */
 static void test_gloo_stopped_peer(int w) {
-    char run_id[64];
-    snprintf(run_id, sizeof run_id, "test-%d-gloostop%d", (int)getpid(), w);
-    g_gloo_port = free_local_port();
     Group g;
-    double t0 = now_s();
-    group_spawn(&g, "gloo-stop", w, 0, w, run_id, "1", -1);
+    double t0 = gloo_group_start(&g, "gloo-stop", w, "1");
     for (int r = 0; r < w; r++)
         if (r != 1) group_wait(&g, r, 1, t0);
     double elapsed = now_s() - t0;
@@ -868,12 +867,10 @@ static void test_gloo_stopped_peer(int w) {
 /* A stop signal while rank 0 waits for a stopped rank 1: rank 0 leaves after the
  * grace (COMM_STOP_GRACE_SECONDS) with 128 + 15, long before the 60 s timeout. */
 static void test_gloo_stop_signal(void) {
-    char run_id[64], ready[512];
-    snprintf(run_id, sizeof run_id, "test-%d-gloosig", (int)getpid());
+    char ready[512];
     snprintf(ready, sizeof ready, "%s/stop-signal-waiting-0", g_dir);
-    g_gloo_port = free_local_port();
     Group g;
-    group_spawn(&g, "gloo-stop-signal", 2, 0, 2, run_id, "60", -1);
+    gloo_group_start(&g, "gloo-stop-signal", 2, "60");
     for (int i = 0; i < 600 && access(ready, F_OK) != 0; i++) usleep(50000);
     CHECK(access(ready, F_OK) == 0, "rank 0 never reached its all-reduce: %s", stderr_of("gloo-stop-signal", 0));
     double t0 = now_s();
@@ -907,7 +904,10 @@ static void remove_temp_dir(void) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
 }
 
-static int run_bench(void) {
+/* test_comm bench [gloo]: the all-reduce's cost on 2 ranks, shm or Gloo. */
+static int run_bench(const char *kind) {
+    int gloo = kind && strcmp(kind, "gloo") == 0;
+    if (gloo) g_gloo_port = free_local_port();
     make_temp_dir();
     char run_id[64];
     snprintf(run_id, sizeof run_id, "bench-%d", (int)getpid());
@@ -917,7 +917,8 @@ static int run_bench(void) {
         pid_t pid = fork();
         if (pid == 0) {
             set_rank_env(r, 2, run_id, 0);
-            char *args[] = {"test_comm", "worker", "bench", g_dir, NULL};
+            if (gloo) set_gloo_env(run_id);
+            char *args[] = {"test_comm", "worker", gloo ? "gloo-bench" : "bench", g_dir, NULL};
             execv("/proc/self/exe", args);
             _exit(127);
         }
@@ -930,7 +931,7 @@ static int run_bench(void) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "worker") == 0) return worker_main(argv[2], argv[3]);
-    if (argc == 2 && strcmp(argv[1], "bench") == 0) return run_bench();
+    if ((argc == 2 || argc == 3) && strcmp(argv[1], "bench") == 0) return run_bench(argc == 3 ? argv[2] : NULL);
     if (argc == 3 && strcmp(argv[1], "rendezvous-rank") == 0) return rendezvous_rank_main(argv[2]);
     log_set_program("test_comm");
     make_temp_dir();

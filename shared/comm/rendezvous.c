@@ -450,15 +450,21 @@ static void rv_serve(Server *s, double timeout_s) {
 
 /* ------------------------------------------------------------------ other ranks */
 
-/* One connection attempt to MASTER_ADDR:MASTER_PORT: the fd or -1. */
-static int rv_connect_once(const DistEnv *env) {
+/* getaddrinfo of MASTER_ADDR:MASTER_PORT for sockets of `socktype`. */
+static int rv_resolve_master(const DistEnv *env, int socktype, struct addrinfo **res) {
     char port[16];
     snprintf(port, sizeof port, "%d", env->master_port);
-    struct addrinfo hints, *res = NULL;
+    struct addrinfo hints;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(env->master_addr, port, &hints, &res);
+    hints.ai_socktype = socktype;
+    return getaddrinfo(env->master_addr, port, &hints, res);
+}
+
+/* One connection attempt to MASTER_ADDR:MASTER_PORT: the fd or -1. */
+static int rv_connect_once(const DistEnv *env) {
+    struct addrinfo *res = NULL;
+    int rc = rv_resolve_master(env, SOCK_STREAM, &res);
     if (rc != 0) {
         if (rc == EAI_AGAIN) return -1;
         die("MASTER_ADDR %s: %s\n---> HINT: check the host name of rank 0's machine",
@@ -548,13 +554,8 @@ static void rv_fetch(const DistEnv *env, const RvAsk *q, double timeout_s) {
 }
 
 int rendezvous_route_address(const DistEnv *env, char *buf, size_t len) {
-    char port[16];
-    snprintf(port, sizeof port, "%d", env->master_port);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_DGRAM;
-    int rc = getaddrinfo(env->master_addr, port, &hints, &res);
+    struct addrinfo *res = NULL;
+    int rc = rv_resolve_master(env, SOCK_DGRAM, &res);
     if (rc != 0) {
         snprintf(buf, len, "MASTER_ADDR %s: %s", env->master_addr, gai_strerror(rc));
         return -1;
