@@ -64,12 +64,13 @@ free_port() {
     [[ "$stderr" != *"restarting"* ]]
 }
 
-@test "CIFAR_GLOO_LIB=/nonexistent: the launcher's --nnodes 2 on the CPU is refused before any worker, naming why" {
+@test "CIFAR_GLOO_LIB=/nonexistent: the launcher's --nnodes 2 on the CPU is refused before any worker, naming why and mpirun" {
     CIFAR_GLOO_LIB=/nonexistent run --separate-stderr "$BIN/cifar-train" --nnodes 2 --node-rank 1 \
         --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$(free_port)" "${TRAIN_ARGS[@]}" \
         --run-dir "$BATS_TEST_TMPDIR/run" "$LMDB"
     echo "$stderr"
     assert_failure 2
     [[ "$stderr" == *"--nnodes 2 on the CPU: the workers' Gloo communicator is not available: cannot load libcifar-gloo.so: /nonexistent"* ]]
+    [[ "$stderr" == *"mpirun -np N --hostfile H"* ]]
     [ ! -e "$BATS_TEST_TMPDIR/run/ranks" ]
 }
