@@ -2,7 +2,7 @@
 # The Gloo communicator (--comm gloo, libcifar-gloo.so): 2 workers on this machine
 # end with a snapshot byte for byte the same as 2 shared-memory workers' (sums in
 # rank order; mpi.bats shows MPI's equal shm's too); torchrun-style ranks that span
-# nodes use it by default; where the library is missing, --comm gloo and the
+# nodes and the launcher's CPU workers on several nodes use it by default; where the library is missing, --comm gloo and the
 # launcher's --nnodes on the CPU say why in one line.
 
 bats_require_minimum_version 1.5.0
@@ -51,6 +51,20 @@ free_port() {
     wait %1 || { cat "$BATS_TEST_TMPDIR"/err-*; false; }
     wait %2 || { cat "$BATS_TEST_TMPDIR"/err-*; false; }
     [ "$(grep -c '"comm":"gloo"' "$BATS_TEST_TMPDIR/nodes/metrics.jsonl")" -eq 2 ]
+    shm_final=$(launcher_train shm "$BATS_TEST_TMPDIR/shm" | tail -1)
+    cmp "$(tail -1 "$BATS_TEST_TMPDIR/out-0")" "$shm_final"
+}
+
+@test "the launcher's --nnodes 2 --device cpu (two launchers here, one worker each): Gloo, same snapshot as shm" {
+    local port; port=$(free_port)
+    for n in 0 1; do
+        CIFAR_JOB_ID="gloo-nodes-$$" timeout 120 "$BIN/cifar-train" --nnodes 2 --node-rank $n --nproc-per-node 1 \
+            --master-addr 127.0.0.1 --master-port "$port" "${TRAIN_ARGS[@]}" \
+            --run-dir "$BATS_TEST_TMPDIR/node$n" "$LMDB" > "$BATS_TEST_TMPDIR/out-$n" 2> "$BATS_TEST_TMPDIR/err-$n" &
+    done
+    wait %1 || { cat "$BATS_TEST_TMPDIR"/err-*; false; }
+    wait %2 || { cat "$BATS_TEST_TMPDIR"/err-*; false; }
+    [ "$(grep -c '"world_size":2,.*"comm":"gloo"' "$BATS_TEST_TMPDIR/node0/metrics.jsonl")" -eq 2 ]
     shm_final=$(launcher_train shm "$BATS_TEST_TMPDIR/shm" | tail -1)
     cmp "$(tail -1 "$BATS_TEST_TMPDIR/out-0")" "$shm_final"
 }
