@@ -292,7 +292,7 @@ $(OBJ)/gloo/%.pic.o: %.cc
 
 $(GLOO_SO): $(GLOO_C:%.cc=$(OBJ)/gloo/%.pic.o)
 	@mkdir -p $(BIN)
-	$(CXX) -shared -Wl,-Bsymbolic -Wl,--no-undefined -o $@ $^ -lgloo -lpthread
+	$(CXX) $(filter -fsanitize=%,$(LDFLAGS)) -shared -Wl,-Bsymbolic -Wl,--no-undefined -o $@ $^ -lgloo -lpthread
 endif
 
 # --version prints the tree's VERSION (below): version.o is rebuilt when it changes,

@@ -48,6 +48,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <signal.h>
 #include <thread>
 #include <time.h>
 #include <vector>
@@ -254,6 +255,12 @@ int comm_gloo_set_host(const CommGlooHost *host) {
 }
 
 CommGloo *comm_gloo_create(const DistEnv *env, double timeout_s, const char *iface, const char *address) {
+    /* Gloo writes to its sockets without MSG_NOSIGNAL: a peer's death would kill this
+     * process with SIGPIPE, silently, instead of failing the wait with a message.
+     * cifar-train ignores SIGPIPE already; a host that left the default gets it ignored. */
+    struct sigaction pipe_action;
+    if (sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
     CommGloo *g = new CommGloo();
     g->rank = env->rank;
     g->world_size = env->world_size;
@@ -283,6 +290,10 @@ CommGloo *comm_gloo_create(const DistEnv *env, double timeout_s, const char *ifa
                         "of the network between the nodes", g->rank, where, e.what());
     }
     g->watcher = std::thread([g] { g->watch(); });
+    /* every pair is up on both sides before the first collective (a peer that leaves
+     * right after its own connections then fails the others' collective, not their
+     * connection) */
+    comm_gloo_barrier(g);
     return g;
 }
 

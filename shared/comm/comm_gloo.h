@@ -45,7 +45,8 @@ int comm_gloo_set_host(const CommGlooHost *host);
  * machine reaches MASTER_ADDR from: rendezvous_route_address); one pair per peer,
  * the pairs' addresses exchanged through rank 0 (rendezvous_exchange). Every wait
  * gives up after timeout_s, and after COMM_STOP_GRACE_SECONDS once env's stop flag
- * is set. */
+ * is set. SIGPIPE is ignored from here on if it was not already (Gloo's writes to a
+ * dead peer's socket would otherwise kill the process without a word). */
 CommGloo *comm_gloo_create(const DistEnv *env, double timeout_s, const char *iface,
                            const char *address);
 void comm_gloo_destroy(CommGloo *g);
