@@ -540,8 +540,10 @@ static void test_rendezvous_strays(void) {
     printf("rendezvous with strangers: %.2f s, %d connections dropped\n", now_s() - t0, drops);
 }
 
-/* The exchange (Gloo's pair addresses) between ranks 0, 1, 2 while strangers knock,
- * and a rank 1 that registers and then vanishes (it is forgotten and served again). */
+/* The exchange (Gloo's pair addresses) between ranks 0, 1, 2 while strangers knock
+ * (a silent connection held open, garbage, 100 connections that close at once, a
+ * share hello, another job), and a rank 1 that registers and then vanishes (it is
+ * forgotten and served again). */
 static void test_exchange_strays(void) {
     int port = free_local_port();
     char job[64], other[64], want[64];
@@ -552,6 +554,12 @@ static void test_exchange_strays(void) {
     int silent = connect_local(port);
     CHECK(silent >= 0, "rank 0 never listened on port %d", port);
     unsigned char hello[RENDEZVOUS_HELLO_BYTES + 3 * XCH_ENTRY];
+    memset(hello, 'G', sizeof hello);
+    CHECK(stray_exchange(port, hello, RENDEZVOUS_HELLO_BYTES) == -1, "garbage: closed without an answer");
+    for (int i = 0; i < 100; i++) { /* a burst of connections that say nothing and go */
+        int c = connect_local(port);
+        if (c >= 0) close(c);
+    }
     stray_hello(port, 1, 3, job, NULL, hello); /* a rendezvous_share hello: another communicator */
     CHECK(stray_exchange(port, hello, RENDEZVOUS_HELLO_BYTES) == -1, "a share hello: closed");
     stray_hello(port, 1, 3, other, NULL, hello);
@@ -584,7 +592,7 @@ static void test_exchange_strays(void) {
         CHECK(strcmp(rv_text(name), want) == 0, "rank %d got %s, wants %s", me, rv_text(name), want);
     }
     const char *log0 = rv_text("rv-x0-stderr");
-    CHECK(strstr(log0, "another kind of rendezvous") && strstr(log0, "another job") &&
+    CHECK(strstr(log0, "wrong magic") && strstr(log0, "another kind of rendezvous") && strstr(log0, "another job") &&
               strstr(log0, "rank 1 left before every rank had come"),
           "each reason named: %s", log0);
 }

@@ -196,6 +196,9 @@ static void test_default_comm(void) {
     EXPECT(default_comm("0", "4", "2") == COMM_GLOO, "two nodes (the launcher's --nnodes 2): Gloo");
     setenv("TORCHELASTIC_RUN_ID", "job7", 1);
     EXPECT(default_comm("1", "2", "2") == COMM_GLOO, "torchrun, even on one node: Gloo");
+    setenv("CIFAR_RUN_ID", "run-r0", 1);
+    EXPECT(default_comm("1", "2", "2") == COMM_SHM, "the launcher's workers on one node keep shm");
+    EXPECT(default_comm("1", "4", "2") == COMM_GLOO, "the launcher's workers on two nodes: Gloo");
     env_clear();
     setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     EXPECT(default_comm("0", "4", "2") == COMM_MPI, "mpirun on two nodes: MPI");

@@ -85,9 +85,9 @@ static inline int comm_stop_due(const volatile int *stop, double now, double *si
 int dist_env_read(DistEnv *env, char *err, size_t errlen);
 
 /* The communicator of a CPU rank when --comm does not say (comm_env.c): COMM_MPI when
- * mpirun or srun --mpi=pmix started it; COMM_GLOO when torchrun did (TORCHELASTIC_RUN_ID)
- * or the job spans several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE: the launcher's
- * --nnodes); else COMM_SHM (one machine). */
+ * mpirun or srun --mpi=pmix started it; COMM_GLOO when torchrun did (TORCHELASTIC_RUN_ID
+ * without the launcher's CIFAR_RUN_ID) or the job spans several nodes (LOCAL_WORLD_SIZE <
+ * WORLD_SIZE: the launcher's --nnodes); else COMM_SHM (one machine). */
 CommKind comm_kind_default_cpu(const DistEnv *env);
 
 typedef struct Comm Comm;

@@ -181,7 +181,10 @@ static int dist_env_validate(const DistEnv *env, char *err, size_t errlen) {
 CommKind comm_kind_default_cpu(const DistEnv *env) {
     if (env->world_size == 1) return COMM_SINGLE;
     if (env->mpi_launched) return COMM_MPI;
-    if (env_set("TORCHELASTIC_RUN_ID") || env->local_world_size < env->world_size) return COMM_GLOO;
+    /* torchrun sets TORCHELASTIC_RUN_ID; the launcher's workers (CIFAR_RUN_ID) may carry
+     * torchrun's variables too, and keep shm on one node */
+    int torchrun = env_set("TORCHELASTIC_RUN_ID") && !env_set("CIFAR_RUN_ID");
+    if (torchrun || env->local_world_size < env->world_size) return COMM_GLOO;
     return COMM_SHM;
 }
 
