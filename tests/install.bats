@@ -25,9 +25,10 @@ setup_file() {
     make -C "$REPO" --no-print-directory install DESTDIR="$STAGE" PREFIX="$PREFIX_DIR" \
         > "$BATS_FILE_TMPDIR/install.log" 2>&1 || { cat "$BATS_FILE_TMPDIR/install.log" >&3; return 1; }
     # the GPU library that install copies: empty in CPU builds
-    export CUDA_SO MPI_SO
+    export CUDA_SO MPI_SO GLOO_SO
     CUDA_SO=$(make -C "$REPO" --no-print-directory -s print-CUDA_SO)
     MPI_SO=$(make -C "$REPO" --no-print-directory -s print-MPI_SO)
+    GLOO_SO=$(make -C "$REPO" --no-print-directory -s print-GLOO_SO)
 }
 
 # Every file under a folder, relative to it, sorted.
@@ -47,6 +48,7 @@ files_under() { (cd "$1" && find . \( -type f -o -type l \) | sed 's|^\./||' | s
                   for s in $SCRIPTS; do echo "${PREFIX_DIR#/}/share/cifar/$s"; done
                   if [ -n "$CUDA_SO" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-cuda.so"; fi
                   if [ -n "$MPI_SO" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-mpi.so"; fi
+                  if [ -n "$GLOO_SO" ]; then echo "${PREFIX_DIR#/}/lib/cifar/libcifar-gloo.so"; fi
                 } | sort)
     assert_output "$expected"
 }
