@@ -142,10 +142,11 @@ static void group_wait(Group *g, int first, int count, double start) {
     g->elapsed = now_s() - start;
 }
 
-static char *stderr_of(const char *scenario, int rank) {
-    static char buf[4096];
+/* The text of g_dir/name ("" when absent), in a buffer the next call reuses. */
+static char *rv_text(const char *name) {
+    static char buf[8192];
     char path[512];
-    snprintf(path, sizeof path, "%s/%s-stderr-%d", g_dir, scenario, rank);
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
     FILE *f = fopen(path, "r");
     buf[0] = '\0';
     if (f) {
@@ -154,6 +155,13 @@ static char *stderr_of(const char *scenario, int rank) {
         fclose(f);
     }
     return buf;
+}
+
+/* The stderr of `scenario`'s rank (rv_text's buffer). */
+static char *stderr_of(const char *scenario, int rank) {
+    char name[300];
+    snprintf(name, sizeof name, "%s-stderr-%d", scenario, rank);
+    return rv_text(name);
 }
 
 static int exited_with(int status, int code) {

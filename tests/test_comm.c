@@ -250,17 +250,24 @@ static void test_die_early(int w) {
     printf("die-early W=%d: noticed in %.2f s\n", w, g.elapsed);
 }
 
+/* The ranks of a "stop" group but rank 1 (SIGSTOPped) end by themselves; then rank 1
+ * is killed. The seconds until the others ended. */
+static double stopped_peer_reap(Group *g, int w, double t0) {
+    for (int r = 0; r < w; r++)
+        if (r != 1) group_wait(g, r, 1, t0);
+    double elapsed = now_s() - t0;
+    kill(g->pid[1], SIGKILL);
+    group_wait(g, 1, 1, t0);
+    return elapsed;
+}
+
 static void test_stopped_peer(int w) {
     char run_id[64];
     snprintf(run_id, sizeof run_id, "test-%d-stop%d", (int)getpid(), w);
     Group g;
     double t0 = now_s();
     group_spawn(&g, "stop", w, 0, w, run_id, "1", -1);
-    for (int r = 0; r < w; r++)
-        if (r != 1) group_wait(&g, r, 1, t0);
-    double elapsed = now_s() - t0;
-    kill(g.pid[1], SIGKILL);
-    group_wait(&g, 1, 1, t0);
+    double elapsed = stopped_peer_reap(&g, w, t0);
     /* Every other rank fails: by the timeout waiting for rank 1, or (the slower
      * ones) because a rank that timed out first is gone. At least one timed out. */
     int timed_out = 0;
@@ -457,20 +464,6 @@ static int wait_status(pid_t pid) {
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     return st;
-}
-
-static char *rv_text(const char *name) {
-    static char buf[8192];
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "r");
-    buf[0] = '\0';
-    if (f) {
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
 }
 
 static int count_lines_with(const char *text, const char *needle) {
@@ -704,11 +697,7 @@ static void test_gloo_die_early(int w) {
 static void test_gloo_stopped_peer(int w) {
     Group g;
     double t0 = gloo_group_start(&g, "gloo-stop", w, "5");
-    for (int r = 0; r < w; r++)
-        if (r != 1) group_wait(&g, r, 1, t0);
-    double elapsed = now_s() - t0;
-    kill(g.pid[1], SIGKILL);
-    group_wait(&g, 1, 1, t0);
+    double elapsed = stopped_peer_reap(&g, w, t0);
     int timed_out = 0;
     for (int r = 0; r < w; r++) {
         if (r == 1) continue;
