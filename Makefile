@@ -4,6 +4,7 @@
 #   make CUDA=0       CPU-only build
 #   make MPI=0        without the MPI communicator (default: built when mpicc links a probe)
 #   make GLOO=0       without the Gloo communicator (default: built when g++ links a probe with libgloo)
+#   make DNNL=0       without oneDNN (--precision bf16 on the CPU; default: built when a probe links)
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites, then what was skipped and why
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
@@ -30,9 +31,9 @@ PYTHON_TORCH2 ?=
 # Debian packages, by the target that needs them (make pipeline: BUILD + PIPELINE;
 # make install: BUILD + INSTALL; make test: all but BENCH; make deps: all). Open MPI and
 # Gloo are in BUILD: the build probes them (the MPI communicator, libcifar-mpi.so; the
-# Gloo communicator, libcifar-gloo.so, C++: g++).
+# Gloo communicator, libcifar-gloo.so, C++: g++); so is oneDNN (--precision bf16 on the CPU).
 DEB_BUILD = gcc make libc6-dev libpng-dev libturbojpeg0-dev liblmdb-dev libcjson-dev libopenblas-dev \
-            libopenmpi-dev openmpi-bin libprotobuf-c-dev g++ libgloo-dev
+            libopenmpi-dev openmpi-bin libprotobuf-c-dev g++ libgloo-dev libdnnl-dev
 DEB_PIPELINE = gnuplot-nox
 DEB_INSTALL = help2man man-db
 DEB_TEST = bats bats-assert bats-support python3-numpy python3-pil python3-torch clang libclang-rt-14-dev lmdb-utils \
@@ -136,6 +137,18 @@ GLOO_PROBE := $(shell printf '#include <gloo/transport/tcp/device.h>\nint main()
 override GLOO := $(GLOO_PROBE)
 endif
 
+# ---- oneDNN detection (--precision bf16 on the CPU: shared/backend-cpu/conv_dnnl.c) ----
+# Compile and link a probe against libdnnl (Debian's libdnnl-dev 2.x: the C API of
+# dnnl.h with the convolution descriptors of 2.x); without it the build and every
+# command still work and --precision bf16 on the CPU says why it is unavailable.
+DNNL ?= auto
+ifeq ($(DNNL),auto)
+DNNL_PROBE := $(shell printf '\043include <dnnl.h>\nint main(void){dnnl_convolution_desc_t d; (void)d; return dnnl_version()->major < 2;}\n' > /tmp/cifar-dnnl-probe-$$$$.c && \
+  $(CC) -o /tmp/cifar-dnnl-probe-$$$$ /tmp/cifar-dnnl-probe-$$$$.c -ldnnl >/dev/null 2>&1 && echo 1 || echo 0; \
+  rm -f /tmp/cifar-dnnl-probe-$$$$ /tmp/cifar-dnnl-probe-$$$$.c)
+override DNNL := $(DNNL_PROBE)
+endif
+
 ifeq ($(CUDA),1)
 MODE = cuda
 else
@@ -147,6 +160,10 @@ CFLAGS_BASE = $(OPT) -g -std=gnu11 -Wall -Wextra -fopenmp -Ishared -MMD -MP
 CFLAGS += $(CFLAGS_BASE)
 LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lprotobuf-c -lm -lpthread
 LDFLAGS += -fopenmp
+ifeq ($(DNNL),1)
+CFLAGS += -DCIFAR_DNNL
+LDLIBS += -ldnnl
+endif
 
 # comm_mpi.c needs mpi.h: it goes into $(BIN)/libcifar-mpi.so (below), not libcifar.a.
 MPI_C = shared/comm/comm_mpi.c
@@ -235,7 +252,7 @@ FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
-	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY)), MPI=$(MPI), GLOO=$(GLOO)) -> $(BIN)/"
+	@echo "build: $(MODE) (CUDA=$(CUDA), CUDA_HOME=$(CUDA_HOME)$(if $(CUDA_WHY),: $(CUDA_WHY)), MPI=$(MPI), GLOO=$(GLOO), DNNL=$(DNNL)) -> $(BIN)/"
 ifeq ($(CUDA),1)
 	@echo "build: $(foreach f,$(CUDNN_FOUND) $(CUBLAS_FOUND) $(NCCL_FOUND),$(call cuda_part,$(f),3) in $(call cuda_part,$(f),1);)"
 	@echo "build: nvrtc $(NVRTC_SAY)"

@@ -10,6 +10,7 @@
 #include "model/ema.h"
 #include "model/engine.h"
 #include "model/model.h"
+#include "backend-cpu/cpu_bf16.h"
 #include "backend-cpu/ops_cpu.h"
 
 typedef struct {
@@ -158,7 +159,10 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     e->ops = &cpu_engine_ops;
     e->cfg = *cfg;
     e->impl = c;
-    net_cpu_ops_pick(cfg->settings.cpu_isa); /* CIFAR_CPU_ISA's variant, else the best */
+    if (cfg->precision == PRECISION_BF16) /* device.c refused it where it cannot run */
+        net_cpu_ops_pick_bf16(cfg->settings.cpu_isa);
+    else
+        net_cpu_ops_pick(cfg->settings.cpu_isa); /* CIFAR_CPU_ISA's variant, else the best */
     ops_set_threads(cfg->threads);
     size_t img = (size_t)mc->img_height * mc->img_width * mc->img_channels;
     c->params = xmalloc_aligned(m->num_params * sizeof(float));
@@ -172,6 +176,9 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     c->run = cfg->train.count > 0 ? model_run_create(m, cfg->max_batch)
                                   : model_run_create_inference(m, cfg->max_batch);
     c->decay_mask = decay_mask_create(m);
+    if (cfg->precision == PRECISION_BF16)
+        log_info_once("--precision bf16 on the CPU: the convolutions in bf16 with fp32 accumulation (%s)",
+                      cpu_bf16_backend());
     if (cfg->ema_decay > 0) {
         c->ema_params = xmalloc_aligned(m->num_params * sizeof(float));
         c->ema_buffers = xmalloc_aligned((m->num_buffers ? m->num_buffers : 1) * sizeof(float));

@@ -70,9 +70,11 @@ const NetOps *net_cpu_ops_pick(int isa) {
                   isa < CPU_ISA_COUNT ? settings_cpu_isa_names[isa] : "?", settings_cpu_isa_names[best],
                   settings_cpu_isa_names[best]);
     const NetOps *t = net_cpu_ops_isa(isa);
-    __atomic_store_n(&cpu_picked, t, __ATOMIC_RELEASE);
+    net_cpu_ops_use(t);
     return t;
 }
+
+void net_cpu_ops_use(const NetOps *t) { __atomic_store_n(&cpu_picked, t, __ATOMIC_RELEASE); }
 
 const NetOps *net_cpu_ops(void) {
     const NetOps *t = __atomic_load_n(&cpu_picked, __ATOMIC_ACQUIRE);

@@ -40,6 +40,8 @@ const NetOps *net_cpu_ops_isa(int isa);
  * (CIFAR_CPU_ISA) when it starts; without a pick, net_cpu_ops()'s first call picks
  * CIFAR_CPU_ISA's (core/settings.h), else the best. */
 const NetOps *net_cpu_ops_pick(int isa);
+/* Makes t the table net_cpu_ops() returns (cpu_bf16.h's pick of the bf16 table). */
+void net_cpu_ops_use(const NetOps *t);
 
 /* Number of threads the CPU ops use (OpenMP and BLAS). */
 void ops_set_threads(int threads);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend-cpu/cpu_bf16.h"
 #include "core/check.h"
 #include "core/omp_env.h"
 #include "core/progress.h"
@@ -33,13 +34,16 @@ static Engine *try_cuda_engine(EngineConfig *cfg, int local_rank, int local_worl
     return engine_create_cuda(cfg, why, whylen);
 }
 
-/* The CPU engine computes in fp32 only: --precision bf16 there would silently train
- * something else than asked (tf32, the default, is fp32 on the CPU: no refusal). */
+/* --precision bf16 on the CPU needs AVX512-BF16 or AMX and oneDNN (cpu_bf16.h):
+ * refused where they are missing, rather than training in another precision than
+ * asked (tf32, the default, is fp32 on the CPU: no refusal). */
 static void bf16_refuse_cpu(const EngineConfig *cfg, const char *why_cpu) {
     if (cfg->precision != PRECISION_BF16) return;
-    die_usage("--precision bf16 runs on the GPU only, and this run would use the CPU (%s) ---> "
-              "HINT: use --precision fp32 on the CPU, or a GPU of compute capability 8.0 or newer",
-              why_cpu);
+    const char *why = cpu_bf16_why_not(cfg->settings.cpu_isa);
+    if (!why) return;
+    die_usage("--precision bf16: this run would use the CPU (%s), and %s ---> HINT: use "
+              "--precision fp32 on the CPU, or a GPU of compute capability 8.0 or newer",
+              why_cpu, why);
 }
 
 Engine *device_engine_create(DeviceChoice want, EngineConfig *cfg, int local_rank,

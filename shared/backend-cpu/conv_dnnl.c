@@ -1,0 +1,440 @@
+/* conv_dnnl.c: the convolutions of the CPU's bf16 table (cpu_bf16.h) through oneDNN
+ * (Debian's libdnnl-dev 2.6, the library PyTorch's CPU convolutions use; its
+ * AVX512-BF16 and AMX kernels, picked by oneDNN for the running CPU). Built with
+ * CIFAR_DNNL only (the Makefile probes oneDNN).
+ *
+ * Precision: each conv rounds its bf16 inputs (x, the weight, dy) to nearest even as it
+ * packs them, accumulates in fp32 and writes fp32 (y, dx, dW); the bias and its
+ * gradient (a double sum of the fp32 dy) stay fp32.
+ *
+ * Determinism (net_ops.h: bit-identical for any thread count): the batch is cut into
+ * tiles of `tile` images fixed by the shapes (the remainder one image at a time); each
+ * tile runs one oneDNN primitive made for its image count on one thread (oneDNN runs
+ * single-threaded inside the team's parallel region, and its primitives are made with
+ * one thread, so their blocking does not follow the thread count); the weight
+ * gradient is one partial per tile, summed in tile order. Which thread runs a tile
+ * changes nothing. */
+#ifdef CIFAR_DNNL
+#include <dnnl.h>
+#include <dnnl_debug.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend-cpu/cpu_bf16.h"
+#include "backend-cpu/ops_cpu.h"
+#include "backend-cuda/bf16.h"
+#include "core/check.h"
+
+#define DNNL_CHECK(call)                                                                       \
+    do {                                                                                       \
+        dnnl_status_t st_ = (call);                                                            \
+        if (st_ != dnnl_success)                                                               \
+            die("oneDNN: %s: %s (internal error) ---> HINT: --precision fp32 runs without oneDNN", \
+                #call, dnnl_status2str(st_));                                                  \
+    } while (0)
+
+static dnnl_engine_t g_engine;
+static char g_backend[96] = "oneDNN";
+
+/* The primitives of one image count. */
+typedef struct {
+    dnnl_primitive_t fwd, bwd_data, bwd_w;     /* bwd_*: NULL when not planned */
+    dnnl_primitive_t w_fwd_reorder, w_bd_reorder; /* PyTorch's fp32 weight -> its bf16 layout */
+    dnnl_primitive_t dw_reorder; /* bwd_w's fp32 blocked dW -> PyTorch's layout (exact) */
+    dnnl_memory_desc_t x16, y32, dy16, dx32, w32, w_fwd, w_bd, dw32, dw_any, bias;
+    void *w_fwd_buf, *w_bd_buf;                /* the weight in that layout, per call */
+    size_t scratch_bytes;
+} DnnlPass;
+
+typedef struct {
+    ConvSpec cs;
+    int max_n, h, w, oh, ow, need_dx, backward;
+    int tile;          /* images per tile */
+    int npass;         /* 2 when tile > 1: pass[1] runs single images */
+    DnnlPass pass[2];
+    float *zero_bias;  /* for a conv without bias */
+} DnnlConvPlan;
+
+/* Per-thread packed inputs and oneDNN scratchpads, grown on demand (OpenMP threads
+ * persist: nothing allocates in the loop once warm). */
+enum { DNNL_TLS_X, DNNL_TLS_DY, DNNL_TLS_DW, DNNL_TLS_SCRATCH, DNNL_TLS_SLOTS };
+static __thread void *tls_buf[DNNL_TLS_SLOTS];
+static __thread size_t tls_cap[DNNL_TLS_SLOTS];
+static __thread dnnl_stream_t tls_stream;
+
+static void *tls_buffer(int slot, size_t bytes) {
+    if (bytes > tls_cap[slot]) {
+        free(tls_buf[slot]);
+        tls_buf[slot] = xmalloc_aligned(bytes ? bytes : 64);
+        tls_cap[slot] = bytes;
+    }
+    return tls_buf[slot];
+}
+
+static dnnl_stream_t thread_stream(void) {
+    if (!tls_stream) DNNL_CHECK(dnnl_stream_create(&tls_stream, g_engine, dnnl_stream_default_flags));
+    return tls_stream;
+}
+
+/* fp32 -> bf16, rounded to nearest even (bf16.h); AVX-512 is there whenever this runs. */
+__attribute__((target("arch=x86-64-v4"), optimize("O3"))) static void
+pack_bf16(size_t count, const float *src, uint16_t *dst) {
+    for (size_t i = 0; i < count; i++) dst[i] = bf16_from_float(src[i]);
+}
+
+static const uint16_t *packed(int slot, size_t count, const float *src) {
+    uint16_t *dst = tls_buffer(slot, count * sizeof(uint16_t));
+    pack_bf16(count, src, dst);
+    return dst;
+}
+
+/* ------------------------------------------------------------------- plans */
+
+static void md_nhwc(dnnl_memory_desc_t *md, int n, int c, int h, int w, dnnl_data_type_t t) {
+    dnnl_dims_t d = {n, c, h, w};
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, 4, d, t, dnnl_nhwc));
+}
+
+static void md_weight(dnnl_memory_desc_t *md, const ConvSpec *cs, dnnl_data_type_t t,
+                      dnnl_format_tag_t tag) {
+    dnnl_dims_t d = {cs->cout, cs->cin, cs->k, cs->k};
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, 4, d, t, tag));
+}
+
+static dnnl_primitive_t primitive_of(const_dnnl_primitive_desc_t pd, size_t *scratch) {
+    const dnnl_memory_desc_t *s = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t bytes = s ? dnnl_memory_desc_get_size(s) : 0;
+    if (bytes > *scratch) *scratch = bytes;
+    dnnl_primitive_t p;
+    DNNL_CHECK(dnnl_primitive_create(&p, pd));
+    return p;
+}
+
+/* The reorder of a weight from layout `from` into `to`, and (buf non-NULL) a buffer
+ * for its result. */
+static dnnl_primitive_t weight_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
+                                       void **buf) {
+    dnnl_primitive_desc_t pd;
+    DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, NULL));
+    dnnl_primitive_t p;
+    DNNL_CHECK(dnnl_primitive_create(&p, pd));
+    DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+    if (buf) *buf = xmalloc_aligned(dnnl_memory_desc_get_size(to));
+    return p;
+}
+
+static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
+    const ConvSpec *cs = &cp->cs;
+    dnnl_dims_t strides = {cs->stride, cs->stride}, pad = {cs->pad, cs->pad};
+    dnnl_memory_desc_t w_any;
+    dnnl_dims_t bd = {cs->cout};
+    md_nhwc(&ps->x16, n, cs->cin, cp->h, cp->w, dnnl_bf16);
+    md_nhwc(&ps->dx32, n, cs->cin, cp->h, cp->w, dnnl_f32);
+    md_nhwc(&ps->y32, n, cs->cout, cp->oh, cp->ow, dnnl_f32);
+    md_nhwc(&ps->dy16, n, cs->cout, cp->oh, cp->ow, dnnl_bf16);
+    md_weight(&ps->w32, cs, dnnl_f32, dnnl_oihw);
+    md_weight(&ps->dw32, cs, dnnl_f32, dnnl_oihw);
+    md_weight(&w_any, cs, dnnl_bf16, dnnl_format_tag_any);
+    /* fp32 dW in the layout the kernel picks: with PyTorch's plain layout oneDNN 2.6
+     * falls back to its reference code (ref:any, measured 50x slower) */
+    md_weight(&ps->dw_any, cs, dnnl_f32, dnnl_format_tag_any);
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&ps->bias, 1, bd, dnnl_f32, dnnl_x));
+    dnnl_primitive_attr_t attr;
+    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+
+    dnnl_convolution_desc_t fd;
+    DNNL_CHECK(dnnl_convolution_forward_desc_init(
+        &fd, cp->backward ? dnnl_forward_training : dnnl_forward_inference, dnnl_convolution_direct,
+        &ps->x16, &w_any, &ps->bias, &ps->y32, strides, pad, pad));
+    dnnl_primitive_desc_t fpd;
+    DNNL_CHECK(dnnl_primitive_desc_create(&fpd, &fd, attr, g_engine, NULL));
+    ps->w_fwd = *dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0);
+    ps->fwd = primitive_of(fpd, &ps->scratch_bytes);
+    ps->w_fwd_reorder = weight_reorder(&ps->w32, &ps->w_fwd, &ps->w_fwd_buf);
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(fpd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
+        const dnnl_version_t *v = dnnl_version();
+        snprintf(g_backend, sizeof g_backend, "oneDNN %d.%d.%d, %s", v->major, v->minor, v->patch, impl);
+    }
+    if (cp->backward) {
+        if (cp->need_dx) {
+            dnnl_convolution_desc_t dd;
+            DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dx32,
+                                                                &w_any, &ps->dy16, strides, pad, pad));
+            dnnl_primitive_desc_t dpd;
+            DNNL_CHECK(dnnl_primitive_desc_create(&dpd, &dd, attr, g_engine, fpd));
+            ps->w_bd = *dnnl_primitive_desc_query_md(dpd, dnnl_query_weights_md, 0);
+            ps->bwd_data = primitive_of(dpd, &ps->scratch_bytes);
+            ps->w_bd_reorder = weight_reorder(&ps->w32, &ps->w_bd, &ps->w_bd_buf);
+            DNNL_CHECK(dnnl_primitive_desc_destroy(dpd));
+        }
+        dnnl_convolution_desc_t wd;
+        DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &ps->x16,
+                                                               &ps->dw_any, NULL, &ps->dy16, strides,
+                                                               pad, pad));
+        dnnl_primitive_desc_t wpd;
+        DNNL_CHECK(dnnl_primitive_desc_create(&wpd, &wd, attr, g_engine, fpd));
+        ps->dw_any = *dnnl_primitive_desc_query_md(wpd, dnnl_query_diff_weights_md, 0);
+        ps->bwd_w = primitive_of(wpd, &ps->scratch_bytes);
+        ps->dw_reorder = weight_reorder(&ps->dw_any, &ps->dw32, NULL);
+        DNNL_CHECK(dnnl_primitive_desc_destroy(wpd));
+    }
+    DNNL_CHECK(dnnl_primitive_desc_destroy(fpd));
+    DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+}
+
+static void pass_destroy(DnnlPass *ps) {
+    dnnl_primitive_t all[] = {ps->fwd,           ps->bwd_data,     ps->bwd_w,
+                              ps->w_fwd_reorder, ps->w_bd_reorder, ps->dw_reorder};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) dnnl_primitive_destroy(all[i]);
+    free(ps->w_fwd_buf);
+    free(ps->w_bd_buf);
+}
+
+/* Images per tile: about 4,096 output pixels, a power of two (a batch of 2^k images
+ * then splits into equal tiles that 1, 2 or 4 threads share evenly), at most max_n. */
+static int tile_images(int max_n, int oh, int ow) {
+    int64_t px = (int64_t)oh * ow, t = px > 0 ? 4096 / px : 1;
+    if (t < 1) t = 1;
+    while (t & (t - 1)) t &= t - 1;
+    return (int)(t < max_n ? t : max_n > 0 ? max_n : 1);
+}
+
+static void *dnnl_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                            int need_dx) {
+    (void)ctx;
+    DnnlConvPlan *cp = xcalloc(1, sizeof *cp);
+    cp->cs = *cs;
+    cp->max_n = max_n;
+    cp->h = h;
+    cp->w = w;
+    cp->oh = conv_out_size(h, cs->k, cs->stride, cs->pad);
+    cp->ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
+    cp->backward = backward;
+    cp->need_dx = backward && need_dx;
+    cp->tile = tile_images(max_n, cp->oh, cp->ow);
+    cp->npass = cp->tile > 1 ? 2 : 1;
+    cp->zero_bias = xcalloc((size_t)cs->cout, sizeof(float));
+    /* made with one thread: they run on one (see the top of the file) */
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    pass_create(cp, &cp->pass[0], cp->tile);
+    if (cp->npass == 2) pass_create(cp, &cp->pass[1], 1);
+    omp_set_num_threads(threads);
+    return cp;
+}
+
+static void dnnl_conv_plan_free(void *ctx, void *plan) {
+    (void)ctx;
+    DnnlConvPlan *cp = plan;
+    if (!cp) return;
+    for (int i = 0; i < cp->npass; i++) pass_destroy(&cp->pass[i]);
+    free(cp->zero_bias);
+    free(cp);
+}
+
+static void dnnl_conv_prepare(void *ctx, void *plan, int n, size_t ws_bytes) {
+    (void)ctx, (void)plan, (void)n, (void)ws_bytes;
+}
+
+/* Tiles of a batch of n: `full` of cp->tile images, then n % tile single images. */
+static int tile_count(const DnnlConvPlan *cp, int n) { return n / cp->tile + n % cp->tile; }
+
+static void tile_at(const DnnlConvPlan *cp, int n, int t, int *img0, int *nimg, int *pass) {
+    int full = n / cp->tile;
+    *img0 = t < full ? t * cp->tile : full * cp->tile + (t - full);
+    *nimg = t < full ? cp->tile : 1;
+    *pass = t < full ? 0 : cp->npass - 1;
+}
+
+/* The workspace: per tile a double bias partial and an fp32 weight partial. */
+static size_t weight_len(const ConvSpec *cs) { return (size_t)cs->cout * cs->cin * cs->k * cs->k; }
+
+static size_t dnnl_conv_workspace_bytes(void *ctx, void *plan) {
+    (void)ctx;
+    const DnnlConvPlan *cp = plan;
+    int64_t tiles = cp->max_n / cp->tile + cp->tile - 1;
+    if (tiles > cp->max_n) tiles = cp->max_n;
+    if (tiles < 1) tiles = 1;
+    return (size_t)tiles * (cp->cs.cout * sizeof(double) + weight_len(&cp->cs) * sizeof(float));
+}
+
+/* ---------------------------------------------------------------- execution */
+
+typedef struct {
+    int arg;
+    const dnnl_memory_desc_t *md;
+    const void *data;
+} DnnlArg;
+
+/* Runs p on this thread with args (memory objects wrapping the caller's buffers) and
+ * this thread's scratchpad. */
+static void run(dnnl_primitive_t p, const DnnlPass *ps, const DnnlArg *args, int nargs) {
+    dnnl_exec_arg_t ex[8];
+    dnnl_memory_t mem[8];
+    dnnl_memory_desc_t sd;
+    dnnl_dims_t sdim = {(dnnl_dim_t)(ps->scratch_bytes ? ps->scratch_bytes : 1)};
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&sd, 1, sdim, dnnl_u8, dnnl_x));
+    int k = 0;
+    for (; k < nargs; k++) {
+        DNNL_CHECK(dnnl_memory_create(&mem[k], args[k].md, g_engine, (void *)args[k].data));
+        ex[k] = (dnnl_exec_arg_t){args[k].arg, mem[k]};
+    }
+    DNNL_CHECK(dnnl_memory_create(&mem[k], &sd, g_engine, tls_buffer(DNNL_TLS_SCRATCH, ps->scratch_bytes)));
+    ex[k] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[k]};
+    k++;
+    dnnl_stream_t s = thread_stream();
+    DNNL_CHECK(dnnl_primitive_execute(p, s, k, ex));
+    DNNL_CHECK(dnnl_stream_wait(s));
+    for (int i = 0; i < k; i++) dnnl_memory_destroy(mem[i]);
+}
+
+static void reorder(dnnl_primitive_t r, const DnnlPass *ps, const dnnl_memory_desc_t *from,
+                    const void *src, const dnnl_memory_desc_t *to, void *dst) {
+    const DnnlArg a[] = {{DNNL_ARG_FROM, from, src}, {DNNL_ARG_TO, to, dst}};
+    run(r, ps, a, 2);
+}
+
+typedef struct {
+    const DnnlConvPlan *cp;
+    int n;
+    const float *x, *weight, *bias, *dy;
+    float *y, *dx, *dweight, *dbias;
+    void *ws;
+} DnnlCall;
+
+static void forward_body(void *arg) {
+    const DnnlCall *c = arg;
+    const DnnlConvPlan *cp = c->cp;
+    const ConvSpec *cs = &cp->cs;
+    const size_t in_img = (size_t)cp->h * cp->w * cs->cin, out_img = (size_t)cp->oh * cp->ow * cs->cout;
+    const int tiles = tile_count(cp, c->n);
+#pragma omp single
+    for (int i = 0; i < cp->npass; i++) {
+        DnnlPass *ps = (DnnlPass *)&cp->pass[i];
+        reorder(ps->w_fwd_reorder, ps, &ps->w32, c->weight, &ps->w_fwd, ps->w_fwd_buf);
+    }
+#pragma omp for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int img0, nimg, pi;
+        tile_at(cp, c->n, t, &img0, &nimg, &pi);
+        const DnnlPass *ps = &cp->pass[pi];
+        const uint16_t *x16 = packed(DNNL_TLS_X, nimg * in_img, c->x + img0 * in_img);
+        const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, x16},
+                             {DNNL_ARG_WEIGHTS, &ps->w_fwd, ps->w_fwd_buf},
+                             {DNNL_ARG_BIAS, &ps->bias, c->bias ? c->bias : cp->zero_bias},
+                             {DNNL_ARG_DST, &ps->y32, c->y + img0 * out_img}};
+        run(ps->fwd, ps, a, 4);
+    }
+}
+
+static void dnnl_conv_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                              const float *bias, float *y, void *ws, size_t ws_bytes) {
+    (void)ctx, (void)ws_bytes;
+    DnnlCall c = {.cp = plan, .n = n, .x = x, .weight = weight, .bias = bias, .y = y, .ws = ws};
+    if (n > 0) ops_team_run(forward_body, &c);
+}
+
+/* Tile t's gradients: its dx, its weight partial, its bias partial (from the fp32 dy). */
+static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wparts) {
+    const DnnlConvPlan *cp = c->cp;
+    const ConvSpec *cs = &cp->cs;
+    const size_t in_img = (size_t)cp->h * cp->w * cs->cin, out_img = (size_t)cp->oh * cp->ow * cs->cout;
+    int img0, nimg, pi;
+    tile_at(cp, c->n, t, &img0, &nimg, &pi);
+    const DnnlPass *ps = &cp->pass[pi];
+    const float *dy = c->dy + img0 * out_img;
+    const uint16_t *dy16 = packed(DNNL_TLS_DY, nimg * out_img, dy);
+    if (c->dx) {
+        const DnnlArg a[] = {{DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
+                             {DNNL_ARG_WEIGHTS, &ps->w_bd, ps->w_bd_buf},
+                             {DNNL_ARG_DIFF_SRC, &ps->dx32, c->dx + img0 * in_img}};
+        run(ps->bwd_data, ps, a, 3);
+    }
+    const uint16_t *x16 = packed(DNNL_TLS_X, nimg * in_img, c->x + img0 * in_img);
+    void *dw = tls_buffer(DNNL_TLS_DW, dnnl_memory_desc_get_size(&ps->dw_any));
+    const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, x16},
+                         {DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
+                         {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw}};
+    run(ps->bwd_w, ps, a, 3);
+    reorder(ps->dw_reorder, ps, &ps->dw_any, dw, &ps->dw32, wparts + (size_t)t * weight_len(cs));
+    double *bq = bparts + (size_t)t * cs->cout;
+    for (int o = 0; o < cs->cout; o++) bq[o] = 0.0;
+    for (size_t r = 0; r < (size_t)nimg * cp->oh * cp->ow; r++)
+        for (int o = 0; o < cs->cout; o++) bq[o] += dy[r * cs->cout + o];
+}
+
+static void backward_body(void *arg) {
+    const DnnlCall *c = arg;
+    const DnnlConvPlan *cp = c->cp;
+    const ConvSpec *cs = &cp->cs;
+    const int tiles = tile_count(cp, c->n);
+    const size_t wlen = weight_len(cs);
+    double *bparts = c->ws;
+    float *wparts = (float *)(bparts + (size_t)tiles * cs->cout);
+    if (c->dx) {
+#pragma omp single
+        for (int i = 0; i < cp->npass; i++) {
+            DnnlPass *ps = (DnnlPass *)&cp->pass[i];
+            reorder(ps->w_bd_reorder, ps, &ps->w32, c->weight, &ps->w_bd, ps->w_bd_buf);
+        }
+    }
+#pragma omp for schedule(static)
+    for (int t = 0; t < tiles; t++) backward_tile(c, t, bparts, wparts);
+    /* the partials in tile order */
+#pragma omp for schedule(static) nowait
+    for (size_t e = 0; e < wlen; e++) {
+        float s = wparts[e];
+        for (int t = 1; t < tiles; t++) s += wparts[(size_t)t * wlen + e];
+        c->dweight[e] = s;
+    }
+    if (c->dbias) {
+#pragma omp for schedule(static) nowait
+        for (int o = 0; o < cs->cout; o++) {
+            double s = 0.0;
+            for (int t = 0; t < tiles; t++) s += bparts[(size_t)t * cs->cout + o];
+            c->dbias[o] = (float)s;
+        }
+    }
+#pragma omp barrier
+}
+
+static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                               const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                               size_t ws_bytes) {
+    (void)ctx;
+    const DnnlConvPlan *cp = plan;
+    if (!cp->backward) die("model: conv backward on an inference plan (internal error)");
+    if (dx && !cp->need_dx) die("model: conv backward with a dx on a plan made without need_dx (internal error)");
+    if (ws_bytes < dnnl_conv_workspace_bytes(NULL, plan)) die("model: conv workspace too small (internal error)");
+    if (n <= 0) {
+        memset(dweight, 0, weight_len(&cp->cs) * sizeof(float));
+        if (dbias) memset(dbias, 0, (size_t)cp->cs.cout * sizeof(float));
+        return;
+    }
+    DnnlCall c = {.cp = cp, .n = n, .x = x, .weight = weight, .dy = dy, .dx = dx,
+                  .dweight = dweight, .dbias = dbias, .ws = ws};
+    ops_team_run(backward_body, &c);
+}
+
+void cpu_dnnl_conv_entries(NetOps *t) {
+    if (!g_engine) DNNL_CHECK(dnnl_engine_create(&g_engine, dnnl_cpu, 0));
+    t->conv_plan = dnnl_conv_plan;
+    t->conv_workspace_bytes = dnnl_conv_workspace_bytes;
+    t->conv_plan_free = dnnl_conv_plan_free;
+    t->conv_prepare = dnnl_conv_prepare;
+    t->conv_forward = dnnl_conv_forward;
+    t->conv_backward = dnnl_conv_backward;
+    /* weights stay in PyTorch's layout: conv_weight_export/import are the fp32 table's copies */
+}
+
+const char *cpu_dnnl_conv_backend(void) { return g_backend; }
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int conv_dnnl_unused;
+#endif

@@ -1,0 +1,39 @@
+/* cpu_bf16.h: --precision bf16 on the CPU: whether this CPU, OS and build can run it
+ * (cpuid, xgetbv, arch_prctl), and its op table: the AVX-512 table with the
+ * convolutions through oneDNN in bf16 (conv_dnnl.c). */
+#ifndef CIFAR_CPU_BF16_H
+#define CIFAR_CPU_BF16_H
+
+#include <stddef.h>
+
+#include "model/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The bf16 instructions this CPU has and the OS has enabled: a mask of these. */
+enum { CPU_BF16_AVX512 = 1, /* AVX512-BF16 (vdpbf16ps), with AVX-512 state enabled (xgetbv) */
+       CPU_BF16_AMX = 2 };  /* AMX-BF16 tiles, enabled (xgetbv) and granted (arch_prctl) */
+int cpu_bf16_features(void);
+
+/* NULL when --precision bf16 can run on this CPU with CPU variant isa (CIFAR_CPU_ISA's,
+ * -1 = the best), else why not, in one phrase naming what is missing (the CPU's
+ * instructions, the OS's support, the AVX-512 variant, or oneDNN in the build). */
+const char *cpu_bf16_why_not(int isa);
+
+/* Picks the bf16 table as the one net_cpu_ops() returns (after net_cpu_ops_pick of
+ * the AVX-512 variant); dies with exit status 2 and cpu_bf16_why_not's phrase when it
+ * cannot run here. */
+const NetOps *net_cpu_ops_pick_bf16(int isa);
+
+/* The bf16 table (NULL when cpu_bf16_why_not(isa) is not): for tests and benchmarks. */
+const NetOps *net_cpu_ops_bf16(void);
+
+/* What the bf16 convolutions run on, for the start line: "oneDNN 2.6.3 (avx512_core_bf16)". */
+const char *cpu_bf16_backend(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
