@@ -79,11 +79,31 @@ static dnnl_stream_t thread_stream(void) {
     return tls_stream;
 }
 
-/* fp32 -> bf16, rounded to nearest even (bf16.h); AVX-512 is there whenever this runs. */
+/* fp32 -> bf16, rounded to nearest even: bf16.h's bf16_from_float without its branch,
+ * so that GCC vectorises it (AVX-512 is there whenever this runs; 8.6% of a bf16 step
+ * with the branch). The same bits as bf16_from_float for every input (test_ops). */
+typedef uint32_t bits32_alias __attribute__((may_alias));
 __attribute__((target("arch=x86-64-v4"), optimize("O3"))) static void
-pack_bf16(size_t count, const float *src, uint16_t *dst) {
-    for (size_t i = 0; i < count; i++) dst[i] = bf16_from_float(src[i]);
+pack_bf16(size_t count, const float *src, uint16_t *restrict dst) {
+    const bits32_alias *u = (const bits32_alias *)src;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t v = u[i];
+        uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
+        uint32_t quiet_nan = (v >> 16) | 0x0040u;
+        dst[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    }
 }
+
+/* bq[o] = the sum over rows of dy[r][o], in double, in row order. */
+__attribute__((target("arch=x86-64-v4"), optimize("O3"))) static void
+bias_partial(size_t rows, int cout, const float *restrict dy, double *restrict bq) {
+    for (int o = 0; o < cout; o++) bq[o] = 0.0;
+    for (size_t r = 0; r < rows; r++)
+        for (int o = 0; o < cout; o++) bq[o] += dy[r * cout + o];
+}
+
+/* For tests: pack_bf16, to check it against bf16_from_float. */
+void cpu_dnnl_pack_bf16(size_t count, const float *src, uint16_t *dst) { pack_bf16(count, src, dst); }
 
 static const uint16_t *packed(int slot, size_t count, const float *src) {
     uint16_t *dst = tls_buffer(slot, count * sizeof(uint16_t));
@@ -363,10 +383,7 @@ static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wpart
                          {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw}};
     run(ps->bwd_w, ps, a, 3);
     reorder(ps->dw_reorder, ps, &ps->dw_any, dw, &ps->dw32, wparts + (size_t)t * weight_len(cs));
-    double *bq = bparts + (size_t)t * cs->cout;
-    for (int o = 0; o < cs->cout; o++) bq[o] = 0.0;
-    for (size_t r = 0; r < (size_t)nimg * cp->oh * cp->ow; r++)
-        for (int o = 0; o < cs->cout; o++) bq[o] += dy[r * cs->cout + o];
+    bias_partial((size_t)nimg * cp->oh * cp->ow, cs->cout, dy, bparts + (size_t)t * cs->cout);
 }
 
 static void backward_body(void *arg) {

@@ -5,6 +5,7 @@
 #define CIFAR_CPU_BF16_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model/net.h"
 
@@ -32,6 +33,12 @@ const NetOps *net_cpu_ops_bf16(void);
 
 /* What the bf16 convolutions run on, for the start line: "oneDNN 2.6.3 (avx512_core_bf16)". */
 const char *cpu_bf16_backend(void);
+
+#ifdef CIFAR_DNNL
+/* conv_dnnl.c's vectorised fp32 -> bf16 packing (for tests: the bits of bf16.h's
+ * bf16_from_float). */
+void cpu_dnnl_pack_bf16(size_t count, const float *src, uint16_t *dst);
+#endif
 
 #ifdef __cplusplus
 }
