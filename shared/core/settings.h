@@ -63,7 +63,8 @@ void settings_from_env(Settings *s);
 #define SETTINGS_HELP                                                                       \
     "Environment (read once at start; a malformed value stops the command):\n"              \
     "  CIFAR_CPU_ISA=V        the CPU ops' instruction-set variant: generic | avx2 | avx512\n" \
-    "                         (default: the best this CPU runs; one it lacks exits 2)\n"     \
+    "                         (default: the best this CPU runs; one it lacks exits 2;\n"    \
+    "                         generic and avx2 refuse cifar-train --precision bf16)\n"     \
     "  CIFAR_DATA_IN_MEMORY=1 copy each split to memory instead of reading it in place\n"   \
     "  CIFAR_CUDA_DATA=M      GPU data: auto (default) | resident | stream | stream:N\n"     \
     "  CIFAR_CUDA_GRAPH=0     no CUDA graph: every GPU step eager\n"                         \
