@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "backend-cuda/bn_nhwc.h"
+#include "backend-cpu/cpu_bf16.h"
 #include "backend-cpu/ops_cpu.h"
 #include "core/check.h"
 #include "unit.h"
@@ -120,6 +121,47 @@ static int bf16_check_bits(uint32_t u) {
     bf16_t got = bf16_from_float(f);
     if (isnan(f)) return bf16_is_nan(got) && (got & 0x8000u) == ((u >> 16) & 0x8000u);
     return got == bf16_reference(f);
+}
+
+/* The CPU bf16 convs' packing (backend-cpu/conv_dnnl.c): bf16.h's rounding bit for bit, on the values where
+ * rounding goes wrong (ties both ways, carries into the exponent and to infinity,
+ * denormals, NaNs, infinities) and on random bit patterns. */
+static void test_bf16_packing(void) {
+#ifdef CIFAR_DNNL
+    if (cpu_bf16_why_not(-1)) { /* its AVX-512 code needs the CPU bf16 runs on */
+        printf("test_bn_nhwc: NOT RUN: the bf16 convs' packing: %s\n", cpu_bf16_why_not(-1));
+        return;
+    }
+    enum { N = 4096 };
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                                       0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                       0x7f800001u, 0xffbfffffu, 0x00000001u, 0x00008000u, 0x00018000u,
+                                       0x007fffffu, 0x3f7fffffu, 0x477fe000u, 0xbf808001u};
+    float *src = xmalloc(N * sizeof(float));
+    uint16_t *got = xmalloc(N * sizeof(uint16_t));
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        uint32_t u;
+        if (i < (int)(sizeof special / sizeof special[0])) {
+            u = special[i];
+        } else {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            u = (uint32_t)(st >> 32);
+        }
+        memcpy(&src[i], &u, sizeof u);
+    }
+    cpu_dnnl_pack_bf16(N, src, got);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        if (got[i] != bf16_from_float(src[i])) {
+            if (!bad) printf("bf16 packing: input %08x gave %04x, bf16.h %04x\n", bf16_f32_bits(src[i]), got[i],
+                             bf16_from_float(src[i]));
+            bad++;
+        }
+    EXPECT(bad == 0, "bf16 packing: %d of %d values differ from bf16.h's rounding", bad, N);
+    free(src);
+    free(got);
+#endif
 }
 
 static void test_bf16_convert(void) {
@@ -503,6 +545,7 @@ int main(void) {
     ops_set_threads(1);
     test_chunks();
     test_bf16_convert();
+    test_bf16_packing();
     /* channel counts across the 32-channel tile; rows: tiny, odd, past the chunk clamp */
     static const struct { int64_t rows; int c; } shapes[] = {{1, 3}, {7, 8}, {147, 33}, {3000, 16},
                                                             {300001, 4}, {4100, 70}};

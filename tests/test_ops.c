@@ -733,44 +733,6 @@ static void test_bf16_cases(void) {
     printf("test_ops: bf16 op cases: %d conv cases compared\n", ran);
 }
 
-/* The bf16 convs' packing: bf16.h's rounding bit for bit, on the values where
- * rounding goes wrong (ties both ways, carries into the exponent and to infinity,
- * denormals, NaNs, infinities) and on random bit patterns. */
-static void test_bf16_packing(void) {
-#ifdef CIFAR_DNNL
-    if (bf16_not_run()) return; /* its AVX-512 code needs the CPU bf16 runs on */
-    enum { N = 4096 };
-    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
-                                       0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u,
-                                       0x7f800001u, 0xffbfffffu, 0x00000001u, 0x00008000u, 0x00018000u,
-                                       0x007fffffu, 0x3f7fffffu, 0x477fe000u, 0xbf808001u};
-    float *src = fvec(N);
-    uint16_t *got = xmalloc(N * sizeof(uint16_t));
-    uint64_t st = 0x9e3779b97f4a7c15ull;
-    for (int i = 0; i < N; i++) {
-        uint32_t u;
-        if (i < (int)(sizeof special / sizeof special[0])) {
-            u = special[i];
-        } else {
-            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
-            u = (uint32_t)(st >> 32);
-        }
-        memcpy(&src[i], &u, sizeof u);
-    }
-    cpu_dnnl_pack_bf16(N, src, got);
-    int bad = 0;
-    for (int i = 0; i < N; i++)
-        if (got[i] != bf16_from_float(src[i])) {
-            if (!bad) printf("bf16 packing: input %08x gave %04x, bf16.h %04x\n", bf16_f32_bits(src[i]), got[i],
-                             bf16_from_float(src[i]));
-            bad++;
-        }
-    EXPECT(bad == 0, "bf16 packing: %d of %d values differ from bf16.h's rounding", bad, N);
-    free(src);
-    free(got);
-#endif
-}
-
 /* The bf16 convs (and the BN after them) bit-identical over two runs and with 1 and 2
  * threads, on a batch of several tiles and single images (67 images of 8x8: a tile
  * of 64, then 3 alone), and a 1x1 conv. */
@@ -896,7 +858,6 @@ int main(void) {
     use_best_isa();
     test_block();
     test_determinism();
-    test_bf16_packing();
     test_bf16_determinism();
     test_isa_cases();
     test_bf16_cases();
