@@ -175,11 +175,6 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     ps->w_fwd = *dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0);
     ps->fwd = primitive_of(fpd, &ps->scratch_bytes);
     ps->w_fwd_reorder = weight_reorder(&ps->w32, &ps->w_fwd, &ps->w_fwd_buf);
-    const char *impl = NULL;
-    if (dnnl_primitive_desc_query(fpd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
-        const dnnl_version_t *v = dnnl_version();
-        snprintf(g_backend, sizeof g_backend, "oneDNN %d.%d.%d, %s", v->major, v->minor, v->patch, impl);
-    }
     if (cp->backward) {
         if (cp->need_dx) {
             dnnl_convolution_desc_t dd;
@@ -439,8 +434,20 @@ static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, con
     ops_team_run(backward_body, &c);
 }
 
+/* oneDNN's name of the instructions its kernels use here. */
+static const char *dnnl_isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_avx512_core_amx: return "AMX (avx512_core_amx)";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX512-BF16 (avx512_core_bf16)";
+    default: return "an instruction set without bf16 (bf16 emulated)";
+    }
+}
+
 void cpu_dnnl_conv_entries(NetOps *t) {
     if (!g_engine) DNNL_CHECK(dnnl_engine_create(&g_engine, dnnl_cpu, 0));
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(g_backend, sizeof g_backend, "oneDNN %d.%d.%d, %s", v->major, v->minor, v->patch,
+             dnnl_isa_name(dnnl_get_effective_cpu_isa()));
     t->conv_plan = dnnl_conv_plan;
     t->conv_workspace_bytes = dnnl_conv_workspace_bytes;
     t->conv_plan_free = dnnl_conv_plan_free;
