@@ -81,9 +81,14 @@ static dnnl_stream_t thread_stream(void) {
 
 /* fp32 -> bf16, rounded to nearest even: bf16.h's bf16_from_float without its branch,
  * so that GCC vectorises it (AVX-512 is there whenever this runs; 8.6% of a bf16 step
- * with the branch). The same bits as bf16_from_float for every input (test_ops). */
+ * with the branch). The same bits as bf16_from_float for every input (test_bn_nhwc). */
 typedef uint32_t bits32_alias __attribute__((may_alias));
-__attribute__((target("arch=x86-64-v4"), optimize("O3"))) static void
+#if defined(__clang__)
+#define PACK_FN __attribute__((target("arch=x86-64-v4"))) static
+#else
+#define PACK_FN __attribute__((target("arch=x86-64-v4"), optimize("O3"))) static
+#endif
+PACK_FN void
 pack_bf16(size_t count, const float *src, uint16_t *restrict dst) {
     const bits32_alias *u = (const bits32_alias *)src;
     for (size_t i = 0; i < count; i++) {
@@ -95,7 +100,7 @@ pack_bf16(size_t count, const float *src, uint16_t *restrict dst) {
 }
 
 /* bq[o] = the sum over rows of dy[r][o], in double, in row order. */
-__attribute__((target("arch=x86-64-v4"), optimize("O3"))) static void
+PACK_FN void
 bias_partial(size_t rows, int cout, const float *restrict dy, double *restrict bq) {
     for (int o = 0; o < cout; o++) bq[o] = 0.0;
     for (size_t r = 0; r < rows; r++)
