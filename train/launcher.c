@@ -26,6 +26,7 @@
 
 #include "core/check.h"
 #include "core/options.h"
+#include "agent_round.h"
 
 extern char **environ;
 
@@ -36,7 +37,12 @@ void launch_options_init(LaunchOptions *o) {
     snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
     o->max_restarts = 3;
     o->grace_seconds = 10.0;
+    o->nnodes_min = 1;
+    o->rdzv_port = 29400;
+    o->rdzv_timeout = 30.0;
 }
+
+int launcher_is_rendezvous(const LaunchOptions *o) { return o->rdzv_host[0] != '\0'; }
 
 /* ------------------------------------------------------------ arguments */
 
@@ -58,6 +64,83 @@ static int option_is(const char *arg, size_t len, const char *name) {
     return 1;
 }
 
+/* --nnodes N or MIN:MAX (torchrun's). */
+static int parse_nnodes(LaunchOptions *o, const char *v, char *err, size_t errlen) {
+    const char *colon = strchr(v, ':');
+    if (colon == NULL) {
+        if (parse_int_arg("--nnodes", v, 1, 65536, &o->nnodes, err, errlen) != 0) return -1;
+        o->nnodes_min = o->nnodes;
+        return 0;
+    }
+    char min[32];
+    snprintf(min, sizeof min, "%.*s", (int)(colon - v < 31 ? colon - v : 31), v);
+    if (parse_int_arg("--nnodes", min, 1, 65536, &o->nnodes_min, err, errlen) != 0 ||
+        parse_int_arg("--nnodes", colon + 1, 1, 65536, &o->nnodes, err, errlen) != 0)
+        return -1;
+    if (o->nnodes_min > o->nnodes) {
+        snprintf(err, errlen, "--nnodes %s: MIN above MAX", v);
+        return -1;
+    }
+    return 0;
+}
+
+/* --rdzv-endpoint HOST[:PORT] ([v6]:PORT too), --rdzv-id, --rdzv-backend c10d,
+ * --rdzv-timeout SECONDS. */
+static int parse_rdzv(LaunchOptions *o, const char *name, const char *v, char *err, size_t errlen) {
+    if (strcmp(name, "--rdzv-backend") == 0) {
+        if (strcmp(v, "c10d") == 0) return 0;
+        snprintf(err, errlen, "--rdzv-backend %s: only c10d is supported (the store served by the "
+                 "agent at --rdzv-endpoint)", v);
+        return -1;
+    }
+    if (strcmp(name, "--rdzv-id") == 0) {
+        if (*v == '\0' || strlen(v) > 100) {
+            snprintf(err, errlen, "--rdzv-id '%s': expected 1 to 100 characters", v);
+            return -1;
+        }
+        snprintf(o->rdzv_id, sizeof o->rdzv_id, "%s", v);
+        return 0;
+    }
+    if (strcmp(name, "--rdzv-timeout") == 0) {
+        char *end = NULL;
+        double t = strtod(v, &end);
+        if (end == v || *end != '\0' || !(t > 0 && t <= 86400)) {
+            snprintf(err, errlen, "--rdzv-timeout: expected seconds in (0, 86400], got '%s'", v);
+            return -1;
+        }
+        o->rdzv_timeout = t;
+        return 0;
+    }
+    /* --rdzv-endpoint: HOST, HOST:PORT, [IPv6] or [IPv6]:PORT (a bare IPv6 address has no port) */
+    const char *host = v, *port = NULL;
+    size_t hl = strlen(v);
+    if (v[0] == '[') {
+        const char *close = strchr(v, ']');
+        host = v + 1;
+        hl = close ? (size_t)(close - host) : 0;
+        if (close && close[1] == ':') port = close + 2;
+        else if (close && close[1] != '\0') hl = 0;
+    } else if (strchr(v, ':') && strchr(v, ':') == strrchr(v, ':')) {
+        port = strchr(v, ':') + 1;
+        hl = (size_t)(port - 1 - v);
+    }
+    if (hl == 0 || hl >= sizeof o->rdzv_host) {
+        snprintf(err, errlen, "--rdzv-endpoint '%s': expected HOST:PORT", v);
+        return -1;
+    }
+    snprintf(o->rdzv_host, sizeof o->rdzv_host, "%.*s", (int)hl, host);
+    if (port) return parse_int_arg("--rdzv-endpoint", port, 1, 65535, &o->rdzv_port, err, errlen);
+    return 0;
+}
+
+/* torchrun's options that cifar-train does not take: refused by name, so that a
+ * command line copied from torchrun says what it lost. */
+static const char *const torchrun_refused[] = {
+    "--rdzv-conf", "--monitor-interval", "--role", "--local-addr", "--logs-specs",
+    "--start-method", "--run-path", "--module", "--no-python", "--use-env", "--max-nnodes",
+    "--numa-binding", "--event-log-handler", "--virtual-local-rank", "--duplicate-stdout-filters",
+    "--duplicate-stderr-filters", "--omp", NULL};
+
 static int launcher_set_option(LaunchOptions *o, const char *name, const char *v, char *err,
                                size_t errlen) {
     if (strcmp(name, "--nproc-per-node") == 0) {
@@ -67,11 +150,16 @@ static int launcher_set_option(LaunchOptions *o, const char *name, const char *v
         }
         return parse_int_arg(name, v, 1, 4096, &o->nproc_per_node, err, errlen);
     }
-    if (strcmp(name, "--nnodes") == 0) return parse_int_arg(name, v, 1, 65536, &o->nnodes, err, errlen);
-    if (strcmp(name, "--node-rank") == 0)
+    if (strcmp(name, "--nnodes") == 0) return parse_nnodes(o, v, err, errlen);
+    if (strcmp(name, "--node-rank") == 0) {
+        o->node_rank_given = 1;
         return parse_int_arg(name, v, 0, 65535, &o->node_rank, err, errlen);
-    if (strcmp(name, "--master-port") == 0)
+    }
+    if (strcmp(name, "--master-port") == 0) {
+        o->master_given = 1;
         return parse_int_arg(name, v, 0, 65535, &o->master_port, err, errlen);
+    }
+    if (strncmp(name, "--rdzv-", 7) == 0) return parse_rdzv(o, name, v, err, errlen);
     if (strcmp(name, "--max-restarts") == 0)
         return parse_int_arg(name, v, 0, 1000000, &o->max_restarts, err, errlen);
     const char **log_option = strcmp(name, "--log-dir") == 0       ? &o->logs.log_dir
@@ -88,6 +176,7 @@ static int launcher_set_option(LaunchOptions *o, const char *name, const char *v
         return 0;
     }
     /* --master-addr */
+    o->master_given = 1;
     if (*v == '\0' || strlen(v) >= sizeof o->master_addr) {
         snprintf(err, errlen, "--master-addr '%s': expected a host name or address", v);
         return -1;
@@ -96,19 +185,76 @@ static int launcher_set_option(LaunchOptions *o, const char *name, const char *v
     return 0;
 }
 
+/* The checks between options, once all are read. */
+static int launcher_check_args(LaunchOptions *o, int addr_given, char *err, size_t errlen) {
+    if (o->standalone && (o->nnodes > 1 || launcher_is_rendezvous(o))) {
+        snprintf(err, errlen, "--standalone is a job of one node: without --nnodes above 1 or "
+                 "--rdzv-endpoint");
+        return -1;
+    }
+    if (launcher_is_rendezvous(o)) {
+        if (o->node_rank_given || o->master_given) {
+            snprintf(err, errlen, "--rdzv-endpoint with %s: the rounds give the node ranks and rank "
+                     "0's address (--node-rank, --master-addr and --master-port are for static jobs)",
+                     o->node_rank_given ? "--node-rank" : "--master-addr/--master-port");
+            return -1;
+        }
+        return 0;
+    }
+    if (o->nnodes_min != o->nnodes) {
+        snprintf(err, errlen, "--nnodes %d:%d needs --rdzv-endpoint HOST:PORT (the store where the "
+                 "nodes meet)", o->nnodes_min, o->nnodes);
+        return -1;
+    }
+    if (o->node_rank >= o->nnodes) {
+        snprintf(err, errlen, "--node-rank %d: expected 0..%d (--nnodes %d)", o->node_rank,
+                 o->nnodes - 1, o->nnodes);
+        return -1;
+    }
+    if (o->nnodes > 1 && (o->master_port == 0 || !addr_given)) {
+        snprintf(err, errlen, "--nnodes %d needs --master-addr and --master-port "
+                 "(rank 0's host and a free port there, the same on every node), or "
+                 "--rdzv-endpoint HOST:PORT", o->nnodes);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *option_named(const char *a, size_t len, const char *const *names) {
+    for (int k = 0; names[k]; k++)
+        if (option_is(a, len, names[k])) return names[k];
+    return NULL;
+}
+
 int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen) {
-    static const char *names[] = {"--nproc-per-node", "--nnodes", "--node-rank",
-                                  "--master-addr", "--master-port", "--max-restarts",
-                                  "--log-dir", "--redirects", "--tee", "--local-ranks-filter", NULL};
+    static const char *const names[] = {
+        "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+        "--max-restarts", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
+        "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend", "--rdzv-timeout", NULL};
     int out = 1, i = 1, addr_given = 0;
     for (; i < *argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) break;
         const char *eq = strchr(a, '=');
         size_t len = eq ? (size_t)(eq - a) : strlen(a);
-        const char *name = NULL;
-        for (int k = 0; names[k] && !name; k++)
-            if (option_is(a, len, names[k])) name = names[k];
+        const char *refused = option_named(a, len, torchrun_refused);
+        if (refused) {
+            snprintf(err, errlen, "%s: a torchrun option cifar-train does not take (its launcher "
+                     "takes --nproc-per-node, --nnodes, --rdzv-endpoint, --rdzv-id, --rdzv-backend "
+                     "c10d, --rdzv-timeout, --standalone, --node-rank, --max-restarts, "
+                     "--master-addr, --master-port, --log-dir, --redirects, --tee, "
+                     "--local-ranks-filter)", refused);
+            return -1;
+        }
+        if (option_is(a, len, "--standalone")) {
+            if (eq) {
+                snprintf(err, errlen, "--standalone takes no value");
+                return -1;
+            }
+            o->standalone = o->given = 1;
+            continue;
+        }
+        const char *name = option_named(a, len, names);
         if (name == NULL) {
             argv[out++] = argv[i];
             continue;
@@ -128,17 +274,7 @@ int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, siz
     for (; i < *argc; i++) argv[out++] = argv[i];
     *argc = out;
     argv[out] = NULL;
-    if (o->node_rank >= o->nnodes) {
-        snprintf(err, errlen, "--node-rank %d: expected 0..%d (--nnodes %d)", o->node_rank,
-                 o->nnodes - 1, o->nnodes);
-        return -1;
-    }
-    if (o->nnodes > 1 && (o->master_port == 0 || !addr_given)) {
-        snprintf(err, errlen, "--nnodes %d needs --master-addr and --master-port "
-                 "(rank 0's host and a free port there, the same on every node)", o->nnodes);
-        return -1;
-    }
-    return 0;
+    return launcher_check_args(o, addr_given, err, errlen);
 }
 
 int launcher_wanted(const LaunchOptions *o, const DistEnv *env) {
@@ -265,27 +401,31 @@ typedef struct {
 static const char *const worker_vars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CIFAR_RUN_ID", "CIFAR_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK",
-    "TORCHELASTIC_MAX_RESTARTS", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, FAILURE_NOTES_VAR,
+    "TORCHELASTIC_MAX_RESTARTS", "CIFAR_RDZV_ROUND", "GROUP_WORLD_SIZE", PERMANENT_STATUS_VAR, RUN_DIR_LOCKED_VAR, FAILURE_NOTES_VAR,
     LOG_EVERY_RANK_VAR, NULL};
 
-static int is_worker_var(const char *entry) {
-    for (int k = 0; worker_vars[k]; k++) {
-        size_t len = strlen(worker_vars[k]);
-        if (strncmp(entry, worker_vars[k], len) == 0 && entry[len] == '=') return 1;
-    }
-    return 0;
+static int is_var(const char *entry, const char *name) {
+    size_t len = strlen(name);
+    return strncmp(entry, name, len) == 0 && entry[len] == '=';
+}
+
+/* job_id: a rendezvous job's, which replaces an inherited CIFAR_JOB_ID. */
+static int is_worker_var(const char *entry, const char *job_id) {
+    for (int k = 0; worker_vars[k]; k++)
+        if (is_var(entry, worker_vars[k])) return 1;
+    return job_id && is_var(entry, "CIFAR_JOB_ID");
 }
 
 /* The environment of one worker, built before fork (allocation after fork is
  * unsafe if the caller has threads). Free with env_free. */
 static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_rank,
-                         int attempt, const char *run_id) {
+                         int attempt, const char *run_id, const char *job_id) {
     size_t n = 0;
     while (environ[n]) n++;
     char **env = xcalloc(n + 16, sizeof *env);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (!is_worker_var(environ[i])) env[k++] = xstrdup(environ[i]);
+        if (!is_worker_var(environ[i], job_id)) env[k++] = xstrdup(environ[i]);
     char v[512];
 #define WORKER_VAR(...) (snprintf(v, sizeof v, __VA_ARGS__), env[k++] = xstrdup(v))
     WORKER_VAR("RANK=%d", o->node_rank * nproc + local_rank);
@@ -293,6 +433,9 @@ static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_
     WORKER_VAR("WORLD_SIZE=%d", o->nnodes * nproc);
     WORKER_VAR("LOCAL_WORLD_SIZE=%d", nproc);
     WORKER_VAR("GROUP_RANK=%d", o->node_rank);
+    WORKER_VAR("GROUP_WORLD_SIZE=%d", o->nnodes);
+    WORKER_VAR("CIFAR_RDZV_ROUND=%d", attempt);
+    if (job_id) WORKER_VAR("CIFAR_JOB_ID=%s", job_id);
     WORKER_VAR("MASTER_ADDR=%s", o->master_addr);
     WORKER_VAR("MASTER_PORT=%d", port);
     WORKER_VAR("CIFAR_RUN_ID=%s", run_id);
@@ -342,12 +485,12 @@ static void group_signal(Group *g, int sig) {
 }
 
 static int group_spawn(Group *g, const LaunchOptions *o, int port, int attempt,
-                       const char *run_id, char **argv) {
+                       const char *run_id, const char *job_id, char **argv) {
     const char *exe = o->exe ? o->exe : "/proc/self/exe";
     pid_t self = getpid();
     for (int r = 0; r < g->n; r++) g->reaped[r] = 1; /* nothing to wait for until started */
     for (int r = 0; r < g->n; r++) {
-        char **env = worker_env(o, g->n, port, r, attempt, run_id);
+        char **env = worker_env(o, g->n, port, r, attempt, run_id, job_id);
         int out_fd = -1, err_fd = -1;
         if (g->logs) worker_logs_child_fds(g->logs, r, &out_fd, &err_fd);
         fflush(NULL);
@@ -405,14 +548,19 @@ static int group_poll(Group *g, const LaunchOptions *o, int stopping) {
     return left;
 }
 
+/* Called every ~10 ms while a group runs (a rendezvous job's agent talks to its
+ * store there): nonzero stops the group as a failure would. */
+typedef int (*GroupHook)(void *ctx, Group *g);
+
 /* Watch the group until every worker is reaped. */
-static void group_watch(Group *g, const LaunchOptions *o) {
+static void group_watch(Group *g, const LaunchOptions *o, GroupHook hook, void *ctx) {
     int stopping = 0, killed = 0;
     double deadline = 0;
     for (;;) {
         int left = group_poll(g, o, stopping);
         if (left == 0) break;
-        if (!stopping && (g->first_failed >= 0 || g_launcher_signal)) {
+        int asked = hook && hook(ctx, g);
+        if (!stopping && (g->first_failed >= 0 || g_launcher_signal || asked)) {
             /* the launcher's signal is passed on as it is: the workers handle the same
              * set, and their exit status then says which (128 + N) */
             int sig = SIGTERM;
@@ -466,6 +614,116 @@ static int failure_notes_create(char *name, size_t len) {
     return fd;
 }
 
+/* One round of this node's workers, from start to the last one reaped. */
+static void group_run_once(Group *g, const LaunchOptions *o, int port, int attempt,
+                           const char *run_id, const char *job_id, char **argv, GroupHook hook,
+                           void *ctx) {
+    g->first_failed = -1;
+    g->permanent = -1;
+    g->interrupted = 0;
+    g->logs = worker_logs_wanted(&o->logs) ? worker_logs_start(&o->logs, g->n, o->node_rank, attempt)
+                                           : NULL;
+    if (group_spawn(g, o, port, attempt, run_id, job_id, argv) != 0) {
+        g->first_failed = -2; /* stop those already started */
+        group_signal(g, SIGTERM);
+    }
+    group_watch(g, o, hook, ctx);
+    worker_logs_finish(g->logs);
+    g->logs = NULL;
+    comm_shm_cleanup(run_id);
+}
+
+/* A static job: this node restarts its own group on its own count. */
+static int launcher_run_static(LaunchOptions *o, Group *g, int port, char **argv) {
+    int nproc = g->n;
+    for (int attempt = 0; attempt <= o->max_restarts; attempt++) {
+        char run_id[64];
+        launcher_run_id(run_id, sizeof run_id, attempt);
+        group_run_once(g, o, port, attempt, run_id, NULL, argv, NULL, NULL);
+        if (g->interrupted) return 128 + g->interrupted;
+        if (g->first_failed == -1) return 0;
+        if (g->first_failed == -2) return 1;
+        if (g->permanent >= 0) {
+            log_error("giving up at once: rank %d exited with code %d, a failure no restart can "
+                      "fix (its message is above)", o->node_rank * nproc + g->permanent,
+                      WEXITSTATUS(g->status[g->permanent]));
+            return 1;
+        }
+        if (attempt < o->max_restarts) {
+            log_error("restarting the group (%d/%d)", attempt + 1, o->max_restarts);
+            continue;
+        }
+        char how[96];
+        describe_status(g->first_status, how, sizeof how);
+        log_error("giving up after %d attempt%s: rank %d %s (the first failure of the last "
+                  "attempt)", attempt + 1, attempt ? "s" : "", o->node_rank * nproc + g->first_failed,
+                  how);
+    }
+    return 1;
+}
+
+typedef struct {
+    AgentRound *a;
+    const LaunchOptions *o;
+    int notes_fd;
+} RoundWatch;
+
+/* The first line of the workers' notes of permanent failures (check.h), or "". */
+static void first_note(int notes_fd, char *buf, size_t len) {
+    buf[0] = '\0';
+    if (notes_fd < 0) return;
+    ssize_t n = pread(notes_fd, buf, len - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (nl) *nl = '\0';
+}
+
+/* While a round's workers run: the first failure goes to the store at once (so
+ * that every node stops within moments), the store's word is read. */
+static int round_hook(void *ctx, Group *g) {
+    RoundWatch *w = ctx;
+    AgentRound *a = w->a;
+    if (!a->reported && g->first_failed >= 0) {
+        int st = g->first_status, rank = w->o->node_rank * g->n + g->first_failed;
+        char how[96], note[600], reason[AGENT_MAX_PAYLOAD];
+        describe_status(st, how, sizeof how);
+        char host[64] = "?";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        if (status_is_permanent(st)) {
+            first_note(w->notes_fd, note, sizeof note);
+            snprintf(reason, sizeof reason, "giving up at once: rank %d on node %d (%s) %s, a failure "
+                     "no restart can fix: %s", rank, a->node_rank, host, how,
+                     note[0] ? note : "its message is in that node's log");
+        } else {
+            snprintf(reason, sizeof reason, "rank %d (pid %d) on node %d (%s) %s", rank,
+                     (int)g->pid[g->first_failed], a->node_rank, host, how);
+        }
+        agent_round_report(a, status_is_permanent(st), WEXITSTATUS(st), reason);
+    }
+    agent_round_poll(a);
+    return a->stop || a->ended || a->lost;
+}
+
+/* A rendezvous job: the rounds of the store (agent_round.h). */
+static int launcher_run_rounds(LaunchOptions *o, Group *g, char **argv, int notes_fd) {
+    AgentRound a;
+    if (agent_round_begin(&a, o, &g_launcher_signal) != 0) return 1;
+    RoundWatch w = {&a, o, notes_fd};
+    while (agent_round_next(&a)) {
+        o->node_rank = a.node_rank;
+        o->nnodes = a.nnodes;
+        snprintf(o->master_addr, sizeof o->master_addr, "%s", o->rdzv_host);
+        log_info("round %d: node %d of %d, world size %d, rank 0 at %s:%d", a.round, a.node_rank,
+                 a.nnodes, a.world_size, o->master_addr, a.master_port);
+        group_run_once(g, o, a.master_port, a.round, a.run_id, a.job_id, argv, round_hook, &w);
+        int all_ok = g->first_failed == -1 && !g->interrupted && !a.stop && !a.ended && !a.lost;
+        if (g->first_failed == -2) agent_round_report(&a, 0, 0, "a worker could not be started");
+        if (!agent_round_settle(&a, g->interrupted, all_ok)) break;
+    }
+    return agent_round_end(&a);
+}
+
 int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     if (argc < 1 || argv[0] == NULL) {
         log_error("launcher: no worker command");
@@ -489,7 +747,7 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
         return 2;
     }
     int port = o.master_port;
-    if (port == 0) {
+    if (port == 0 && !launcher_is_rendezvous(&o)) {
         if (o.nnodes > 1) {
             log_error("--nnodes %d needs --master-port", o.nnodes);
             return 2;
@@ -505,49 +763,9 @@ int launcher_run(const LaunchOptions *opt, int argc, char **argv) {
     SavedSignals saved;
     launcher_signals_install(&saved, o.signals);
     int notes_fd = failure_notes_create(o.failure_notes, sizeof o.failure_notes);
-    int result = 1;
-    for (int attempt = 0; attempt <= o.max_restarts; attempt++) {
-        char run_id[64];
-        launcher_run_id(run_id, sizeof run_id, attempt);
-        g.first_failed = -1;
-        g.permanent = -1;
-        g.interrupted = 0;
-        g.logs = worker_logs_wanted(&o.logs) ? worker_logs_start(&o.logs, nproc, o.node_rank, attempt)
-                                             : NULL;
-        if (group_spawn(&g, &o, port, attempt, run_id, argv) != 0) {
-            g.first_failed = -2; /* stop those already started */
-            group_signal(&g, SIGTERM);
-        }
-        group_watch(&g, &o);
-        worker_logs_finish(g.logs);
-        g.logs = NULL;
-        comm_shm_cleanup(run_id);
-        if (g.interrupted) {
-            result = 128 + g.interrupted;
-            break;
-        }
-        if (g.first_failed == -1) {
-            result = 0;
-            break;
-        }
-        if (g.first_failed == -2) break;
-        if (g.permanent >= 0) {
-            log_error("giving up at once: rank %d exited with code %d, a failure no restart can "
-                      "fix (its message is above)", o.node_rank * nproc + g.permanent,
-                      WEXITSTATUS(g.status[g.permanent]));
-            break;
-        }
-        if (attempt < o.max_restarts) {
-            log_error("restarting the group (%d/%d)", attempt + 1, o.max_restarts);
-            continue;
-        }
-        char how[96];
-        describe_status(g.first_status, how, sizeof how);
-        log_error("giving up after %d attempt%s: rank %d %s (the first failure of the last "
-                  "attempt)", attempt + 1, attempt ? "s" : "", o.node_rank * nproc + g.first_failed,
-                  how);
-        result = 1;
-    }
+    o.nproc_per_node = nproc; /* the store checks every node has the same */
+    int result = launcher_is_rendezvous(&o) ? launcher_run_rounds(&o, &g, argv, notes_fd)
+                                            : launcher_run_static(&o, &g, port, argv);
     launcher_signals_restore(&saved);
     if (notes_fd >= 0) close(notes_fd);
     free(g.pid);

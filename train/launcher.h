@@ -20,9 +20,21 @@
  * SIGTERM if the launcher dies (PR_SET_PDEATHSIG; launcher_run must then run on
  * the main thread, which it does in cifar-train).
  *
- * With several nodes every node runs its own launcher; a failure restarts the
- * local group, whose peers on other nodes fail in their next collective (NCCL
- * error or CIFAR_COMM_TIMEOUT) and are restarted by their own launchers. */
+ * Static jobs (--master-addr/--master-port, --node-rank): every node runs its own
+ * launcher; a failure restarts the local group, whose peers on other nodes fail
+ * in their next collective (NCCL error or CIFAR_COMM_TIMEOUT) and are restarted
+ * by their own launchers.
+ *
+ * Rendezvous jobs (--rdzv-endpoint HOST:PORT, torchrun's c10d): the launchers are
+ * node agents that meet in rounds decided by the store one of them serves
+ * (agent_store.h): round R has a membership, node ranks and a world size; every
+ * worker of the round gets CIFAR_RDZV_ROUND = TORCHELASTIC_RESTART_COUNT =
+ * CIFAR_RESTART_COUNT = R, CIFAR_JOB_ID (the job), GROUP_RANK/GROUP_WORLD_SIZE
+ * (the node's rank, the nodes), MASTER_ADDR = HOST, MASTER_PORT (chosen for the
+ * round) and CIFAR_RUN_ID "<hash of the job id>-r<R>" (the same on every node). A
+ * worker failure or a lost agent anywhere stops every node's workers and a new
+ * round starts; a permanent failure, restarts exhausted or a signal end the job
+ * on every node with the reason. */
 #ifndef CIFAR_LAUNCHER_H
 #define CIFAR_LAUNCHER_H
 
@@ -48,6 +60,15 @@ typedef struct {
     char failure_notes[256]; /* set by launcher_run: the workers' CIFAR_FAILURE_NOTES file */
     SignalSet signals;       /* handled and passed on to the workers (0: SIGINT, SIGTERM) */
     WorkerLogOptions logs;   /* --log-dir, --redirects, --tee, --local-ranks-filter */
+    /* rendezvous jobs */
+    int nnodes_min;          /* --nnodes MIN:MAX (nnodes holds MAX); MIN = MAX for --nnodes N */
+    char rdzv_host[256];     /* --rdzv-endpoint HOST[:PORT]; empty: a static job */
+    int rdzv_port;           /* default 29400 (torchrun's) */
+    char rdzv_id[128];       /* --rdzv-id; else CIFAR_JOB_ID */
+    double rdzv_timeout;     /* --rdzv-timeout: wait for more than MIN nodes (30 s) */
+    int standalone;          /* --standalone: one node */
+    int node_rank_given, master_given; /* static-only options seen */
+    const char *run_dir;     /* rendezvous jobs: the store's agent (node 0) takes its lock */
 } LaunchOptions;
 
 /* Set in the workers' environment to the launcher's pid when it holds the run
@@ -58,9 +79,12 @@ void launch_options_init(LaunchOptions *o);
 
 /* Remove the launcher options from argv in place ("--x V" and "--x=V", dashes or
  * underscores: --nproc-per-node, --nnodes, --node-rank, --master-addr,
- * --master-port, --max-restarts, --log-dir, --redirects, --tee, --local-ranks-filter)
- * and store them in *o; everything else keeps its
- * order; argv[*argc] stays NULL. Stops at "--". 0, or -1 with a reason in err. */
+ * --master-port, --max-restarts, --log-dir, --redirects, --tee, --local-ranks-filter,
+ * --rdzv-endpoint, --rdzv-id, --rdzv-backend, --rdzv-timeout, and the flag
+ * --standalone) and store them in *o; everything else keeps its order;
+ * argv[*argc] stays NULL. Stops at "--". Other torchrun options (--rdzv-conf,
+ * --monitor-interval, --role, ...) are refused naming them. 0, or -1 with a
+ * reason in err. */
 int launcher_parse_args(LaunchOptions *o, int *argc, char **argv, char *err, size_t errlen);
 
 /* 1 when this process should launch workers: launcher options were given and the
@@ -71,6 +95,9 @@ int launcher_wanted(const LaunchOptions *o, const DistEnv *env);
 /* GPUs this process may use: CUDA_VISIBLE_DEVICES entries, else the driver's
  * /proc/driver/nvidia/gpus; 0 in a build without CUDA. */
 int launcher_count_gpus(void);
+
+/* 1 for a rendezvous job (--rdzv-endpoint): node ranks come from the rounds. */
+int launcher_is_rendezvous(const LaunchOptions *o);
 
 /* Run argv (launcher options already removed; argv[0] is kept as the workers'
  * argv[0]) as this node's workers until they all exit 0 (returns 0), restarts

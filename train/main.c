@@ -25,7 +25,8 @@
  * restarts; its workers inherit the descriptor (so the lock outlives the
  * launcher until the last of them exits) and know not to take it again. */
 static void launcher_lock_run_dir(LaunchOptions *lo, const TrainOptions *o) {
-    if (lo->node_rank != 0) return;
+    lo->run_dir = o->run_dir; /* a rendezvous job: the store's agent, node 0, takes it */
+    if (lo->node_rank != 0 || launcher_is_rendezvous(lo)) return;
     int fd = run_dir_lock(o->run_dir);
     CHECK_STDIO(fcntl(fd, F_SETFD, 0) == 0, o->run_dir); /* inherited by the workers */
     lo->run_dir_locked = 1;
