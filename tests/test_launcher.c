@@ -21,6 +21,9 @@
 #include "../train/launcher.c"
 #include "../train/signals.c"
 #include "../train/worker_logs.c"
+#include "../train/agent_store.c"
+#include "../train/agent_client.c"
+#include "../train/agent_round.c"
 
 #include <sys/stat.h>
 

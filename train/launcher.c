@@ -422,7 +422,7 @@ static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_
                          int attempt, const char *run_id, const char *job_id) {
     size_t n = 0;
     while (environ[n]) n++;
-    char **env = xcalloc(n + 16, sizeof *env);
+    char **env = xcalloc(n + 24, sizeof *env); /* room for every WORKER_VAR below */
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!is_worker_var(environ[i], job_id)) env[k++] = xstrdup(environ[i]);
@@ -680,29 +680,31 @@ static void first_note(int notes_fd, char *buf, size_t len) {
 
 /* While a round's workers run: the first failure goes to the store at once (so
  * that every node stops within moments), the store's word is read. */
+static void round_report_failure(RoundWatch *w, Group *g) {
+    AgentRound *a = w->a;
+    if (a->reported || g->first_failed < 0) return;
+    int st = g->first_status, rank = w->o->node_rank * g->n + g->first_failed;
+    char how[96], note[600], reason[AGENT_MAX_PAYLOAD], host[64] = "?";
+    describe_status(st, how, sizeof how);
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = '\0';
+    if (status_is_permanent(st)) {
+        first_note(w->notes_fd, note, sizeof note);
+        snprintf(reason, sizeof reason, "giving up at once: rank %d on node %d (%s) %s, a failure "
+                 "no restart can fix: %s", rank, a->node_rank, host, how,
+                 note[0] ? note : "its message is in that node's log");
+    } else {
+        snprintf(reason, sizeof reason, "rank %d (pid %d) on node %d (%s) %s", rank,
+                 (int)g->pid[g->first_failed], a->node_rank, host, how);
+    }
+    agent_round_report(a, status_is_permanent(st), WEXITSTATUS(st), reason);
+}
+
 static int round_hook(void *ctx, Group *g) {
     RoundWatch *w = ctx;
-    AgentRound *a = w->a;
-    if (!a->reported && g->first_failed >= 0) {
-        int st = g->first_status, rank = w->o->node_rank * g->n + g->first_failed;
-        char how[96], note[600], reason[AGENT_MAX_PAYLOAD];
-        describe_status(st, how, sizeof how);
-        char host[64] = "?";
-        gethostname(host, sizeof host);
-        host[sizeof host - 1] = '\0';
-        if (status_is_permanent(st)) {
-            first_note(w->notes_fd, note, sizeof note);
-            snprintf(reason, sizeof reason, "giving up at once: rank %d on node %d (%s) %s, a failure "
-                     "no restart can fix: %s", rank, a->node_rank, host, how,
-                     note[0] ? note : "its message is in that node's log");
-        } else {
-            snprintf(reason, sizeof reason, "rank %d (pid %d) on node %d (%s) %s", rank,
-                     (int)g->pid[g->first_failed], a->node_rank, host, how);
-        }
-        agent_round_report(a, status_is_permanent(st), WEXITSTATUS(st), reason);
-    }
-    agent_round_poll(a);
-    return a->stop || a->ended || a->lost;
+    round_report_failure(w, g);
+    agent_round_poll(w->a);
+    return w->a->stop || w->a->ended || w->a->lost;
 }
 
 /* A rendezvous job: the rounds of the store (agent_round.h). */
@@ -718,6 +720,7 @@ static int launcher_run_rounds(LaunchOptions *o, Group *g, char **argv, int note
                  a.nnodes, a.world_size, o->master_addr, a.master_port);
         group_run_once(g, o, a.master_port, a.round, a.run_id, a.job_id, argv, round_hook, &w);
         int all_ok = g->first_failed == -1 && !g->interrupted && !a.stop && !a.ended && !a.lost;
+        round_report_failure(&w, g); /* the last worker's failure: the hook ran before it */
         if (g->first_failed == -2) agent_round_report(&a, 0, 0, "a worker could not be started");
         if (!agent_round_settle(&a, g->interrupted, all_ok)) break;
     }
