@@ -310,3 +310,32 @@ worker_rank() { # launcher r
     [ "$status" -ne 0 ]
     [ -z "$(leftover_processes)" ]
 }
+
+# A port free on 127.0.0.1 right now.
+free_port() {
+    "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+@test "--rdzv-endpoint on one node: a worker SIGKILLed starts round 1 from the snapshot, identical weights" {
+    ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 4 --save-every 1 | tail -1)
+    dir="$BATS_TEST_TMPDIR/crash"
+    run --separate-stderr env CIFAR_TEST_DIE_AFTER_STEPS=7 CIFAR_TEST_DIE_RANK=1 \
+        "$BIN/cifar-train" --nproc-per-node 2 --threads 1 --batch-size 32 --run-dir "$dir" \
+        --epochs 4 --save-every 1 --rdzv-endpoint "127.0.0.1:$(free_port)" --rdzv-id ddp-bats \
+        --rdzv-timeout 1 --max-restarts 1 "$LMDB"
+    echo "$stderr"
+    assert_success
+    [[ "$stderr" == *"serving the rendezvous store at 127.0.0.1:"* ]]
+    [[ "$stderr" == *"round 0 stops: rank 1 (pid "*") on node 0 ("*") killed by SIGKILL"* ]]
+    [[ "$stderr" == *"round 1: node 0 of 1, world size 2"* ]]
+    [ "$(data_checksum "${lines[-1]}")" = "$(data_checksum "$ref")" ]
+    grep -q '"restarts":1' "$dir/metrics.jsonl"
+    [ -z "$(leftover_processes)" ]
+}
+
+@test "a torchrun option the launcher does not take is refused in one line naming it" {
+    run --separate-stderr "$BIN/cifar-train" --nproc-per-node 2 --monitor-interval 5 "$LMDB"
+    assert_failure 2
+    [ "$(echo "$stderr" | wc -l)" -eq 1 ]
+    [[ "$stderr" == *"--monitor-interval: a torchrun option cifar-train does not take"* ]]
+}

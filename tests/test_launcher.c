@@ -500,6 +500,45 @@ static void test_parse_args(void) {
               strcmp(out, "t --nproc-per-nodes 2") == 0 && !o.given,
           "a longer option name is not ours: '%s'", out);
 
+    /* rendezvous jobs (torchrun's spelling) */
+    CHECK(parse("t --nnodes 2:3 --rdzv-endpoint 10.0.0.1:29555 --rdzv_id job7 --rdzv-backend=c10d "
+                "--rdzv-timeout 2.5 --nproc-per-node 2 --data x", &o, out, sizeof out, err) == 0,
+          "rdzv: %s", err);
+    CHECK(strcmp(out, "t --data x") == 0 && o.nnodes_min == 2 && o.nnodes == 3 &&
+              strcmp(o.rdzv_host, "10.0.0.1") == 0 && o.rdzv_port == 29555 &&
+              strcmp(o.rdzv_id, "job7") == 0 && o.rdzv_timeout == 2.5 && launcher_is_rendezvous(&o),
+          "rdzv values: '%s' %d:%d %s:%d", out, o.nnodes_min, o.nnodes, o.rdzv_host, o.rdzv_port);
+    CHECK(parse("t --nnodes 4 --rdzv-endpoint [fd00::1]:7 --data x", &o, out, sizeof out, err) == 0 &&
+              strcmp(o.rdzv_host, "fd00::1") == 0 && o.rdzv_port == 7 && o.nnodes_min == 4,
+          "rdzv v6: %s %s:%d", err, o.rdzv_host, o.rdzv_port);
+    CHECK(parse("t --rdzv-endpoint node0", &o, out, sizeof out, err) == 0 && o.rdzv_port == 29400,
+          "rdzv default port: %d", o.rdzv_port);
+    CHECK(parse("t --standalone --nproc-per-node 2", &o, out, sizeof out, err) == 0 && o.standalone &&
+              o.given && !launcher_is_rendezvous(&o) && strcmp(out, "t") == 0,
+          "standalone: %s '%s'", err, out);
+    static const struct {
+        const char *line, *want;
+    } bad[] = {
+        {"t --nnodes 3:2 --rdzv-endpoint h:1", "MIN above MAX"},
+        {"t --nnodes 1:2", "needs --rdzv-endpoint"},
+        {"t --rdzv-backend etcd --rdzv-endpoint h:1", "only c10d"},
+        {"t --rdzv-endpoint h:1 --node-rank 1", "--node-rank"},
+        {"t --rdzv-endpoint h:1 --master-port 5", "--master-addr/--master-port"},
+        {"t --rdzv-endpoint h:0", "--rdzv-endpoint"},
+        {"t --rdzv-endpoint :5", "expected HOST:PORT"},
+        {"t --rdzv-timeout 0 --rdzv-endpoint h:1", "--rdzv-timeout"},
+        {"t --standalone --nnodes 2 --master-addr a --master-port 3", "--standalone"},
+        {"t --standalone=1", "takes no value"},
+        {"t --rdzv-conf timeout=5", "--rdzv-conf: a torchrun option cifar-train does not take"},
+        {"t --monitor_interval=1", "--monitor-interval: a torchrun option"},
+        {"t --role trainer", "--role: a torchrun option"},
+        {"t --local-addr 1.2.3.4", "--local-addr: a torchrun option"},
+        {"t --no-python", "--no-python: a torchrun option"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++)
+        CHECK(parse(bad[k].line, &o, out, sizeof out, err) == -1 && strstr(err, bad[k].want),
+              "'%s': err '%s' (want '%s')", bad[k].line, err, bad[k].want);
+
     DistEnv worker = {.rank = 1, .world_size = 2, .from_env = 1};
     DistEnv alone = {.rank = 0, .world_size = 1, .from_env = 0};
     parse("t --nproc-per-node 2", &o, out, sizeof out, err);
