@@ -51,13 +51,8 @@ static int wait_fd(int fd, short events, double deadline) {
 
 /* One non-blocking connection attempt, finished before the deadline: fd or -1. */
 static int connect_once(const AgentClient *c, double deadline) {
-    char port[16];
-    snprintf(port, sizeof port, "%d", c->port);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(c->host, port, &hints, &res) != 0) return -1;
+    struct addrinfo *res = NULL;
+    if (agent_resolve(c->host, c->port, 0, &res) != 0) return -1;
     int fd = -1;
     for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);

@@ -33,6 +33,17 @@ double agent_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int agent_resolve(const char *host, int port, int passive, struct addrinfo **res) {
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    return getaddrinfo(host, service, &hints, res);
+}
+
 void agent_put_u32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
     p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
@@ -215,12 +226,8 @@ static void conn_send(AgentStore *s, Conn *c, uint32_t type, const void *p, size
 
 /* A port free on HOST now; rank 0's worker binds it moments later (as torchrun's). */
 static int store_free_port(const AgentStore *s) {
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    if (getaddrinfo(s->cfg.host, "0", &hints, &res) != 0) return -1;
+    struct addrinfo *res = NULL;
+    if (agent_resolve(s->cfg.host, 0, 1, &res) != 0) return -1;
     int port = -1;
     for (struct addrinfo *a = res; a && port < 0; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -554,14 +561,8 @@ static void *store_main(void *arg) {
 /* The listening socket on HOST:PORT, or -1 with why when this machine does not
  * own HOST or the port is taken on it. Dies on anything else. */
 static int store_listen(const AgentStoreConfig *cfg, char *why, size_t whylen) {
-    char port[16];
-    snprintf(port, sizeof port, "%d", cfg->port);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int rc = getaddrinfo(cfg->host, port, &hints, &res);
+    struct addrinfo *res = NULL;
+    int rc = agent_resolve(cfg->host, cfg->port, 1, &res);
     if (rc != 0)
         die("--rdzv-endpoint %s:%d: %s\n---> HINT: name the host of the agent that serves the "
             "store (the same on every node)", cfg->host, cfg->port, gai_strerror(rc));

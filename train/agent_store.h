@@ -125,5 +125,8 @@ int agent_header_check(const unsigned char *h, uint32_t *type, uint32_t *len, ch
 /* Sends a whole frame without blocking: 0, or -1 (the peer is gone or stuck). */
 int agent_send(int fd, uint32_t type, const void *payload, size_t len);
 double agent_now(void);
+struct addrinfo;
+/* getaddrinfo of host:port for TCP (passive: to bind); its status. */
+int agent_resolve(const char *host, int port, int passive, struct addrinfo **res);
 
 #endif
