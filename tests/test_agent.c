@@ -444,6 +444,35 @@ static void test_store_lost(void) {
     if (rc != 1) log_dump(&a[1]);
 }
 
+/* SIGTERM to an agent that waits: for a second node (it serves the store), or for
+ * a store that never answers its hello (a mute listener holds the port): 143 at once. */
+static void test_signal_while_waiting(void) {
+    setup();
+    Agent a;
+    agent_start_store(&a, 2, 2, 0);
+    usleep(300 * 1000);
+    kill(a.pid, SIGTERM);
+    int rc = agent_wait(&a, 5);
+    CHECK(rc == 128 + SIGTERM, "waiting for a node: rc %d", rc);
+    if (rc != 128 + SIGTERM) log_dump(&a);
+
+    setup();
+    int mute = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(mute >= 0 && bind(mute, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(mute, 8) == 0,
+          "mute listener");
+    agent_start(&a, "b", 2, 2, 0, "job-1", NULL);
+    double end = agent_now() + 10;
+    while (agent_now() < end && !log_has(&a, "joining the rendezvous store")) usleep(20 * 1000);
+    usleep(300 * 1000);
+    kill(a.pid, SIGTERM);
+    rc = agent_wait(&a, 4); /* not after the hello attempt's 5 s */
+    CHECK(rc == 128 + SIGTERM, "waiting for a mute store: rc %d", rc);
+    if (rc != 128 + SIGTERM) log_dump(&a);
+    close(mute);
+}
+
 /* The wire helpers refuse what is not a message of this protocol. */
 static void test_header_check(void) {
     unsigned char h[AGENT_HEADER_BYTES + 8];
@@ -482,6 +511,7 @@ int main(int argc, char **argv) {
         {"failure", test_failure_restarts_every_node}, {"permanent", test_permanent_ends_every_node},
         {"killed", test_node_killed},          {"max-restarts", test_max_restarts},
         {"store-lost", test_store_lost},       {"join", test_join_later_and_silent_node},
+        {"signal", test_signal_while_waiting},
     };
     /* test_agent [NAME...]: only those */
     for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) {

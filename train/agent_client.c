@@ -87,7 +87,7 @@ static int send_hello(AgentClient *c) {
 
 int agent_client_connect(AgentClient *c, double deadline, char *why, size_t whylen) {
     snprintf(why, whylen, "nothing answered at %s:%d", c->host, c->port);
-    while (agent_now() < deadline) {
+    while (agent_now() < deadline && !(c->stop && *c->stop)) {
         agent_client_close(c);
         double attempt_end = agent_now() + AGENT_HELLO_SECONDS;
         c->fd = connect_once(c, attempt_end < deadline ? attempt_end : deadline);
@@ -96,7 +96,8 @@ int agent_client_connect(AgentClient *c, double deadline, char *why, size_t whyl
             AgentMsg m;
             char lost[200];
             int rc = 0;
-            while (rc == 0 && agent_now() < attempt_end) rc = agent_client_poll(c, 100, &m, lost, sizeof lost);
+            while (rc == 0 && agent_now() < attempt_end && !(c->stop && *c->stop))
+                rc = agent_client_poll(c, 100, &m, lost, sizeof lost);
             if (rc == 1 && m.type == STORE_WELCOME) return 0;
             if (rc == 1 && (m.type == STORE_REFUSED || m.type == STORE_END)) {
                 snprintf(why, whylen, "%s", m.len > 4 ? (const char *)m.payload + 4 : "refused");

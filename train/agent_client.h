@@ -7,6 +7,7 @@
 #ifndef CIFAR_AGENT_CLIENT_H
 #define CIFAR_AGENT_CLIENT_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,7 @@ typedef struct {
     unsigned char store_nonce[16];/* the store's own when this agent serves it, else zeros */
     int nproc;
     int round;                    /* the round its beats name */
+    const volatile sig_atomic_t *stop; /* a signal flag that ends agent_client_connect; NULL none */
     double last_heard, last_beat;
     unsigned char in[AGENT_HEADER_BYTES + AGENT_MAX_PAYLOAD];
     size_t got;
@@ -36,7 +38,8 @@ void agent_client_init(AgentClient *c, const char *host, int port, const AgentId
                        int nproc);
 
 /* Connects and says hello, retrying until the deadline (agent_now() clock):
- * 0 welcomed; -1 nothing answered in time; -2 refused (why: the store's reason). */
+ * 0 welcomed; -1 nothing answered in time (or c->stop was set); -2 refused (why:
+ * the store's reason). */
 int agent_client_connect(AgentClient *c, double deadline, char *why, size_t whylen);
 
 void agent_client_close(AgentClient *c);

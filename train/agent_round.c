@@ -51,6 +51,8 @@ static void lock_run_dir(LaunchOptions *o) {
     o->run_dir_locked = 1;
 }
 
+static void set_end(AgentRound *a, int status, const char *reason);
+
 int agent_round_begin(AgentRound *a, LaunchOptions *o, const volatile sig_atomic_t *signal) {
     memset(a, 0, sizeof *a);
     a->o = o;
@@ -72,6 +74,7 @@ int agent_round_begin(AgentRound *a, LaunchOptions *o, const volatile sig_atomic
     char why[200];
     a->store = agent_store_start(&cfg, why, sizeof why);
     agent_client_init(&a->client, o->rdzv_host, o->rdzv_port, &cfg.id, o->nproc_per_node);
+    a->client.stop = signal;
     if (a->store) {
         memcpy(a->client.store_nonce, cfg.nonce, sizeof cfg.nonce);
         log_info("serving the rendezvous store at %s:%d: this node is node 0 of every round",
@@ -82,6 +85,11 @@ int agent_round_begin(AgentRound *a, LaunchOptions *o, const volatile sig_atomic
     }
     int rc = agent_client_connect(&a->client, agent_now() + cfg.join_timeout, why, sizeof why);
     if (rc == 0) return 0;
+    if (*signal) {
+        set_end(a, 128 + *signal, "");
+        agent_round_end(a);
+        return -1;
+    }
     if (rc == -2)
         log_error("the rendezvous store at %s:%d refused this node: %s", o->rdzv_host,
                   o->rdzv_port, why);
@@ -136,6 +144,10 @@ static int reconnect(AgentRound *a) {
     if (rc == 0) {
         a->lost = 0;
         return 1;
+    }
+    if (*a->signal) {
+        set_end(a, 128 + *a->signal, "");
+        return 0;
     }
     char line[AGENT_MAX_PAYLOAD];
     if (rc == -2)

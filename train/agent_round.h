@@ -40,7 +40,8 @@ typedef struct {
 
 /* Serves the store when this machine owns --rdzv-endpoint's address (then also
  * takes the run folder's lock, o->run_dir, as node 0's agent: o->run_dir_locked),
- * and connects to it. 0, or -1 after printing why. */
+ * and connects to it. 0, or -1 after printing why (or after the launcher's signal:
+ * agent_round_end then gave 128 + N, which the caller returns). */
 int agent_round_begin(AgentRound *a, LaunchOptions *o, const volatile sig_atomic_t *signal);
 
 /* Joins the next round and waits for it to close: 1 with the round's fields set,

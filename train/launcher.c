@@ -710,7 +710,8 @@ static int round_hook(void *ctx, Group *g) {
 /* A rendezvous job: the rounds of the store (agent_round.h). */
 static int launcher_run_rounds(LaunchOptions *o, Group *g, char **argv, int notes_fd) {
     AgentRound a;
-    if (agent_round_begin(&a, o, &g_launcher_signal) != 0) return 1;
+    if (agent_round_begin(&a, o, &g_launcher_signal) != 0)
+        return g_launcher_signal ? 128 + g_launcher_signal : 1;
     RoundWatch w = {&a, o, notes_fd};
     while (agent_round_next(&a)) {
         o->node_rank = a.node_rank;
