@@ -101,7 +101,12 @@ static int worker_main(int argc, char **argv) {
             getenv("CIFAR_RUN_ID"), (int)getpid(), argc, argc > 1 ? argv[1] : "-");
     fclose(f);
     if (strcmp(mode, "ok") == 0) return 0;
-    if (strcmp(mode, "crash-once") == 0) return rank == 1 && restart == 0 ? 7 : 0;
+    if (strcmp(mode, "crash-once") == 0) {
+        /* every record of the attempt written before the failure stops the others (a
+         * loaded machine used to SIGTERM rank 0 before it wrote its own) */
+        if (rank == 1 && restart == 0) wait_for_peers(restart);
+        return rank == 1 && restart == 0 ? 7 : 0;
+    }
     if (strcmp(mode, "permanent-all") == 0) {
         wait_for_peers(restart); /* no rank is SIGTERMed before it ignores SIGTERM */
         usleep(rank * 50 * 1000);
