@@ -380,6 +380,7 @@ static void test_join_later_and_silent_node(void) {
     setup();
     Agent a[3];
     agent_start_store(&a[0], 2, 3, 1);
+    int slowloris = stranger("CFAG\0\0", 6); /* held through the test: dropped after 5 s */
     agent_start(&a[1], "b", 2, 3, 1, "job-1", NULL);
     CHECK(wait_round(0, 4, 20), "join: round 0 never started with 2 nodes");
     agent_start(&a[2], "c", 2, 3, 1, "job-1", NULL);
@@ -399,6 +400,8 @@ static void test_join_later_and_silent_node(void) {
     }
     CHECK(log_has(&a[0], "asking to join: a new round") && log_has(&a[0], "no heartbeat for"),
           "join: the reasons are not in the store's log");
+    CHECK(log_has(&a[0], "no complete hello within 5 s"), "join: the slowloris was not dropped");
+    if (slowloris >= 0) close(slowloris);
 }
 
 /* --max-restarts counts failed rounds for the whole job. */
