@@ -479,6 +479,27 @@ static void test_signal_while_waiting(void) {
     close(mute);
 }
 
+/* SIGTERM to one agent of a running round: its workers get it, and every agent ends
+ * with 143, the others saying which node was stopped. */
+static void test_signal_to_one_node(void) {
+    setup();
+    Agent a[2];
+    agent_start_store(&a[0], 2, 2, 3);
+    agent_start(&a[1], "b", 2, 2, 3, "job-1", NULL);
+    CHECK(wait_round(0, 4, 20), "signal: round 0 never started");
+    kill(a[1].pid, SIGTERM);
+    for (int i = 1; i >= 0; i--) {
+        int rc = agent_wait(&a[i], 20);
+        CHECK(rc == 128 + SIGTERM, "signal: agent %d exited %d", i, rc);
+        if (rc != 128 + SIGTERM) log_dump(&a[i]);
+    }
+    CHECK(log_has(&a[0], "node 1 (") && log_has(&a[0], "was stopped by SIGTERM: every node stops"),
+          "signal: the store's agent does not say which node was stopped");
+    CHECK(file_there("term-r%d-k%d", 0, 0) && file_there("term-r%d-k%d", 0, 3),
+          "signal: the workers were not stopped");
+    CHECK(!file_there("r%d-k%d", 1, 0), "signal: a second round");
+}
+
 /* The wire helpers refuse what is not a message of this protocol. */
 static void test_header_check(void) {
     unsigned char h[AGENT_HEADER_BYTES + 8];
@@ -517,7 +538,7 @@ int main(int argc, char **argv) {
         {"failure", test_failure_restarts_every_node}, {"permanent", test_permanent_ends_every_node},
         {"killed", test_node_killed},          {"max-restarts", test_max_restarts},
         {"store-lost", test_store_lost},       {"join", test_join_later_and_silent_node},
-        {"signal", test_signal_while_waiting},
+        {"signal", test_signal_while_waiting}, {"signal-node", test_signal_to_one_node},
     };
     /* test_agent [NAME...]: only those */
     for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) {

@@ -417,8 +417,11 @@ static void store_message(AgentStore *s, Conn *c, uint32_t type, const unsigned 
         store_end(s, (int)agent_get_u32(p + 4), text);
     } else if (type == AGENT_LEAVING) {
         char line[AGENT_MAX_PAYLOAD];
-        snprintf(line, sizeof line, "node %d (%s) was stopped by %s: every node stops (rerun every "
-                 "node to resume)", c->node_rank, c->name, signal_name((int)agent_get_u32(p + 4)));
+        char who[AGENT_MAX_NAME + 32];
+        if (c->member) snprintf(who, sizeof who, "node %d (%s)", c->node_rank, c->name);
+        else snprintf(who, sizeof who, "the agent on %s", c->name);
+        snprintf(line, sizeof line, "%s was stopped by %s: every node stops (rerun every node to "
+                 "resume)", who, signal_name((int)agent_get_u32(p + 4)));
         store_end(s, 128 + (int)agent_get_u32(p + 4), line);
     } else if (type == AGENT_DONE && this_round) {
         c->done = 1;
