@@ -339,3 +339,35 @@ free_port() {
     [ "$(echo "$stderr" | wc -l)" -eq 1 ]
     [[ "$stderr" == *"--monitor-interval: a torchrun option cifar-train does not take"* ]]
 }
+
+metrics_lines() { [ -f "$1/metrics.jsonl" ] && [ "$(wc -l < "$1/metrics.jsonl")" -ge "$2" ]; }
+
+@test "two agents on 127.0.0.1 (--nnodes 1:2, Gloo): one node killed mid-run, the other finishes alone in round 1" {
+    dir="$BATS_TEST_TMPDIR/run"
+    port=$(free_port)
+    agent() { # name
+        "$BIN/cifar-train" --nproc-per-node 1 --threads 1 --batch-size 32 --device cpu --run-dir "$dir" \
+            --epochs 40 --save-every 1 --nnodes 1:2 --rdzv-endpoint "127.0.0.1:$port" --rdzv-id ddp-two \
+            --rdzv-timeout 1 "$LMDB" > "$BATS_TEST_TMPDIR/$1.out" 2> "$BATS_TEST_TMPDIR/$1.err" &
+    }
+    agent a
+    a=$!
+    wait_until 100 grep -q "serving the rendezvous store" "$BATS_TEST_TMPDIR/a.err"
+    agent b
+    b=$!
+    wait_until 300 metrics_lines "$dir" 2
+    pkill -KILL -P "$b"     # the whole node: its worker, then its agent
+    kill -KILL "$b"
+    status=0
+    wait "$a" || status=$?
+    cat "$BATS_TEST_TMPDIR/a.err"
+    [ "$status" -eq 0 ]
+    grep -q "round 0: node 0 of 2, world size 2" "$BATS_TEST_TMPDIR/a.err"
+    # whichever the store heard first: node 1's closed connection, or rank 0's failed collective
+    grep -qE "round 0 stops: (node 1 \(.*\) lost|rank 0 \(pid [0-9]+\) on node 0)" "$BATS_TEST_TMPDIR/a.err"
+    grep -q "round 1: node 0 of 1, world size 1" "$BATS_TEST_TMPDIR/a.err"
+    head -1 "$dir/metrics.jsonl" | grep -q '"world_size":2,.*"comm":"gloo"'
+    tail -1 "$dir/metrics.jsonl" | grep -q '"world_size":1,.*"restarts":1'
+    [ "$(wc -l < "$dir/metrics.jsonl")" -eq 40 ]
+    [ -z "$(leftover_processes)" ]
+}
