@@ -1,6 +1,12 @@
 /* agent_store.h: the rendezvous store of cifar-train's node agents (the launchers of
  * a job started with --rdzv-endpoint HOST:PORT; torchrun's c10d store).
  *
+ * Against issue 22's contract between its engineers (h22b): --max-restarts counts the
+ * failed rounds of the whole job, not the rounds a joining node starts (as torchrun);
+ * a permanent failure ends every agent with the worker's status (2 or 3); the store's
+ * agent is always node 0 (MASTER_ADDR = HOST); --log-dir, --redirects and --tee stay
+ * accepted (the launcher implements them), not refused as other torchrun options are.
+ *
  * One agent serves it: the one on the machine that owns HOST's address (it binds
  * HOST:PORT; an agent that cannot, because the address is not its machine's or the
  * port is taken on it, connects instead). It runs in a thread of that agent and
