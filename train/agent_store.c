@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/listen.h"
 #include "comm/sha256.h"
 #include "core/check.h"
 #include "signals.h"
@@ -569,21 +570,8 @@ static int store_listen(const AgentStoreConfig *cfg, char *why, size_t whylen) {
     if (rc != 0)
         die("--rdzv-endpoint %s:%d: %s\n---> HINT: name the host of the agent that serves the "
             "store (the same on every node)", cfg->host, cfg->port, gai_strerror(rc));
-    int fd = -1, err = 0;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-            err = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
+    int err = 0;
+    int fd = listen_first(res, 0, &err);
     freeaddrinfo(res);
     if (fd >= 0) return fd;
     if (err == EADDRNOTAVAIL) {

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/listen.h"
 #include "comm/sha256.h"
 #include "core/check.h"
 
@@ -123,23 +124,8 @@ static int rv_listen(const DistEnv *env) {
     if (rc != 0)
         die("rank 0: cannot listen on %s port %d: %s\n---> HINT: MASTER_ADDR (or CIFAR_RENDEZVOUS_BIND) "
             "must name this machine", host ? host : "every interface", env->master_port, gai_strerror(rc));
-    int fd = -1, err = 0;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1, zero = 0;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (a->ai_family == AF_INET6 && host == NULL)
-            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero); /* IPv4 too */
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-            err = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
+    int err = 0;
+    int fd = listen_first(res, host == NULL /* every interface: IPv4 too */, &err);
     freeaddrinfo(res);
     if (fd >= 0) return fd;
     if (err == EADDRNOTAVAIL)
