@@ -275,3 +275,153 @@ probe_link() {
     netns_sweep
     ip netns list | grep -q -- "cifar-h1-$NETNS_RUN"
 }
+
+# ---------------------------------------------------------------- the scenarios
+# One agent per host: `cifar-train --nnodes 2:3 --nproc-per-node 2 --device cpu
+# --rdzv-endpoint 10.231.0.1:PORT` (host 1 serves the store), the run folder shared.
+# 384 images of 16x16, the small network, batch 16: 4 steps an epoch with 6 ranks, 6
+# with 4; a snapshot every epoch and every 2 steps, all kept (--keep 0).
+EPOCHS=8
+
+agent() { # host name run-dir [extra args...]
+    local h=$1 name=$2 dir=$3
+    shift 3
+    netns_run "$h" "$name" env CIFAR_COMM_TIMEOUT=20 "$BIN/cifar-train" --quiet --device cpu --threads 1 \
+        --nnodes 2:3 --nproc-per-node 2 --rdzv-endpoint "$(netns_addr 1):$PORT" --rdzv-id "$JOB" \
+        --rdzv-timeout 2 --batch-size 16 --model "$MODEL" --epochs "$EPOCHS" --save-every 1 \
+        --save-every-steps 2 --keep 0 --run-dir "$dir" "$@" "$LMDB"
+}
+
+# The three agents of a job, host 1's first (it serves the store).
+three_agents() { # run-dir [extra args...]
+    agent 1 node1 "$@"
+    netns_deadline 30 grep -q "serving the rendezvous store" "$NETNS_LOGS/node1.log"
+    agent 2 node2 "$@"
+    agent 3 node3 "$@"
+}
+
+# An agent ends by itself within SECONDS with STATUS.
+agent_ends() { # name seconds status
+    netns_wait "$1" "$2" || { netns_log "$1"; return 1; }
+    [ "$NETNS_STATUS" -eq "$3" ] || { echo "$1: status $NETNS_STATUS, expected $3"; netns_log "$1"; return 1; }
+}
+
+# The world sizes of a run's epochs, in order, on one line ("6 6 4 4 ...").
+world_sizes() { # run-dir
+    sed 's/.*"world_size":\([0-9]*\).*/\1/' "$1/metrics.jsonl" | tr '\n' ' '
+}
+
+# The snapshot the last round resumed from (rank 0 names it, on host 1's log).
+last_resumed_from() { # log-name
+    sed -n 's/.*resuming from \([^:]*\): .*/\1/p' "$NETNS_LOGS/$1.log" | tail -1
+}
+
+# The same job resumed from SNAPSHOT (copied into a fresh run folder) on hosts 1 and 2
+# only: its final snapshot.
+two_node_rerun_from() { # snapshot
+    local ref="$OUT/ref"
+    mkdir -p "$ref"
+    cp "$1" "$ref/"
+    agent 1 ref1 "$ref" --nnodes 2
+    netns_deadline 30 grep -q "serving the rendezvous store" "$NETNS_LOGS/ref1.log"
+    agent 2 ref2 "$ref" --nnodes 2
+    agent_ends ref1 180 0
+    agent_ends ref2 30 0
+    tail -1 "$NETNS_LOGS/ref1.log"
+}
+
+@test "a host killed mid-epoch (SIGKILL of its agent and workers): the other two go on within seconds, finish, and end as a 2-node run resumed from the same snapshot" {
+    netns_setup 3
+    run_dir="$OUT/run"
+    three_agents "$run_dir"
+    netns_deadline 120 epochs_done "$run_dir" 2
+    netns_kill_host 3
+    netns_deadline 30 grep -q "round 1: node 0 of 2, world size 4" "$NETNS_LOGS/node1.log"
+    agent_ends node1 180 0
+    agent_ends node2 30 0
+    grep -q "round 0: node 0 of 3, world size 6" "$NETNS_LOGS/node1.log"
+    echo "world sizes: $(world_sizes "$run_dir")"
+    [[ "$(world_sizes "$run_dir")" == "6 6 "*" 4 " ]]
+    [ "$(wc -l < "$run_dir/metrics.jsonl")" -eq "$EPOCHS" ]
+    from=$(last_resumed_from node1)
+    [ -f "$from" ]
+    final=$(tail -1 "$NETNS_LOGS/node1.log")
+    ref=$(two_node_rerun_from "$from")
+    [ "$(data_checksum "$final")" = "$(data_checksum "$ref")" ]
+}
+
+@test "a host's link cut mid-epoch: the other two go on as a 2-node job, the cut agent says the store is gone; back on the link it rejoins at the next round" {
+    netns_setup 3
+    run_dir="$OUT/run"
+    three_agents "$run_dir"
+    netns_deadline 120 epochs_done "$run_dir" 2
+    netns_link_down 3
+    netns_deadline 30 grep -q "round 1: node 0 of 2, world size 4" "$NETNS_LOGS/node1.log"
+    agent_ends node3 30 1
+    grep -q "the rendezvous store at $(netns_addr 1):$PORT is gone" "$NETNS_LOGS/node3.log"
+    netns_deadline 10 netns_host_empty 3   # its workers stopped too
+    netns_link_up 3
+    agent 3 node3-again "$run_dir"
+    agent_ends node1 180 0
+    agent_ends node2 30 0
+    agent_ends node3-again 30 0
+    grep -q "round 2: node 0 of 3, world size 6" "$NETNS_LOGS/node1.log"
+    echo "world sizes: $(world_sizes "$run_dir")"
+    [[ "$(world_sizes "$run_dir")" == "6 6 "*"4 "*"6 " ]]
+}
+
+@test "5% loss and 50 ms delay on every link: the job finishes, its weights those of 6 shared-memory workers on one machine" {
+    netns_setup 3 impairable
+    netns_impair 5 50
+    run_dir="$OUT/run"
+    three_agents "$run_dir" --epochs 3
+    agent_ends node1 180 0
+    agent_ends node2 30 0
+    agent_ends node3 30 0
+    [ "$(world_sizes "$run_dir")" = "6 6 6 " ]
+    final=$(tail -1 "$NETNS_LOGS/node1.log")
+    ref=$("$BIN/cifar-train" --quiet --device cpu --threads 1 --nproc-per-node 6 --batch-size 16 \
+        --model "$MODEL" --epochs 3 --save-every 1 --run-dir "$OUT/shm" "$LMDB" | tail -1)
+    [ "$(data_checksum "$final")" = "$(data_checksum "$ref")" ]
+}
+
+@test "a stranger on the rendezvous port (garbage, slowloris, 200 connections): the job goes on, no round lost" {
+    netns_setup 3
+    run_dir="$OUT/run"
+    three_agents "$run_dir"
+    netns_deadline 60 grep -q "round 0: node 0 of 3" "$NETNS_LOGS/node1.log"
+    netns_run 3 strangers /usr/bin/python3 "$STRANGERS" "$(netns_addr 1)" "$PORT" 200 6
+    agent_ends strangers 60 0
+    netns_log strangers
+    agent_ends node1 180 0
+    agent_ends node2 30 0
+    agent_ends node3 30 0
+    [ "$(world_sizes "$run_dir")" = "$(printf '6 %.0s' $(seq "$EPOCHS"))" ]
+    run grep -q "round 1" "$NETNS_LOGS/node1.log"
+    assert_failure
+    grep -q '"restarts":0' "$run_dir/metrics.jsonl"
+}
+
+@test "node 0's host lost (the store lived there): the others end within the timeout saying so; a rerun of every node resumes from the snapshot" {
+    netns_setup 3
+    run_dir="$OUT/run"
+    three_agents "$run_dir"
+    netns_deadline 120 epochs_done "$run_dir" 2
+    netns_kill_host 1
+    for n in node2 node3; do
+        agent_ends "$n" 30 1
+        [ "$(grep -c "the rendezvous store at $(netns_addr 1):$PORT is gone" "$NETNS_LOGS/$n.log")" -eq 1 ]
+    done
+    for h in 1 2 3; do netns_deadline 10 netns_host_empty "$h"; done
+    done_before=$(wc -l < "$run_dir/metrics.jsonl")
+    agent 1 rerun1 "$run_dir"
+    netns_deadline 30 grep -q "serving the rendezvous store" "$NETNS_LOGS/rerun1.log"
+    agent 2 rerun2 "$run_dir"
+    agent 3 rerun3 "$run_dir"
+    agent_ends rerun1 180 0
+    agent_ends rerun2 30 0
+    agent_ends rerun3 30 0
+    grep -q "resuming from " "$NETNS_LOGS/rerun1.log"
+    [ "$(wc -l < "$run_dir/metrics.jsonl")" -eq "$EPOCHS" ]
+    [ "$done_before" -ge 2 ]
+}

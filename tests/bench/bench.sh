@@ -6,7 +6,9 @@
 #      (tests/bench/torch_anchor.py with Debian's python3-torch), per-op breakdown
 #   3. cifar-train from an LMDB, 1 epoch: the default (1 worker, every core),
 #      --threads 1, and 2 workers x 1 thread; the all-reduce cost per step
-#   4. 2 CPU ranks over Gloo and over MPI (TCP) beside 2 over shared memory, alternating (bench_mpi.sh)
+#   4. 2 CPU ranks over Gloo and over MPI (TCP) beside 2 over shared memory, alternating
+#      (bench_mpi.sh); 2 nodes over Gloo (network namespaces) beside both, alternating
+#      (bench_multinode.sh)
 #   5. peak private memory and epoch speed, records read in place against the
 #      in-memory copy (bench_memory.sh; BENCH_MEMORY=0 skips its several minutes)
 #   6. background snapshots: throughput with --save-interval 5s against off, work
@@ -116,6 +118,8 @@ fi
 echo
 echo "== 4. CPU ranks over Gloo and MPI (TCP) beside shared memory"
 CIFAR_MPI_LIB=${CIFAR_MPI_LIB:-$BIN/libcifar-mpi.so} "$here/bench_mpi.sh"
+echo
+BIN="$BIN" "$here/bench_multinode.sh"
 
 echo
 if [ "${BENCH_MEMORY:-1}" = 1 ]; then
