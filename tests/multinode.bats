@@ -286,7 +286,7 @@ EPOCHS=8
 agent() { # host name run-dir [extra args...]
     local h=$1 name=$2 dir=$3
     shift 3
-    netns_run "$h" "$name" env CIFAR_COMM_TIMEOUT=20 "$BIN/cifar-train" --quiet --device cpu --threads 1 \
+    netns_run "$h" "$name" env CIFAR_COMM_TIMEOUT=20 "$BIN/cifar-train" --device cpu --threads 1 \
         --nnodes 2:3 --nproc-per-node 2 --rdzv-endpoint "$(netns_addr 1):$PORT" --rdzv-id "$JOB" \
         --rdzv-timeout 2 --batch-size 16 --model "$MODEL" --epochs "$EPOCHS" --save-every 1 \
         --save-every-steps 2 --keep 0 --run-dir "$dir" "$@" "$LMDB"
@@ -311,6 +311,11 @@ world_sizes() { # run-dir
     sed 's/.*"world_size":\([0-9]*\).*/\1/' "$1/metrics.jsonl" | tr '\n' ' '
 }
 
+# The final snapshot an agent printed (its stdout's last line, in its log).
+printed_snapshot() { # log-name
+    grep -E '^/.*\.safetensors$' "$NETNS_LOGS/$1.log" | tail -1
+}
+
 # The snapshot the last round resumed from (rank 0 names it, on host 1's log).
 last_resumed_from() { # log-name
     sed -n 's/.*resuming from \([^:]*\): .*/\1/p' "$NETNS_LOGS/$1.log" | tail -1
@@ -327,7 +332,7 @@ two_node_rerun_from() { # snapshot
     agent 2 ref2 "$ref" --nnodes 2
     agent_ends ref1 180 0
     agent_ends ref2 30 0
-    tail -1 "$NETNS_LOGS/ref1.log"
+    printed_snapshot ref1
 }
 
 @test "a host killed mid-epoch (SIGKILL of its agent and workers): the other two go on within seconds, finish, and end as a 2-node run resumed from the same snapshot" {
@@ -345,7 +350,7 @@ two_node_rerun_from() { # snapshot
     [ "$(wc -l < "$run_dir/metrics.jsonl")" -eq "$EPOCHS" ]
     from=$(last_resumed_from node1)
     [ -f "$from" ]
-    final=$(tail -1 "$NETNS_LOGS/node1.log")
+    final=$(printed_snapshot node1)
     ref=$(two_node_rerun_from "$from")
     [ "$(data_checksum "$final")" = "$(data_checksum "$ref")" ]
 }
@@ -353,7 +358,7 @@ two_node_rerun_from() { # snapshot
 @test "a host's link cut mid-epoch: the other two go on as a 2-node job, the cut agent says the store is gone; back on the link it rejoins at the next round" {
     netns_setup 3
     run_dir="$OUT/run"
-    three_agents "$run_dir"
+    three_agents "$run_dir" --epochs 40   # still running when the cut host is back
     netns_deadline 120 epochs_done "$run_dir" 2
     netns_link_down 3
     netns_deadline 30 grep -q "round 1: node 0 of 2, world size 4" "$NETNS_LOGS/node1.log"
@@ -361,8 +366,8 @@ two_node_rerun_from() { # snapshot
     grep -q "the rendezvous store at $(netns_addr 1):$PORT is gone" "$NETNS_LOGS/node3.log"
     netns_deadline 10 netns_host_empty 3   # its workers stopped too
     netns_link_up 3
-    agent 3 node3-again "$run_dir"
-    agent_ends node1 180 0
+    agent 3 node3-again "$run_dir" --epochs 40
+    agent_ends node1 240 0
     agent_ends node2 30 0
     agent_ends node3-again 30 0
     grep -q "round 2: node 0 of 3, world size 6" "$NETNS_LOGS/node1.log"
@@ -379,7 +384,7 @@ two_node_rerun_from() { # snapshot
     agent_ends node2 30 0
     agent_ends node3 30 0
     [ "$(world_sizes "$run_dir")" = "6 6 6 " ]
-    final=$(tail -1 "$NETNS_LOGS/node1.log")
+    final=$(printed_snapshot node1)
     ref=$("$BIN/cifar-train" --quiet --device cpu --threads 1 --nproc-per-node 6 --batch-size 16 \
         --model "$MODEL" --epochs 3 --save-every 1 --run-dir "$OUT/shm" "$LMDB" | tail -1)
     [ "$(data_checksum "$final")" = "$(data_checksum "$ref")" ]
