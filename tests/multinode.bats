@@ -384,6 +384,8 @@ two_node_rerun_from() { # snapshot
     agent_ends node2 30 0
     agent_ends node3 30 0
     [ "$(world_sizes "$run_dir")" = "6 6 6 " ]
+    grep "round\|resuming" "$NETNS_LOGS/node1.log" || true  # shown when the test fails
+    cat "$run_dir/metrics.jsonl"
     final=$(printed_snapshot node1)
     ref=$("$BIN/cifar-train" --quiet --device cpu --threads 1 --nproc-per-node 6 --batch-size 16 \
         --model "$MODEL" --epochs 3 --save-every 1 --run-dir "$OUT/shm" "$LMDB" | tail -1)
