@@ -260,7 +260,7 @@ static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int 
     cpu_conv(&cs, n, h, w, x, wt, NULL, NULL, dy, dx, dw, db);
     for (size_t i = 0; i < nx; i++) dx[i] += r[i];
     ConvCuda *cv = conv_cuda_create(ctx, &cs, n, h, w, (size_t)256 << 20, 1, 1);
-    size_t ws_bytes = conv_cuda_workspace_bytes(cv);
+    size_t ws_bytes = conv_cuda_workspace_bytes(ctx, cv);
     void *ws = cuda_alloc(ws_bytes ? ws_bytes : 1);
     float *gx = dev_act_from(ctx, x, nx), *gw = dev_from(ctx, wt, nw), *gdy = dev_act_from(ctx, dy, ny);
     float *gdx = dev_act_from(ctx, r, nx), *gwk = cuda_alloc(nw * sizeof(float));
@@ -279,7 +279,7 @@ static void test_conv_backward_acc(CudaCtx *ctx, ConvSpec cs, int n, int h, int 
     snprintf(name, sizeof name, "conv %s backward accumulating (beta 1) k%d s%d %d->%d: dweight", tag,
              cs.k, cs.stride, cs.cin, cs.cout);
     expect_dev(ctx, name, gdw, dw, nw, tol * 10, tol);
-    conv_cuda_free(cv);
+    conv_cuda_free(ctx, cv);
     if (wk != gwk) cuda_free(wk);
     if (dwk != gdwk) cuda_free(dwk);
     cuda_free(ws); cuda_free(gx); cuda_free(gw); cuda_free(gdy); cuda_free(gdx); cuda_free(gwk);
@@ -327,7 +327,7 @@ static void test_bn_pool_bf16(CudaCtx *ctx) {
     float *gdg = cuda_alloc(c * sizeof(float)), *gdb = cuda_alloc(c * sizeof(float));
     cuda_memset_async(ctx, grm, 0, c * sizeof(float));
     cuda_memset_async(ctx, grv, 0, c * sizeof(float));
-    batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, NULL, gg, gb, gy, gm, ginv, grm, grv, 0.1f, 1e-5f);
+    batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, gg, gb, gy, gm, ginv, grm, grv, 0.1f, 1e-5f);
     expect_dev_act(ctx, "bf16 bn+relu train: y", gy, y, nx, 2e-5f, (float)(2e-5 + rt));
     expect_dev(ctx, "bf16 bn+relu train: save_mean", gm, m, c, 1e-5f, 1e-5f);
     expect_dev(ctx, "bf16 bn+relu train: save_invstd", ginv, inv, c, 1e-5f, 1e-5f);
@@ -420,7 +420,7 @@ static void test_bn_repeatable(CudaCtx *ctx) {
         float *dg = cuda_alloc(c * sizeof(float)), *db = cuda_alloc(c * sizeof(float));
         float *dev[] = {y, dx, m, inv, rm, rv, dg, db};
         for (int i = 0; i < 8; i++) cuda_memset_async(ctx, dev[i], 0, (i < 2 ? nx : (size_t)c) * sizeof(float));
-        batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, NULL, gg, gb, y, m, inv, rm, rv, 0.1f, 1e-5f);
+        batchnorm2d_relu_forward_train_cuda(ctx, n, hw, c, gx, gg, gb, y, m, inv, rm, rv, 0.1f, 1e-5f);
         batchnorm2d_relu_backward_cuda(ctx, n, hw, c, gx, y, gg, m, inv, gdy, dx, dg, db);
         out[run][0] = host_from(ctx, y, nx);
         out[run][1] = host_from(ctx, dx, nx);
@@ -488,8 +488,8 @@ static void bn_coop_case(CudaCtx *ctx, int n, int hw, int c, const float *x, con
     float *m = cuda_alloc(c * sizeof(float)), *inv = cuda_alloc(c * sizeof(float));
     float *rm = dev_from(ctx, g, c), *rv = dev_from(ctx, g, c);
     float *dg = cuda_alloc(c * sizeof(float)), *db = cuda_alloc(c * sizeof(float));
-    batchnorm2d_add_relu_forward_train_cuda(ctx, n, hw, c, gx, gbias, gg, gb, gz, y, m, inv, rm, rv,
-                                            0.1f, 1e-5f);
+    NetBnForward bn = {NET_BN_TRAIN_ADD_RELU, hw, c, gg, gb, gz, NULL, y, m, inv, rm, rv, 0.1f, 1e-5f};
+    batchnorm2d_forward_bias_cuda(ctx, n, gx, gbias, &bn);
     batchnorm2d_relu_backward_keep_cuda(ctx, n, hw, c, gx, y, gg, m, inv, gdy, dx, dg, db);
     float *dev[COOP_OUTS] = {y, gx, m, inv, rm, rv, dx, gdy, dg, db};
     for (int k = 0; k < COOP_OUTS; k++) /* activations in the context's type, as they are */

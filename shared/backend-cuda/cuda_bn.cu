@@ -1,5 +1,6 @@
 /* cuda_bn.cu: the batch norms (our NHWC kernels, bn_nhwc.h; one cooperative kernel or two) (ops_cuda.h; shared parts in cuda_internal.h). */
 #include "backend-cuda/cuda_internal.h"
+#include "model/net.h"
 
 /* ---------------------------------------------------------------- batch norm */
 
@@ -357,40 +358,10 @@ static void bn_train_run(CudaCtx *ctx, int n, int hw, int c, const float *x, con
                total, c, (float *)x, x_bias, ctx->bn_aff, z, mode, y);
 }
 
-extern "C" void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                               const float *x_bias, const float *gamma,
-                                               const float *beta, float *y, float *save_mean,
-                                               float *save_invstd, float *running_mean,
-                                               float *running_var, float momentum, float eps) {
-    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, NULL, BN_PLAIN, y, save_mean, save_invstd,
-                 running_mean, running_var, momentum, eps);
-}
-
-extern "C" void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
-                                                    const float *x, const float *x_bias,
-                                                    const float *gamma, const float *beta, float *y,
-                                                    float *save_mean, float *save_invstd,
-                                                    float *running_mean, float *running_var,
-                                                    float momentum, float eps) {
-    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, NULL, BN_RELU, y, save_mean, save_invstd,
-                 running_mean, running_var, momentum, eps);
-}
-
-extern "C" void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c,
-                                                        const float *x, const float *x_bias,
-                                                        const float *gamma, const float *beta,
-                                                        const float *z, float *y, float *save_mean,
-                                                        float *save_invstd, float *running_mean,
-                                                        float *running_var, float momentum,
-                                                        float eps) {
-    bn_train_run(ctx, n, hw, c, x, x_bias, gamma, beta, z, BN_ADD_RELU, y, save_mean, save_invstd,
-                 running_mean, running_var, momentum, eps);
-}
-
-extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                              const float *x_bias, const float *gamma,
-                                              const float *beta, const float *running_mean,
-                                              const float *running_var, float eps, float *y) {
+/* Inference forward with the running statistics (x_bias as bn_train_run's). */
+static void bn_eval_run(CudaCtx *ctx, int n, int hw, int c, const float *x, const float *x_bias,
+                        const float *gamma, const float *beta, const float *running_mean,
+                        const float *running_var, float eps, float *y) {
     int64_t rows = bn_rows(n, hw, c);
     bn_eval_final_kernel<<<(unsigned)((c + 127) / 128), 128, 0, ctx->stream>>>(
         c, gamma, beta, running_mean, running_var, eps, ctx->bn_aff);
@@ -398,6 +369,71 @@ extern "C" void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c
     size_t total = (size_t)rows * c;
     ACT_LAUNCH(ctx, ctx->bf16, bn_fwd_apply_kernel, grid_for(total), OPS_CUDA_BLOCK,
                total, c, (float *)x, x_bias, ctx->bn_aff, (const float *)NULL, (int)BN_PLAIN, y);
+}
+
+extern "C" void batchnorm2d_forward_train_cuda(void *vctx, int n, int hw, int c, const float *x,
+                                               const float *gamma, const float *beta, float *y,
+                                               float *save_mean, float *save_invstd,
+                                               float *running_mean, float *running_var,
+                                               float momentum, float eps) {
+    bn_train_run((CudaCtx *)vctx, n, hw, c, x, NULL, gamma, beta, NULL, BN_PLAIN, y, save_mean,
+                 save_invstd, running_mean, running_var, momentum, eps);
+}
+
+extern "C" void batchnorm2d_relu_forward_train_cuda(void *vctx, int n, int hw, int c,
+                                                    const float *x, const float *gamma,
+                                                    const float *beta, float *y, float *save_mean,
+                                                    float *save_invstd, float *running_mean,
+                                                    float *running_var, float momentum, float eps) {
+    bn_train_run((CudaCtx *)vctx, n, hw, c, x, NULL, gamma, beta, NULL, BN_RELU, y, save_mean,
+                 save_invstd, running_mean, running_var, momentum, eps);
+}
+
+/* tmp is never needed: one pass, the BN output is never stored. */
+extern "C" void batchnorm2d_add_relu_forward_train_cuda(void *vctx, int n, int hw, int c,
+                                                        const float *x, const float *gamma,
+                                                        const float *beta, const float *z,
+                                                        float *tmp, float *y, float *save_mean,
+                                                        float *save_invstd, float *running_mean,
+                                                        float *running_var, float momentum,
+                                                        float eps) {
+    (void)tmp;
+    bn_train_run((CudaCtx *)vctx, n, hw, c, x, NULL, gamma, beta, z, BN_ADD_RELU, y, save_mean,
+                 save_invstd, running_mean, running_var, momentum, eps);
+}
+
+extern "C" void batchnorm2d_forward_eval_cuda(void *vctx, int n, int hw, int c, const float *x,
+                                              const float *gamma, const float *beta,
+                                              const float *running_mean, const float *running_var,
+                                              float eps, float *y) {
+    bn_eval_run((CudaCtx *)vctx, n, hw, c, x, NULL, gamma, beta, running_mean, running_var, eps,
+                y);
+}
+
+extern "C" void batchnorm2d_forward_bias_cuda(void *vctx, int n, const float *x,
+                                              const float *x_bias, const NetBnForward *bn) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
+    switch (bn->kind) {
+    case NET_BN_EVAL:
+        bn_eval_run(ctx, n, bn->hw, bn->c, x, x_bias, bn->gamma, bn->beta, bn->running_mean,
+                    bn->running_var, bn->eps, bn->y);
+        break;
+    case NET_BN_TRAIN:
+        bn_train_run(ctx, n, bn->hw, bn->c, x, x_bias, bn->gamma, bn->beta, NULL, BN_PLAIN, bn->y,
+                     bn->save_mean, bn->save_invstd, bn->running_mean, bn->running_var,
+                     bn->momentum, bn->eps);
+        break;
+    case NET_BN_TRAIN_RELU:
+        bn_train_run(ctx, n, bn->hw, bn->c, x, x_bias, bn->gamma, bn->beta, NULL, BN_RELU, bn->y,
+                     bn->save_mean, bn->save_invstd, bn->running_mean, bn->running_var,
+                     bn->momentum, bn->eps);
+        break;
+    case NET_BN_TRAIN_ADD_RELU: /* one pass: bn->tmp is never needed */
+        bn_train_run(ctx, n, bn->hw, bn->c, x, x_bias, bn->gamma, bn->beta, bn->z, BN_ADD_RELU,
+                     bn->y, bn->save_mean, bn->save_invstd, bn->running_mean, bn->running_var,
+                     bn->momentum, bn->eps);
+        break;
+    }
 }
 
 /* The backward reduction of rows x c (with the finalisation: dgamma, dbeta, the
@@ -446,39 +482,41 @@ static void bn_keep_check(const float *y, const float *dy, const float *dx) {
             "(internal error)");
 }
 
-extern "C" void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c,
+extern "C" void batchnorm2d_relu_backward_keep_cuda(void *vctx, int n, int hw, int c,
                                                     const float *x, const float *y,
                                                     const float *gamma, const float *save_mean,
                                                     const float *save_invstd, float *dy, float *dx,
                                                     float *dgamma, float *dbeta) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     bn_keep_check(y, dy, dx);
     bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
                     ctx->bn_dsum, 1);
 }
 
-extern "C" void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+extern "C" void batchnorm2d_backward_cuda(void *vctx, int n, int hw, int c, const float *x,
                                           const float *gamma, const float *save_mean,
                                           const float *save_invstd, const float *dy, float *dx,
                                           float *dgamma, float *dbeta) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     bn_backward_run(ctx, n, hw, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
                     ctx->bn_dsum, 0);
 }
 
-extern "C" void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+extern "C" void batchnorm2d_relu_backward_cuda(void *vctx, int n, int hw, int c, const float *x,
                                                const float *y, const float *gamma,
                                                const float *save_mean, const float *save_invstd,
-                                               const float *dy, float *dx, float *dgamma,
-                                               float *dbeta) {
+                                               float *dy, float *dx, float *dgamma, float *dbeta) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
                     ctx->bn_dsum, 0);
 }
 
-extern "C" void batchnorm2d_backward_bias_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                               const float *y, const float *gamma,
-                                               const float *save_mean, const float *save_invstd,
-                                               float *dy, float *dx, float *dgamma, float *dbeta,
-                                               float *dbias, int keep) {
-    if (keep) bn_keep_check(y, dy, dx);
-    bn_backward_run(ctx, n, hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta,
-                    dbias ? dbias : ctx->bn_dsum, keep);
+extern "C" void batchnorm2d_backward_bias_cuda(void *vctx, int n, const NetBnBackward *bn,
+                                               float *dbias) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
+    const float *y = bn->kind == NET_BN_BACKWARD ? NULL : bn->y;
+    int keep = bn->kind == NET_BN_RELU_BACKWARD_KEEP;
+    if (keep) bn_keep_check(y, bn->dy, bn->dx);
+    bn_backward_run(ctx, n, bn->hw, bn->c, bn->x, y, bn->gamma, bn->save_mean, bn->save_invstd,
+                    bn->dy, bn->dx, bn->dgamma, bn->dbeta, dbias ? dbias : ctx->bn_dsum, keep);
 }

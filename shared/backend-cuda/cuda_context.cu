@@ -101,8 +101,9 @@ extern "C" void cuda_memset_async(CudaCtx *ctx, void *dst_dev, int value, size_t
     if (bytes) CHECK_CUDA(cudaMemsetAsync(dst_dev, value, bytes, ctx->stream));
 }
 
-extern "C" void cuda_copy_d2d_async(CudaCtx *ctx, void *dst_dev, const void *src_dev, size_t bytes) {
-    if (bytes)
+extern "C" void cuda_copy_d2d_async(void *vctx, void *dst_dev, const void *src_dev, size_t bytes) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
+    if (bytes && dst_dev != src_dev)
         CHECK_CUDA(cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
 }
 

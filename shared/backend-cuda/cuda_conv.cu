@@ -336,7 +336,9 @@ extern "C" ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_
     return cv;
 }
 
-extern "C" void conv_cuda_free(ConvCuda *cv) {
+extern "C" void conv_cuda_free(void *vctx, void *plan) {
+    ConvCuda *cv = (ConvCuda *)plan;
+    (void)vctx;
     if (!cv) return;
     CHECK_CUDNN(cudnnDestroyTensorDescriptor(cv->xd));
     CHECK_CUDNN(cudnnDestroyTensorDescriptor(cv->yd));
@@ -345,7 +347,10 @@ extern "C" void conv_cuda_free(ConvCuda *cv) {
     free(cv);
 }
 
-extern "C" size_t conv_cuda_workspace_bytes(const ConvCuda *cv) { return cv->ws_bytes; }
+extern "C" size_t conv_cuda_workspace_bytes(void *vctx, void *plan) {
+    (void)vctx;
+    return ((const ConvCuda *)plan)->ws_bytes;
+}
 extern "C" const char *conv_cuda_describe(const ConvCuda *cv) { return cv->desc; }
 
 /* A pass whose chosen algorithm does not fit at this batch size falls back to its
@@ -393,8 +398,8 @@ static void conv_use_batch(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
     }
 }
 
-extern "C" void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes) {
-    conv_use_batch(ctx, cv, n, ws_bytes);
+extern "C" void conv_cuda_prepare(void *vctx, void *plan, int n, size_t ws_bytes) {
+    conv_use_batch((CudaCtx *)vctx, (ConvCuda *)plan, n, ws_bytes);
 }
 
 extern "C" const ConvSpec *conv_cuda_spec(const ConvCuda *cv) { return &cv->cs; }
@@ -476,7 +481,7 @@ extern "C" void conv2d_forward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int
     cuda_free(w16);
     cuda_free(ws);
     cuda_free(wk);
-    conv_cuda_free(cv);
+    conv_cuda_free(ctx, cv);
 }
 
 extern "C" void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
@@ -499,5 +504,5 @@ extern "C" void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, in
     cuda_free(ws);
     cuda_free(dwk);
     cuda_free(wk);
-    conv_cuda_free(cv);
+    conv_cuda_free(ctx, cv);
 }

@@ -42,24 +42,28 @@ __global__ void bias_kernel(size_t total, int c, const float *bias, float *y, in
     }
 }
 
-extern "C" void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y) {
+extern "C" void relu_forward_cuda(void *vctx, size_t n, const float *x, float *y) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     if (!n) return;
     ACT_LAUNCH(ctx, ctx->bf16, relu_forward_kernel, grid_for(n), OPS_CUDA_BLOCK, n, x, y);
 }
 
-extern "C" void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy,
+extern "C" void relu_backward_cuda(void *vctx, size_t n, const float *y, const float *dy,
                                    float *dx) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     if (!n) return;
     ACT_LAUNCH(ctx, ctx->bf16, relu_backward_kernel, grid_for(n), OPS_CUDA_BLOCK, n, y, dy, dx);
 }
 
-extern "C" void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y) {
+extern "C" void add_forward_cuda(void *vctx, size_t n, const float *a, const float *b, float *y) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     if (!n) return;
     ACT_LAUNCH(ctx, ctx->bf16, add_kernel, grid_for(n), OPS_CUDA_BLOCK, n, a, b, y);
 }
 
-extern "C" void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b,
+extern "C" void add_relu_forward_cuda(void *vctx, size_t n, const float *a, const float *b,
                                       float *y) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     if (!n) return;
     ACT_LAUNCH(ctx, ctx->bf16, add_relu_kernel, grid_for(n), OPS_CUDA_BLOCK, n, a, b, y);
 }
@@ -96,14 +100,16 @@ __global__ void meanpool_backward_kernel(int n, int hw, int c, const float *dy, 
     }
 }
 
-extern "C" void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y) {
+extern "C" void meanpool_forward_cuda(void *vctx, int n, int hw, int c, const float *x, float *y) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     size_t total = (size_t)n * c;
     if (!total) return;
     ACT_LAUNCH(ctx, ctx->bf16, meanpool_forward_kernel, grid_for(total), OPS_CUDA_BLOCK, n, hw, c, x, y);
 }
 
-extern "C" void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy,
+extern "C" void meanpool_backward_cuda(void *vctx, int n, int hw, int c, const float *dy,
                                        float *dx) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     size_t total = (size_t)n * hw * c;
     if (!total) return;
     ACT_LAUNCH(ctx, ctx->bf16, meanpool_backward_kernel, grid_for(total), OPS_CUDA_BLOCK, n, hw, c, dy, dx);

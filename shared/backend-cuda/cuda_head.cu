@@ -5,8 +5,9 @@
 
 /* Row-major y[n][out] = x[n][in] * W[out][in]^T is, in cuBLAS's column-major terms,
  * y^T (out x n) = W^T' (out x in) * x^T (in x n) with W read transposed. */
-extern "C" void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+extern "C" void linear_forward_cuda(void *vctx, int n, int in, int out, const float *x,
                                     const float *weight, const float *bias, float *y) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0) return;
     /* y = bias, then y += x W^T; no bias (NULL, as ops.h allows): y = x W^T */
@@ -15,9 +16,10 @@ extern "C" void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const 
                              in, bias ? &one : &zero, y, out));
 }
 
-extern "C" void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+extern "C" void linear_backward_cuda(void *vctx, int n, int in, int out, const float *x,
                                      const float *weight, const float *dy, float *dx,
                                      float *dweight, float *dbias) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0) {
         cuda_memset_async(ctx, dweight, 0, (size_t)in * out * sizeof(float));

@@ -1,7 +1,9 @@
 /* cuda_internal.h: what the CUDA op files (cuda_*.cu) share and nothing else
  * includes: the CudaCtx they all read, launch helpers, and the few functions one
  * family lends another (column sums, the bias pass, the batch norm's cooperative
- * plan). The public interface is ops_cuda.h.
+ * plan). The public interface is ops_cuda.h; the ops that are entries of the
+ * executor's table (net_cuda.cu) take net_ops.h's signature, their CudaCtx as a
+ * void *vctx cast back on their first line.
  *
  * Determinism: no floating-point atomics; every reduction (batch-norm statistics,
  * bias gradients, the loss) runs in a fixed order, so results repeat exactly for a

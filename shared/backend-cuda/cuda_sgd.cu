@@ -33,10 +33,11 @@ extern "C" void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const floa
     CHECK_CUDA_LAST();
 }
 
-extern "C" void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
+extern "C" void sgd_update_cuda_dev(void *vctx, size_t n, float *param, const float *grad,
                                     float *momentum_buf, const uint8_t *decay_mask,
                                     const float *lr_dev, float momentum, float weight_decay,
-                                    int nesterov, const int *first_step_dev) {
+                                    int nesterov, const int32_t *first_step_dev) {
+    CudaCtx *ctx = (CudaCtx *)vctx;
     if (!n) return;
     sgd_kernel<<<grid_for(n), OPS_CUDA_BLOCK, 0, ctx->stream>>>(
         n, param, grad, momentum_buf, decay_mask, 0.0f, lr_dev, momentum, weight_decay, nesterov, 0,

@@ -4,7 +4,10 @@
  * Every op takes a CudaCtx first: the device, one stream, the cuDNN and cuBLAS
  * handles (bound to that stream), the math mode (fp32 or tf32) and whether only
  * deterministic algorithms may be used. All work is queued on ctx's stream and is
- * asynchronous unless a function says it synchronises.
+ * asynchronous unless a function says it synchronises. The ops that are entries of
+ * the executor's table (net_cuda.cu's net_cuda_ops) have net_ops.h's signature
+ * exactly, so the table holds them directly: their CudaCtx is a void *ctx (a
+ * CudaCtx * converts to it implicitly).
  *
  * Convolutions go through cuDNN with NHWC activations. cuDNN wants an NHWC filter
  * (KRSC: [Cout][K][K][Cin]) with NHWC data, while ops.h keeps PyTorch's KCRS
@@ -105,7 +108,8 @@ void cuda_upload(CudaCtx *ctx, void *dst_dev, const void *src_host, size_t bytes
 void cuda_download(CudaCtx *ctx, void *dst_host, const void *src_dev, size_t bytes);
 /* Asynchronous device memset / copy on ctx's stream. */
 void cuda_memset_async(CudaCtx *ctx, void *dst_dev, int value, size_t bytes);
-void cuda_copy_d2d_async(CudaCtx *ctx, void *dst_dev, const void *src_dev, size_t bytes);
+/* cuda_copy_d2d_async is net_ops.h's copy: dst == src copies nothing. */
+void cuda_copy_d2d_async(void *ctx, void *dst_dev, const void *src_dev, size_t bytes);
 
 /* ---- convolution ---- */
 
@@ -129,14 +133,15 @@ ConvCuda *conv_cuda_create(CudaCtx *ctx, const ConvSpec *cs, int max_n, int h, i
                            size_t ws_limit, int backward, int need_dx);
 /* Point the descriptors at batch n and settle its algorithms now (host calls only):
  * done before a CUDA graph capture, so that nothing inside it resets a
- * descriptor or queries a workspace size. */
-void conv_cuda_prepare(CudaCtx *ctx, ConvCuda *cv, int n, size_t ws_bytes);
+ * descriptor or queries a workspace size. plan: a ConvCuda (net_ops.h's
+ * conv_prepare, as conv_cuda_free and conv_cuda_workspace_bytes). */
+void conv_cuda_prepare(void *ctx, void *plan, int n, size_t ws_bytes);
 const ConvSpec *conv_cuda_spec(const ConvCuda *cv);
 /* Output pixels per image (oh * ow). */
 size_t conv_cuda_out_pixels(const ConvCuda *cv);
-void conv_cuda_free(ConvCuda *cv);
+void conv_cuda_free(void *ctx, void *plan);
 /* Workspace bytes the chosen algorithms need at max_n (forward and backward). */
-size_t conv_cuda_workspace_bytes(const ConvCuda *cv);
+size_t conv_cuda_workspace_bytes(void *ctx, void *plan);
 /* Names of the chosen algorithms ("fwd=IMPLICIT_PRECOMP_GEMM bwd_data=1 ..."). */
 const char *conv_cuda_describe(const ConvCuda *cv);
 /* As conv2d_forward / conv2d_backward, weight and dweight in KRSC, n <= max_n;
@@ -161,59 +166,61 @@ void conv2d_backward_cuda(CudaCtx *ctx, const ConvSpec *cs, int n, int h, int w,
                           float *dbias);
 
 /* ---- batch norm (our NHWC kernels, bn_nhwc.h; the same formulas as ops.h) ----
- * The real shape: n images of hw pixels and c channels (rows = n*hw, any number),
- * NHWC, c <= BN_MAX_C (4096). Deterministic; two kernel launches each, or one
- * cooperative kernel for a training BN (forward, or backward with a dx) where the
- * device allows (cuda_ctx_bn_coop), with the same results bit for bit. x_bias: NULL,
- * or a per-channel bias that the caller has not yet added to x (the conv bias of
- * net_cuda.cu's fused conv_bn_forward): the BN uses x + x_bias and writes x + x_bias
- * back into x. */
-void batchnorm2d_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                    const float *x_bias, const float *gamma, const float *beta,
-                                    float *y, float *save_mean, float *save_invstd,
-                                    float *running_mean, float *running_var, float momentum,
-                                    float eps);
-void batchnorm2d_forward_eval_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                   const float *x_bias, const float *gamma, const float *beta,
+ * net_ops.h's bn entries: the real shape, n images of hw pixels and c channels
+ * (rows = n*hw, any number), NHWC, c <= BN_MAX_C (4096). Deterministic; two kernel
+ * launches each, or one cooperative kernel for a training BN (forward, or backward
+ * with a dx) where the device allows (cuda_ctx_bn_coop), with the same results bit
+ * for bit. The training add+ReLU form never needs its tmp (one pass). */
+struct NetBnForward;
+struct NetBnBackward;
+void batchnorm2d_forward_train_cuda(void *ctx, int n, int hw, int c, const float *x,
+                                    const float *gamma, const float *beta, float *y,
+                                    float *save_mean, float *save_invstd, float *running_mean,
+                                    float *running_var, float momentum, float eps);
+void batchnorm2d_forward_eval_cuda(void *ctx, int n, int hw, int c, const float *x,
+                                   const float *gamma, const float *beta,
                                    const float *running_mean, const float *running_var,
                                    float eps, float *y);
 /* Training BN then ReLU (NaN passes); relu(BN(x) + z). */
-void batchnorm2d_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                         const float *x_bias, const float *gamma,
-                                         const float *beta, float *y, float *save_mean,
-                                         float *save_invstd, float *running_mean,
-                                         float *running_var, float momentum, float eps);
-void batchnorm2d_add_relu_forward_train_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                             const float *x_bias, const float *gamma,
-                                             const float *beta, const float *z, float *y,
+void batchnorm2d_relu_forward_train_cuda(void *ctx, int n, int hw, int c, const float *x,
+                                         const float *gamma, const float *beta, float *y,
+                                         float *save_mean, float *save_invstd,
+                                         float *running_mean, float *running_var, float momentum,
+                                         float eps);
+void batchnorm2d_add_relu_forward_train_cuda(void *ctx, int n, int hw, int c, const float *x,
+                                             const float *gamma, const float *beta,
+                                             const float *z, float *tmp, float *y,
                                              float *save_mean, float *save_invstd,
                                              float *running_mean, float *running_var,
                                              float momentum, float eps);
+/* The batch norm bn (any kind) of x + x_bias, x_bias a per-channel bias that the
+ * caller has not yet added to x (the conv bias of net_cuda.cu's fused
+ * conv_bn_forward): the BN reads x + x_bias and writes it back into x. */
+void batchnorm2d_forward_bias_cuda(void *ctx, int n, const float *x, const float *x_bias,
+                                   const struct NetBnForward *bn);
 /* dx, dgamma, dbeta (dx may be dy; NULL dx: only dgamma and dbeta); the relu form
- * masks dy by y > 0 (y: the ReLU output) on the fly. */
-void batchnorm2d_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+ * masks dy by y > 0 (y: the ReLU output) on the fly and leaves dy as it is. */
+void batchnorm2d_backward_cuda(void *ctx, int n, int hw, int c, const float *x,
                                const float *gamma, const float *save_mean,
                                const float *save_invstd, const float *dy, float *dx,
                                float *dgamma, float *dbeta);
-void batchnorm2d_relu_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+void batchnorm2d_relu_backward_cuda(void *ctx, int n, int hw, int c, const float *x,
                                     const float *y, const float *gamma, const float *save_mean,
-                                    const float *save_invstd, const float *dy, float *dx,
+                                    const float *save_invstd, float *dy, float *dx,
                                     float *dgamma, float *dbeta);
 /* The relu form that also writes the masked dy back into dy (y and dx non-NULL,
  * dx != dy): the gradient an identity shortcut carries (net_ops.h's
  * bn_relu_backward_keep). dx is bit for bit the relu form's. */
-void batchnorm2d_relu_backward_keep_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
+void batchnorm2d_relu_backward_keep_cuda(void *ctx, int n, int hw, int c, const float *x,
                                          const float *y, const float *gamma, const float *save_mean,
                                          const float *save_invstd, float *dy, float *dx,
                                          float *dgamma, float *dbeta);
 /* The backward of the fused BN + conv backward (net_cuda.cu's bn_conv_backward): the
- * plain form (y NULL), the relu form (y non-NULL) or the keep form (keep = 1), whose
- * column sum of dx, the gradient of the bias of the conv in front of the BN, goes to
- * dbias (NULL: none wanted), so that the conv backward sums nothing. */
-void batchnorm2d_backward_bias_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x,
-                                    const float *y, const float *gamma, const float *save_mean,
-                                    const float *save_invstd, float *dy, float *dx, float *dgamma,
-                                    float *dbeta, float *dbias, int keep);
+ * batch-norm backward bn of its kind (the plain, relu or keep form), whose column sum
+ * of dx, the gradient of the bias of the conv in front of the BN, goes to dbias
+ * (NULL: none wanted), so that the conv backward sums nothing. */
+void batchnorm2d_backward_bias_cuda(void *ctx, int n, const struct NetBnBackward *bn,
+                                    float *dbias);
 
 /* Training batch norms (forward, and backward with a dx) as one cooperative kernel
  * each instead of two, bit for bit the same results (bn_nhwc.h): on by default where
@@ -226,17 +233,17 @@ int cuda_ctx_bn_coop(CudaCtx *ctx, int enable);
 void cuda_ctx_bn_coop_caps(CudaCtx *ctx, int *fwd, int *bwd);
 
 /* ---- element-wise, pooling, linear (cuBLAS sgemm), SGD ----
- * net_ops.h's contracts with a CudaCtx first, device pointers (sgd_update_cuda's
- * decay_mask a device array or NULL). */
-void relu_forward_cuda(CudaCtx *ctx, size_t n, const float *x, float *y);
-void relu_backward_cuda(CudaCtx *ctx, size_t n, const float *y, const float *dy, float *dx);
-void add_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
-void add_relu_forward_cuda(CudaCtx *ctx, size_t n, const float *a, const float *b, float *y);
-void meanpool_forward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *x, float *y);
-void meanpool_backward_cuda(CudaCtx *ctx, int n, int hw, int c, const float *dy, float *dx);
-void linear_forward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+ * net_ops.h's entries (device pointers; sgd_update_cuda's decay_mask a device array
+ * or NULL). */
+void relu_forward_cuda(void *ctx, size_t n, const float *x, float *y);
+void relu_backward_cuda(void *ctx, size_t n, const float *y, const float *dy, float *dx);
+void add_forward_cuda(void *ctx, size_t n, const float *a, const float *b, float *y);
+void add_relu_forward_cuda(void *ctx, size_t n, const float *a, const float *b, float *y);
+void meanpool_forward_cuda(void *ctx, int n, int hw, int c, const float *x, float *y);
+void meanpool_backward_cuda(void *ctx, int n, int hw, int c, const float *dy, float *dx);
+void linear_forward_cuda(void *ctx, int n, int in, int out, const float *x,
                          const float *weight, const float *bias, float *y);
-void linear_backward_cuda(CudaCtx *ctx, int n, int in, int out, const float *x,
+void linear_backward_cuda(void *ctx, int n, int in, int out, const float *x,
                           const float *weight, const float *dy, float *dx, float *dweight,
                           float *dbias);
 void sgd_update_cuda(CudaCtx *ctx, size_t n, float *param, const float *grad,
@@ -259,11 +266,12 @@ float softmax_xent_forward_backward_cuda(CudaCtx *ctx, int n, int k, const float
 /* ---- optimizer ---- */
 
 /* The same with lr and first_step read from device memory when the kernel runs
- * (so a captured CUDA graph can be replayed with a new learning rate). */
-void sgd_update_cuda_dev(CudaCtx *ctx, size_t n, float *param, const float *grad,
+ * (so a captured CUDA graph can be replayed with a new learning rate): net_ops.h's
+ * sgd. */
+void sgd_update_cuda_dev(void *ctx, size_t n, float *param, const float *grad,
                          float *momentum_buf, const uint8_t *decay_mask, const float *lr_dev,
                          float momentum, float weight_decay, int nesterov,
-                         const int *first_step_dev);
+                         const int32_t *first_step_dev);
 
 /* ema.h's ema_update on device memory (avg, value: n floats), on the context's
  * stream (capturable in a CUDA graph), the decay read from decay_dev (one float in
