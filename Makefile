@@ -248,7 +248,7 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 GPU_TEST_BINS =
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: proto all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-variants test-asan test-valgrind pipeline bench bench-snapshots bench-gpu fuzz clean plot
+.PHONY: proto all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-build test-variants test-asan test-valgrind pipeline bench bench-snapshots bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -343,6 +343,21 @@ $(eval $(call command_rule,cifar-predict,$(predict_SRC)))
 $(eval $(call command_rule,cifar-synth,$(synth_SRC)))
 $(eval $(call command_rule,cifar-unpack,$(unpack_SRC)))
 
+# The test build of cifar-train, never installed: the shipped one's objects with
+# train/test_hooks_none.o swapped for tests/train_hooks.o (the CIFAR_TEST_* fault
+# injection, train/test_hooks.h), in $(TEST_BIN) beside links to everything else in
+# $(BIN) (the other commands, and the libraries the commands look for next to
+# themselves). The bats tests that set a CIFAR_TEST_ variable run it (use_test_build in
+# tests/helpers.bash), and so do the benchmarks that stop a run after a given step.
+TEST_BIN = $(OBJ)/test-bin
+TRAIN_HOOKED_OBJS = $(filter-out $(OBJ)/train/test_hooks_none.o,$(train_SRC:%.c=$(OBJ)/%.o)) \
+    $(OBJ)/tests/train_hooks.o
+$(TEST_BIN)/cifar-train: $(TRAIN_HOOKED_OBJS) $(LIB) $(CUDA_SO) $(MPI_SO)
+	@mkdir -p $(TEST_BIN)
+	$(CC) $(LDFLAGS) -o $@ $(TRAIN_HOOKED_OBJS) $(LIB) $(LDLIBS)
+test-build: all $(TEST_BIN)/cifar-train
+	@for f in $(abspath $(BIN))/*; do [ "$${f##*/}" = cifar-train ] || ln -sfn "$$f" $(TEST_BIN)/; done
+
 $(OBJ)/tests/%: $(OBJ)/tests/%.o $(LIB)
 	$(CC) $(LDFLAGS) $(TEST_LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -391,7 +406,7 @@ test: deps-check
 	@$(MAKE) --no-print-directory all test-bins
 	@tests/skip_summary.sh $(BUILD)/test.log $(MAKE) --no-print-directory test-unit test-bats
 
-test-bins: $(TEST_BINS) $(GPU_TEST_BINS)
+test-bins: $(TEST_BINS) $(GPU_TEST_BINS) test-build
 
 test-unit: $(TEST_BINS) $(CUDA_SO) $(MPI_SO) $(GLOO_SO)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; CIFAR_MPI_LIB=$(abspath $(MPI_SO)) CIFAR_GLOO_LIB=$(abspath $(GLOO_SO)) $$t; done
@@ -410,8 +425,8 @@ else
 endif
 
 BATS_FILES ?= tests/*.bats
-test-bats: all $(FAULTINJECT) $(OBJ)/tests/test_comm $(TB_STAMP)
-	BIN=$(abspath $(BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) \
+test-bats: all test-build $(FAULTINJECT) $(OBJ)/tests/test_comm $(TB_STAMP)
+	BIN=$(abspath $(BIN)) TEST_BIN=$(abspath $(TEST_BIN)) PYTHON_TORCH=$(PYTHON_TORCH) FAULTINJECT=$(abspath $(FAULTINJECT)) \
 	  TB_PYTHON=$(abspath $(TB_PYTHON)) \
 	  TEST_COMM=$(abspath $(OBJ)/tests/test_comm) bats $(BATS_FILES)
 
@@ -452,12 +467,12 @@ plot:
 	@test -n "$(RUN)" || { echo "make plot RUN=dir: give the run folder (cifar-train --run-dir)" >&2; exit 2; }
 	pipelines/plot.sh $(RUN)
 
-bench: all $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
-	BIN=$(abspath $(BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) PYTHON_TORCH2=$(PYTHON_TORCH2) tests/bench/bench.sh
+bench: all test-build $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
+	BIN=$(abspath $(BIN)) TEST_BIN=$(abspath $(TEST_BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) PYTHON_TORCH2=$(PYTHON_TORCH2) tests/bench/bench.sh
 
 # Background snapshots alone: throughput with --save-interval 5s against off, work lost per SIGKILL
-bench-snapshots: all
-	BIN=$(abspath $(BIN)) tests/bench/bench_snapshots.sh
+bench-snapshots: all test-build
+	BIN=$(abspath $(BIN)) TEST_BIN=$(abspath $(TEST_BIN)) tests/bench/bench_snapshots.sh
 
 # GPU images/s against PyTorch eager and --compile (the GPU machine's python3 with torch 2.x)
 bench-gpu: all

@@ -6,10 +6,10 @@
 # A. Crash and rerun: cifar-train is SIGKILLed (a crash, an OOM kill, a preempted
 #    node) once its first snapshot is on disk; the same command, run again, resumes
 #    from the latest snapshot (it logs "resuming from ...") and finishes the run.
-# B. Worker failure under the launcher: two worker processes; one is SIGKILLed
-#    mid-run; the launcher stops the other, restarts the group from the latest
-#    snapshot (--max-restarts), and the run ends normally with "restarts":1 in its
-#    metrics.
+# B. Worker failure under the launcher: two worker processes, a snapshot every step;
+#    rank 1's is SIGKILLed once the first snapshot is on disk; the launcher stops the other, restarts the
+#    group from the latest snapshot (--max-restarts), and the run ends normally with
+#    "restarts":1 in its metrics.
 # Both runs are then evaluated with cifar-eval.
 #
 # Environment (all optional): BIN=(../bin, PREFIX/bin or PATH) WORK=data/resume-demo RUN_DIR=run/resume-demo
@@ -39,10 +39,22 @@ done
 say() { printf '\n== %s\n' "$*" >&2; }
 # Wait (up to 10 minutes) for a snapshot in $1 while process $2 is alive.
 wait_snapshot() {
-  for _ in $(seq 6000); do
+  for _ in $(seq 30000); do
     compgen -G "$1/snapshot-*.safetensors" >/dev/null && return 0
     kill -0 "$2" 2>/dev/null || return 1
-    sleep 0.1
+    sleep 0.02
+  done
+  return 1
+}
+# The pid of the child of process $1 whose environment says RANK=$2 (the launcher's
+# worker of that rank), from /proc.
+rank_pid() {
+  local p
+  for p in $(cat "/proc/$1/task/$1/children" 2>/dev/null); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then
+      echo "$p"
+      return 0
+    fi
   done
   return 1
 }
@@ -73,15 +85,18 @@ if [ -z "$final_a" ] || [ ! -f "$final_a" ]; then echo "$me: the resumed run fai
 # ---- B: one worker dies; the launcher restarts the group ----
 b=$RUN_DIR/launcher
 cmd=("$BIN/cifar-train" --device cpu --nproc-per-node 2 --threads 1 --max-restarts 2
-     --epochs "$EPOCHS" --batch-size "$BATCH" --save-every 1 --run-dir "$b" "$lmdb")
-say "B. ${cmd[*]}  (rank 1 SIGKILLs itself in the second epoch, as a crash would)"
-# CIFAR_TEST_DIE_AFTER_STEPS is cifar-train's fault-injection hook: rank 1 kills
-# itself with SIGKILL after that many steps, in the first attempt only. A kill
-# from outside would race with a run this short.
-per_epoch=$(( ((TRAIN_IMAGES + 1) / 2 + BATCH - 1) / BATCH ))   # steps per epoch per rank
-CIFAR_TEST_DIE_AFTER_STEPS=$((per_epoch + 2)) CIFAR_TEST_DIE_RANK=1 \
-  "${cmd[@]}" >"$RUN_DIR/launcher.out" 2>"$RUN_DIR/launcher.log" &
+     --epochs "$EPOCHS" --batch-size "$BATCH" --save-every 1 --save-every-steps 1 --run-dir "$b"
+     "$lmdb")
+# A snapshot every step: the kill comes right after the first one, with most of the
+# run still ahead however short it is.
+say "B. ${cmd[*]}  (rank 1's worker SIGKILLed after the first snapshot, as a crash would)"
+"${cmd[@]}" >"$RUN_DIR/launcher.out" 2>"$RUN_DIR/launcher.log" &
 launcher=$!
+wait_snapshot "$b" "$launcher" || { echo "$me: no snapshot appeared; see $RUN_DIR/launcher.log" >&2; exit 1; }
+too_short() { echo "$me: rank 1's worker had already ended: the run is too short to kill (raise EPOCHS); see $RUN_DIR/launcher.log" >&2; exit 1; }
+worker=$(rank_pid "$launcher" 1) || too_short
+kill -KILL "$worker" 2>/dev/null || too_short
+echo "killed rank 1 (pid $worker) after: $(cd "$b" && printf '%s ' snapshot-*.safetensors)" >&2
 wait "$launcher" || { echo "$me: the launcher gave up; see $RUN_DIR/launcher.log" >&2; exit 1; }
 grep -iE "restart|resuming" "$RUN_DIR/launcher.log" >&2 || true
 final_b=$(tail -1 "$RUN_DIR/launcher.out")

@@ -44,6 +44,7 @@ workers_of() { pgrep -P "$1" || [ $? -eq 1 ]; }
 two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 
 @test "2 workers: identical parameters on both ranks after every step" {
+    use_test_build
     mkdir -p "$BATS_TEST_TMPDIR/h"
     CIFAR_TEST_PARAM_HASH_DIR="$BATS_TEST_TMPDIR/h" ddp "$BATS_TEST_TMPDIR/run" --epochs 2 >/dev/null
     [ "$(wc -l < "$BATS_TEST_TMPDIR/h/rank-0.txt")" -eq 12 ]  # 384 / 2 / 32 = 6 steps x 2 epochs
@@ -62,6 +63,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 }
 
 @test "a worker SIGKILLed mid-run: one restart, final weights equal an uninterrupted run's" {
+    use_test_build
     ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 4 --save-every 1 | tail -1)
     dir="$BATS_TEST_TMPDIR/crash"
     step=$(( (RANDOM % 20) + 3 ))
@@ -98,6 +100,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 }
 
 @test "a worker that always crashes: max-restarts+1 attempts, then exit 1 naming rank and signal" {
+    use_test_build
     run --separate-stderr env CIFAR_TEST_DIE_AFTER_STEPS=2 CIFAR_TEST_DIE_RANK=1 CIFAR_TEST_DIE_ATTEMPTS=100 \
         "$BIN/cifar-train" --quiet --nproc-per-node 2 --max-restarts 2 --threads 1 --batch-size 32 \
         --run-dir "$BATS_TEST_TMPDIR/run" --epochs 2 "$LMDB"
@@ -118,6 +121,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 }
 
 @test "the launcher holds the run folder's lock across restarts; a second launcher is refused" {
+    use_test_build
     dir="$BATS_TEST_TMPDIR/run"
     CIFAR_TEST_DIE_AFTER_STEPS=8 CIFAR_TEST_DIE_RANK=0 ddp_bg "$dir" --epochs 30 --save-every 1
     launcher=$!
@@ -180,6 +184,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 }
 
 @test "a rank 20% slower than the median two epochs running is named; metrics.jsonl has rank_seconds and slowest_rank" {
+    use_test_build
     dir="$BATS_TEST_TMPDIR/run"
     # rank 1 sleeps 100 ms after each of its 6 steps an epoch: 0.6 s of "compute"
     # against a few ms for rank 0, far beyond 20% on any machine
@@ -198,6 +203,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 }
 
 @test "2 workers, --save-interval on rank 0's clock: both ranks take the snapshot at the same step, it resumes exactly" {
+    use_test_build
     ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 2 --save-every 10 | tail -1)
     dir="$BATS_TEST_TMPDIR/run"
     # Rank 0's test clock says 1 s per step; rank 1 never reads a clock: it learns the
@@ -237,6 +243,7 @@ two_workers() { [ "$(workers_of "$1" | wc -l)" -eq 2 ]; }
 }
 
 @test "--log-dir: LOG_DIR/attempt_K/rank_R.log per worker and attempt, timestamped; --local-ranks-filter and --redirects choose what the terminal shows" {
+    use_test_build
     dir="$BATS_TEST_TMPDIR/run"
     logs="$BATS_TEST_TMPDIR/logs"
     # rank 1 is killed after step 3 of the first attempt: a second attempt follows

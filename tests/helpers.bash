@@ -8,6 +8,19 @@ load '/usr/lib/bats/bats-assert/load'
 
 BIN=${BIN:-$BATS_TEST_DIRNAME/../bin}
 PY=${PYTHON_TORCH:-/usr/bin/python3}
+# The test build of cifar-train (make test-build; make test-bats passes its folder):
+# the shipped one plus the CIFAR_TEST_* fault injection (tests/train_hooks.c), beside
+# links to the other commands of $BIN.
+TEST_BIN=${TEST_BIN:-}
+
+# For a test that sets a CIFAR_TEST_ variable, first: $BIN is the test build's folder
+# for the rest of the test (the shipped cifar-train reads no CIFAR_TEST_ variable).
+use_test_build() {
+    if [ -z "$TEST_BIN" ] || [ ! -x "$TEST_BIN/cifar-train" ]; then
+        fail "no test build of cifar-train (TEST_BIN=$TEST_BIN): run the suite with make test-bats, or make test-build and set TEST_BIN to its folder (build/MODE/test-bin)"
+    fi
+    BIN=$TEST_BIN
+}
 
 # The FNV-1a checksum of a snapshot's whole data section (every tensor, momentum
 # included): equal checksums mean bit-identical weights and optimizer state.

@@ -72,6 +72,7 @@ shm_train() { # nproc, run-dir, extra args...
 }
 
 @test "a rank SIGKILLed mid-epoch: mpirun ends the job naming it; the rerun resumes to the same weights" {
+    use_test_build
     ref=$(shm_train 2 "$BATS_TEST_TMPDIR/ref" | tail -1)
     dir="$BATS_TEST_TMPDIR/crash"
     step=$(( 4 * (RANDOM % 2 + 1) + RANDOM % 3 + 1 ))   # 4 steps per epoch: inside epoch 2 or 3

@@ -295,6 +295,7 @@ slurm_job() { # job id
 }
 
 @test "slurm.sbatch: ranks stopped by SIGUSR1 (Slurm's warning) write a snapshot, exit 138, and the job is requeued" {
+    use_test_build
     # each rank raises SIGUSR1 after step 1 of 2 (the test hook stands in for Slurm's signal)
     CIFAR_TEST_SIGNAL=10 CIFAR_TEST_SIGINT_AFTER_STEPS=1 slurm_job 4343
     assert_success

@@ -67,6 +67,7 @@ tb() { "$TB_PYTHON" "$BATS_TEST_DIRNAME/tb_read.py" "$@"; }
 }
 
 @test "killed mid-epoch and rerun: the events continue without a duplicate, equal to an uninterrupted run's" {
+    use_test_build
     train "$BATS_TEST_TMPDIR/ref" --epochs 3 --log-every 2 >/dev/null
     dir="$BATS_TEST_TMPDIR/killed"
     # dies after step 10; the snapshot of epoch 1 (step 6) is the resume point

@@ -213,6 +213,7 @@ train_bg() { # output file, run-dir, extra args...
 }
 
 @test "SIGKILL after a fixed step mid-epoch, rerun: bit-identical" {
+    use_test_build
     ref=$(train "$BATS_TEST_TMPDIR/ref" --epochs 3 --save-every 1 | tail -1)
     dir="$BATS_TEST_TMPDIR/killed"
     CIFAR_TEST_DIE_AFTER_STEPS=10 run train "$dir" --epochs 3 --save-every 1
@@ -221,7 +222,23 @@ train_bg() { # output file, run-dir, extra args...
     [ "$(data_checksum "$resumed")" = "$(data_checksum "$ref")" ]
 }
 
+@test "the shipped commands hold no test hook; the test build has them and trains bit for bit the same" {
+    for f in "$BIN"/*; do
+        [ -f "$f" ] || continue
+        [ "$(grep -ac CIFAR_TEST_ "$f")" -eq 0 ] || fail "$f holds CIFAR_TEST_ strings: test hooks in a shipped file"
+    done
+    # the shipped cifar-train ignores them: no SIGKILL after step 1
+    CIFAR_TEST_DIE_AFTER_STEPS=1 run --separate-stderr train "$BATS_TEST_TMPDIR/shipped" --epochs 1
+    assert_success
+    shipped=${lines[-1]}
+    use_test_build
+    grep -aq CIFAR_TEST_DIE_AFTER_STEPS "$BIN/cifar-train"
+    hooked=$(train "$BATS_TEST_TMPDIR/hooked" --epochs 1 | tail -1)
+    [ "$(data_checksum "$hooked")" = "$(data_checksum "$shipped")" ]
+}
+
 @test "SIGINT finishes the step, writes a snapshot mid-epoch, and the rerun resumes exactly" {
+    use_test_build
     ref=$(train "$BATS_TEST_TMPDIR/ref" --epochs 3 --save-every 10 | tail -1)
     dir="$BATS_TEST_TMPDIR/int"
     # The signal arrives during step 9 of 18 (mid-epoch 2), through the real handler.
@@ -262,6 +279,7 @@ each_snapshot_resumes_exactly() { # run-dir, reference snapshot, train args...
 }
 
 @test "--save-interval: a snapshot at the first step after the interval (test clock), resumes exactly; --keep counts it" {
+    use_test_build
     ref=$(ref3)
     dir="$BATS_TEST_TMPDIR/interval"
     # 1 s per step on the test clock: due after step 5 of 18, mid-epoch (6 steps each).
@@ -280,6 +298,7 @@ each_snapshot_resumes_exactly() { # run-dir, reference snapshot, train args...
 }
 
 @test "SIGUSR1 and SIGHUP write a snapshot at the next step and exit 128+N; --signals-to-handle narrows the set" {
+    use_test_build
     ref=$(ref3)
     for sig in 10:138 1:129; do
         dir="$BATS_TEST_TMPDIR/sig${sig%%:*}"
@@ -329,6 +348,7 @@ each_snapshot_resumes_exactly() { # run-dir, reference snapshot, train args...
 }
 
 @test "--ema: a resumed run is bit-identical to an uninterrupted one, average included" {
+    use_test_build
     for warmup in "" --ema-warmup; do
         ref=$(train "$BATS_TEST_TMPDIR/ref$warmup" --epochs 3 --save-every 1 --ema 0.9 $warmup | tail -1)
         grep -qF '"ema.0.conv.weight"' "$ref"
@@ -402,6 +422,7 @@ PYEOF
 }
 
 @test "a NaN loss stops training with a clear error and keeps the good snapshot" {
+    use_test_build
     dir="$BATS_TEST_TMPDIR/run"
     good=$(train "$dir" --epochs 1 | tail -1)
     sum=$(data_checksum "$good")

@@ -76,6 +76,7 @@ best_val() { # snapshot
 }
 
 @test "a resume holds out the same images: metrics, best.safetensors and the final weights bit-identical" {
+    use_test_build
     ref=$(train "$BATS_TEST_TMPDIR/ref" --epochs 4 --save-every 1 --val-fraction 0.25 | tail -1)
     dir="$BATS_TEST_TMPDIR/killed"
     CIFAR_TEST_DIE_AFTER_STEPS=14 run train "$dir" --epochs 4 --save-every 1 --val-fraction 0.25

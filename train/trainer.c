@@ -192,7 +192,7 @@ typedef struct {
      * 0), its samples per rank, and the epoch's steps (those before the segment too) */
     EpochSegment segment;
     int64_t per_rank, epoch_steps;
-    TestHooks hooks;
+    const TestHooks *hooks; /* NULL: none (always in the shipped build: test_hooks.h) */
     /* snapshots: the writer thread, the job it is given (rank 0) */
     SnapshotWriter *writer;
     TrainState staging;        /* host copy for engines without state_stage */
@@ -257,11 +257,11 @@ static int refuse_non_finite(const Worker *w, const TrainState *st, char *err, s
     return 0;
 }
 
-/* The clock of --save-interval: seconds, or on rank 0 CIFAR_TEST_STEP_SECONDS per
- * step for the tests (a clock that decides the same steps on any machine). */
+/* The clock of --save-interval: seconds, or on rank 0 of the test build the hooks'
+ * seconds per step (a clock that decides the same steps on any machine). */
 static double snapshot_clock(const Worker *w) {
-    if (w->hooks.step_seconds > 0 && w->env->rank == 0)
-        return (double)w->progress.step * w->hooks.step_seconds;
+    double step_seconds = w->hooks ? test_hooks_step_seconds(w->hooks) : 0;
+    if (step_seconds > 0 && w->env->rank == 0) return (double)w->progress.step * step_seconds;
     return now_seconds();
 }
 
@@ -461,9 +461,10 @@ static StepDecision agree_next(Worker *w, int64_t step) {
 }
 
 static void run_test_hooks(Worker *w) {
+    if (!w->hooks) return; /* the shipped build */
     TestHookPoint at = {w->engine, &w->state, w->model.num_params, w->progress.step, w->env->rank,
                         w->env->restart_count};
-    test_hooks_after_step(&w->hooks, &at);
+    test_hooks_after_step(w->hooks, &at);
 }
 
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } EpochResult;

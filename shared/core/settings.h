@@ -18,8 +18,9 @@
  *
  * Not here: the launch protocol between the launcher and its workers (RANK, MASTER_ADDR,
  * CIFAR_RUN_ID, CIFAR_JOB_TOKEN, ...: comm.h's DistEnv), the libraries' paths
- * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB, CIFAR_GLOO_LIB) and the test suite's hooks (CIFAR_TEST_*:
- * train/test_hooks.c). */
+ * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB, CIFAR_GLOO_LIB). The test suite's fault injection is
+ * not in the shipped commands at all: only the test build of cifar-train reads it
+ * (tests/train_hooks.c, train/test_hooks.h). */
 #ifndef CIFAR_SETTINGS_H
 #define CIFAR_SETTINGS_H
 

@@ -15,11 +15,14 @@
 #   - the one pass that finds and verifies every record at load, from a warm page
 #     cache and from a cold one (the file's pages dropped with posix_fadvise), and
 #     the CRC-32C cost alone (checksums verified vs. a version-1 copy of the file).
-# Environment: BIN (bin), SMALL (1000), BIG (60000), SIZE (64), BATCH (64),
-# THREADS (2), EPOCHS (1), KEEP=1 keeps the work folder, TMPDIR.
+# Environment: BIN (bin), TEST_BIN (the test build of cifar-train, make test-build),
+# SMALL (1000), BIG (60000), SIZE (64), BATCH (64), THREADS (2), EPOCHS (1), KEEP=1
+# keeps the work folder, TMPDIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-$PWD/bin}
+# the test build of cifar-train (make test-build), for its stop after step 1
+TEST_BIN=${TEST_BIN:?set TEST_BIN, the folder of make test-build (build/MODE/test-bin; make bench sets it)}
 PY=${PYTHON:-/usr/bin/python3}
 SMALL=${SMALL:-1000}
 BIG=${BIG:-60000}
@@ -117,7 +120,7 @@ drop_cache "$big_lmdb"
 if command -v fincore >/dev/null; then say "page cache before the cold pass: $(fincore -n -o RES "$big_lmdb")"; fi
 say "load pass, cold: cifar-train on big with the file's pages dropped"
 rm -rf "$tmp/cold"
-CIFAR_TEST_SIGINT_AFTER_STEPS=1 "$BIN/cifar-train" --device cpu --epochs 1 --batch-size "$BATCH" \
+CIFAR_TEST_SIGINT_AFTER_STEPS=1 "$TEST_BIN/cifar-train" --device cpu --epochs 1 --batch-size "$BATCH" \
     --threads "$THREADS" --run-dir "$tmp/cold" "$big_lmdb" > /dev/null 2> "$tmp/cold.log" || true
 v1="$tmp/big-v1.lmdb"
 cc -D_GNU_SOURCE -O1 -o "$tmp/lmdb_poke" tests/lmdb_poke.c -llmdb
@@ -125,7 +128,7 @@ cc -D_GNU_SOURCE -O1 -o "$tmp/lmdb_poke" tests/lmdb_poke.c -llmdb
 cat "$v1" > /dev/null
 say "load pass without checksums (version-1 copy), warm"
 rm -rf "$tmp/v1run"
-CIFAR_TEST_SIGINT_AFTER_STEPS=1 "$BIN/cifar-train" --device cpu --epochs 1 --batch-size "$BATCH" \
+CIFAR_TEST_SIGINT_AFTER_STEPS=1 "$TEST_BIN/cifar-train" --device cpu --epochs 1 --batch-size "$BATCH" \
     --threads "$THREADS" --run-dir "$tmp/v1run" "$v1" > /dev/null 2> "$tmp/v1.log" || true
 load_warm=$(split_seconds "$warm_log" train)
 load_cold=$(split_seconds "$tmp/cold.log" train)

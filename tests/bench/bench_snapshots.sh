@@ -7,17 +7,21 @@
 #      medians (the aim: >= 0.98: the write must not stall training);
 #   2. work lost per SIGKILL: KILLS times (default 20) the run is killed at a random
 #      moment (2 to 9 s after it started) and rerun; after each kill, the steps
-#      between the newest snapshot and the last step done (CIFAR_TEST_STEP_LOG
-#      records each step and its time), in steps and in seconds of training at that
-#      attempt's median step time, against the bound of one interval plus one step,
-#      and whether a write was in flight at the kill (its temporary is left); at the
-#      end the final weights against an uninterrupted run's (bit-identical or not).
-# Environment: BIN, RUNS (0 skips 1.), KILLS, EPOCHS (default 2 for 1., KILL_EPOCHS 10 for 2.).
+#      between the newest snapshot and the last step done (CIFAR_TEST_STEP_LOG of
+#      the test build of cifar-train records each step and its time), in steps and
+#      in seconds of training at that attempt's median step time, against the bound
+#      of one interval plus one step, and whether a write was in flight at the kill
+#      (its temporary is left); at the end the final weights against an
+#      uninterrupted run's (bit-identical or not).
+# Environment: BIN, TEST_BIN (the test build of cifar-train, make test-build), RUNS (0
+# skips 1.), KILLS, EPOCHS (default 2 for 1., KILL_EPOCHS 10 for 2.).
 set -euo pipefail
 shopt -s nullglob
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 BIN=${BIN:-$repo/bin}
+# the test build of cifar-train (make test-build), for its step log
+TEST_BIN=${TEST_BIN:?set TEST_BIN, the folder of make test-build (build/MODE/test-bin; make bench sets it)}
 RUNS=${RUNS:-${BENCH_RUNS:-3}}
 KILLS=${KILLS:-20}
 EPOCHS=${EPOCHS:-2}
@@ -72,7 +76,7 @@ kills=0; over=0; in_flight=0
 for k in $(seq "$KILLS"); do
   start=$(wc -l < "$work/steps.log")
   # the command itself in the background (not a function's subshell): $! is cifar-train
-  CIFAR_TEST_STEP_LOG="$work/steps.log" "$BIN/cifar-train" --quiet --device cpu --run-dir "$dir" \
+  CIFAR_TEST_STEP_LOG="$work/steps.log" "$TEST_BIN/cifar-train" --quiet --device cpu --run-dir "$dir" \
     --epochs "$KILL_EPOCHS" --save-interval "${INTERVAL}s" "$work/data.lmdb" > /dev/null 2>&1 &
   pid=$!
   sleep "$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 2 + 7 * rand() }')"

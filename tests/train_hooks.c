@@ -1,6 +1,20 @@
-/* test_hooks.c: see test_hooks.h. */
-#include "test_hooks.h"
-
+/* train_hooks.c: the test suite's fault injection in cifar-train, linked into the
+ * test build only ($(OBJ)/test-bin/cifar-train; the shipped one links
+ * train/test_hooks_none.c: train/test_hooks.h). Read from the environment once per
+ * worker and off unless a variable is set:
+ *   CIFAR_TEST_DIE_AFTER_STEPS=N   SIGKILL self once N steps are done
+ *   CIFAR_TEST_DIE_RANK=R          ... only on this rank (default: any)
+ *   CIFAR_TEST_DIE_ATTEMPTS=A      ... only while the restart count is below A (1)
+ *   CIFAR_TEST_NAN_AFTER_STEPS=N   a NaN weight after step N (the next loss is NaN)
+ *   CIFAR_TEST_SIGINT_AFTER_STEPS=N  SIGINT self after step N
+ *   CIFAR_TEST_SIGNAL=S            ... signal number S instead of SIGINT
+ *   CIFAR_TEST_PARAM_HASH_DIR=DIR  append "step hash" of the params to DIR/rank-R.txt
+ *   CIFAR_TEST_STEP_LOG=FILE       rank 0 appends "step unix-time" to FILE after each step
+ *                                  (make bench: how old the newest snapshot is at a kill)
+ *   CIFAR_TEST_SLOW_RANK=R         this rank sleeps CIFAR_TEST_SLOW_MS (100) after each step
+ *   CIFAR_TEST_STEP_SECONDS=X      rank 0's --save-interval clock reads X seconds per step
+ *                                  done (the same snapshot steps on any machine; the
+ *                                  other ranks keep the real clock, which they never read) */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -10,14 +24,28 @@
 #include <unistd.h>
 
 #include "core/check.h"
+#include "../train/test_hooks.h"
+
+struct TestHooks {
+    int64_t die_after_steps;
+    int die_rank;
+    int die_attempts;
+    int64_t nan_after_steps;
+    int64_t sigint_after_steps;
+    int signal;
+    const char *hash_dir;
+    const char *step_log;
+    double step_seconds;
+    int slow_rank, slow_ms;
+};
 
 static int64_t env_i64(const char *var, int64_t fallback) {
     const char *v = getenv(var);
     return v && *v ? strtoll(v, NULL, 10) : fallback;
 }
 
-TestHooks test_hooks_from_env(void) {
-    TestHooks h;
+const TestHooks *test_hooks_from_env(void) {
+    static TestHooks h; /* one worker per process */
     h.die_after_steps = env_i64("CIFAR_TEST_DIE_AFTER_STEPS", 0);
     h.die_rank = (int)env_i64("CIFAR_TEST_DIE_RANK", -1);
     h.die_attempts = (int)env_i64("CIFAR_TEST_DIE_ATTEMPTS", 1);
@@ -30,8 +58,10 @@ TestHooks test_hooks_from_env(void) {
     h.slow_ms = (int)env_i64("CIFAR_TEST_SLOW_MS", 100);
     const char *sec = getenv("CIFAR_TEST_STEP_SECONDS");
     h.step_seconds = sec && *sec ? strtod(sec, NULL) : 0;
-    return h;
+    return &h;
 }
+
+double test_hooks_step_seconds(const TestHooks *h) { return h->step_seconds; }
 
 /* A NaN weight, so the next forward pass really produces a NaN loss. */
 static void poison_weights(const TestHookPoint *at) {
