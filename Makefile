@@ -352,7 +352,7 @@ $(eval $(call command_rule,cifar-unpack,$(unpack_SRC)))
 TEST_BIN = $(OBJ)/test-bin
 TRAIN_HOOKED_OBJS = $(filter-out $(OBJ)/train/test_hooks_none.o,$(train_SRC:%.c=$(OBJ)/%.o)) \
     $(OBJ)/tests/train_hooks.o
-$(TEST_BIN)/cifar-train: $(TRAIN_HOOKED_OBJS) $(LIB) $(CUDA_SO) $(MPI_SO)
+$(TEST_BIN)/cifar-train: $(TRAIN_HOOKED_OBJS) $(LIB) $(CUDA_SO) $(MPI_SO) $(GLOO_SO)
 	@mkdir -p $(TEST_BIN)
 	$(CC) $(LDFLAGS) -o $@ $(TRAIN_HOOKED_OBJS) $(LIB) $(LDLIBS)
 test-build: all $(TEST_BIN)/cifar-train
