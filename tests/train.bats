@@ -515,6 +515,7 @@ train_bf16() { # run-dir, extra args...
 
 @test "--precision bf16 on the CPU: bit-identical with 1 and 2 threads and after a SIGKILL mid-epoch and rerun" {
     cpu_runs_bf16 || skip_because "NOT RUN: CPU lacks AVX512-BF16"
+    use_test_build
     train_bf16 "$BATS_TEST_TMPDIR/two" --precision bf16 --epochs 2 --save-every 1 >/dev/null
     train_bf16 "$BATS_TEST_TMPDIR/one" --precision bf16 --epochs 2 --save-every 1 --threads 1 >/dev/null
     CIFAR_TEST_DIE_AFTER_STEPS=8 run train_bf16 "$BATS_TEST_TMPDIR/resumed" --precision bf16 --epochs 2 --save-every 1
