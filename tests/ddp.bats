@@ -324,6 +324,7 @@ free_port() {
 }
 
 @test "--rdzv-endpoint on one node: a worker SIGKILLed starts round 1 from the snapshot, identical weights" {
+    use_test_build
     ref=$(ddp "$BATS_TEST_TMPDIR/ref" --epochs 4 --save-every 1 | tail -1)
     dir="$BATS_TEST_TMPDIR/crash"
     run --separate-stderr env CIFAR_TEST_DIE_AFTER_STEPS=7 CIFAR_TEST_DIE_RANK=1 \
