@@ -8,10 +8,12 @@
  *      cpu_bn.h, cpu_elementwise.h, cpu_head.h, cpu_sgd.h), its body an opsi_*
  *      function run on the team (OPSI_TEAM), and one line in the table at the end of
  *      shared/backend-cpu/ops_cpu_impl.h (every ISA and the double tests get it);
- *   3. its CUDA function: the kernel and <op>_cuda(CudaCtx *ctx, ...) in
- *      the file of its family (shared/backend-cuda/cuda_conv.cu, cuda_bn.cu,
- *      cuda_elementwise.cu, cuda_head.cu, cuda_sgd.cu), declared in ops_cuda.h, and its table entry
- *      nc_<field> in shared/backend-cuda/net_cuda.cu;
+ *   3. its CUDA function: the kernel and <op>_cuda(void *ctx, ...) with the field's
+ *      signature (the CudaCtx cast back on its first line) in the file of its family
+ *      (shared/backend-cuda/cuda_conv.cu, cuda_bn.cu, cuda_elementwise.cu,
+ *      cuda_head.cu, cuda_sgd.cu), declared in ops_cuda.h, and one line in the table
+ *      of shared/backend-cuda/net_cuda.cu (an nc_<field> there only when the entry
+ *      is more than the one op);
  *   4. its case here: an OpKind, its name in opc_kind_names, its inputs in
  *      opc_make_inputs, a row of opc_cases (shapes, tolerances, fd_tol > 0 for the
  *      finite differences) and, with a backward, its opc_fd_spec; how it runs on a
