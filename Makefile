@@ -161,8 +161,9 @@ CFLAGS += $(CFLAGS_BASE)
 LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lprotobuf-c -lm -lpthread
 LDFLAGS += -fopenmp
 ifeq ($(DNNL),1)
+# oneDNN's headers only: conv_dnnl.c dlopens libdnnl.so.2 when bf16 is asked for, so
+# the commands run where libdnnl2 is absent (bf16 then says why)
 CFLAGS += -DCIFAR_DNNL
-LDLIBS += -ldnnl
 endif
 
 # comm_mpi.c needs mpi.h: it goes into $(BIN)/libcifar-mpi.so (below), not libcifar.a.

@@ -513,6 +513,23 @@ train_bf16() { # run-dir, extra args...
     assert_success
 }
 
+@test "--precision bf16 on the CPU without oneDNN at run time (CIFAR_DNNL_LIB=/nonexistent): exit 2 naming the library; fp32 unaffected" {
+    CIFAR_DNNL_LIB=/nonexistent run --separate-stderr "$BIN/cifar-train" --device cpu --precision bf16 \
+        --epochs 1 --batch-size 64 --threads 1 --run-dir "$BATS_TEST_TMPDIR/run" "$LMDB"
+    assert_failure 2
+    # where the CPU has the instructions the library is what is missing; elsewhere the
+    # CPU's lack is named first (one reason per line)
+    if grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo; then
+        [[ "$stderr" == *"cannot load oneDNN (/nonexistent: "* ]] || { echo "$stderr"; false; }
+    else
+        [[ "$stderr" == *"lacks AVX512-BF16 and AMX-BF16"* ]] || { echo "$stderr"; false; }
+    fi
+    [ -z "$(find "$BATS_TEST_TMPDIR/run" -name '*.safetensors' 2>/dev/null)" ]
+    CIFAR_DNNL_LIB=/nonexistent run "$BIN/cifar-train" --quiet --device cpu --precision fp32 --epochs 1 \
+        --batch-size 64 --threads 1 --run-dir "$BATS_TEST_TMPDIR/run32" "$LMDB"
+    assert_success
+}
+
 @test "--precision bf16 on the CPU: bit-identical with 1 and 2 threads and after a SIGKILL mid-epoch and rerun" {
     cpu_runs_bf16 || skip_because "NOT RUN: CPU lacks AVX512-BF16"
     use_test_build

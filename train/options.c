@@ -127,6 +127,7 @@ static const char *usage_text =
     "  CIFAR_PERMANENT_EXIT_STATUS=N   exit status of a permanent failure (1..125; 3)\n"
     "  CIFAR_CUDA_LIB=PATH, CIFAR_MPI_LIB=PATH, CIFAR_GLOO_LIB=PATH\n"
     "                         the GPU, MPI or Gloo library, if not beside the command\n"
+    "  CIFAR_DNNL_LIB=PATH    oneDNN for --precision bf16 on the CPU (default libdnnl.so.2)\n"
     "  GLOO_SOCKET_IFNAME=IF  the network interface --comm gloo listens on (default: the\n"
     "                         address this machine reaches MASTER_ADDR from)\n"
     "  OMP_WAIT_POLICY, GOMP_SPINCOUNT  override the OpenMP wait policy chosen at start;\n"

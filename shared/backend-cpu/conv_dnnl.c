@@ -17,6 +17,7 @@
 #ifdef CIFAR_DNNL
 #include <dnnl.h>
 #include <dnnl_debug.h>
+#include <dlfcn.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,8 +34,70 @@
         dnnl_status_t st_ = (call);                                                            \
         if (st_ != dnnl_success)                                                               \
             die("oneDNN: %s: %s (internal error) ---> HINT: --precision fp32 runs without oneDNN", \
-                #call, dnnl_status2str(st_));                                                  \
+                #call, D.dnnl_status2str(st_));                                                  \
     } while (0)
+
+/* oneDNN is loaded at run time, as the MPI, Gloo and CUDA libraries are: a binary
+ * built with its headers runs where libdnnl2 is absent, and --precision bf16 then
+ * says why (cpu_dnnl_load_error). CIFAR_DNNL_LIB names another file. */
+#define DNNL_FUNCTIONS(X) \
+    X(dnnl_convolution_backward_data_desc_init) \
+    X(dnnl_convolution_backward_weights_desc_init) \
+    X(dnnl_convolution_forward_desc_init) \
+    X(dnnl_engine_create) \
+    X(dnnl_get_effective_cpu_isa) \
+    X(dnnl_memory_create) \
+    X(dnnl_memory_desc_get_size) \
+    X(dnnl_memory_desc_init_by_tag) \
+    X(dnnl_memory_destroy) \
+    X(dnnl_primitive_attr_create) \
+    X(dnnl_primitive_attr_destroy) \
+    X(dnnl_primitive_attr_set_scratchpad_mode) \
+    X(dnnl_primitive_create) \
+    X(dnnl_primitive_desc_create) \
+    X(dnnl_primitive_desc_destroy) \
+    X(dnnl_primitive_desc_query_md) \
+    X(dnnl_primitive_destroy) \
+    X(dnnl_primitive_execute) \
+    X(dnnl_reorder_primitive_desc_create) \
+    X(dnnl_status2str) \
+    X(dnnl_stream_create) \
+    X(dnnl_stream_wait) \
+    X(dnnl_version)
+
+#define DNNL_POINTER(name) __typeof__(&name) name;
+static struct {
+    DNNL_FUNCTIONS(DNNL_POINTER)
+} D;
+#undef DNNL_POINTER
+
+static char g_load_error[512];
+
+/* Loads the library and every function above once; "" when it worked. */
+static const char *dnnl_load(void) {
+    static int tried;
+    if (__atomic_load_n(&tried, __ATOMIC_ACQUIRE)) return g_load_error;
+    const char *path = getenv("CIFAR_DNNL_LIB");
+    if (!path || !*path) path = "libdnnl.so.2";
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(g_load_error, sizeof g_load_error, "cannot load oneDNN (%s: %s; Debian's libdnnl2)",
+                 path, dlerror());
+    } else {
+#define DNNL_RESOLVE(name)                                                                    \
+        if (!g_load_error[0] && !(*(void **)&D.name = dlsym(lib, #name)))                      \
+            snprintf(g_load_error, sizeof g_load_error, "%s lacks %s (oneDNN 2.x expected)", path, #name);
+        DNNL_FUNCTIONS(DNNL_RESOLVE)
+#undef DNNL_RESOLVE
+    }
+    __atomic_store_n(&tried, 1, __ATOMIC_RELEASE);
+    return g_load_error;
+}
+
+const char *cpu_dnnl_load_error(void) {
+    const char *e = dnnl_load();
+    return e[0] ? e : NULL;
+}
 
 static dnnl_engine_t g_engine;
 static char g_backend[96] = "oneDNN";
@@ -75,7 +138,7 @@ static void *tls_buffer(int slot, size_t bytes) {
 }
 
 static dnnl_stream_t thread_stream(void) {
-    if (!tls_stream) DNNL_CHECK(dnnl_stream_create(&tls_stream, g_engine, dnnl_stream_default_flags));
+    if (!tls_stream) DNNL_CHECK(D.dnnl_stream_create(&tls_stream, g_engine, dnnl_stream_default_flags));
     return tls_stream;
 }
 
@@ -120,21 +183,21 @@ static const uint16_t *packed(int slot, size_t count, const float *src) {
 
 static void md_nhwc(dnnl_memory_desc_t *md, int n, int c, int h, int w, dnnl_data_type_t t) {
     dnnl_dims_t d = {n, c, h, w};
-    DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, 4, d, t, dnnl_nhwc));
+    DNNL_CHECK(D.dnnl_memory_desc_init_by_tag(md, 4, d, t, dnnl_nhwc));
 }
 
 static void md_weight(dnnl_memory_desc_t *md, const ConvSpec *cs, dnnl_data_type_t t,
                       dnnl_format_tag_t tag) {
     dnnl_dims_t d = {cs->cout, cs->cin, cs->k, cs->k};
-    DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, 4, d, t, tag));
+    DNNL_CHECK(D.dnnl_memory_desc_init_by_tag(md, 4, d, t, tag));
 }
 
 static dnnl_primitive_t primitive_of(const_dnnl_primitive_desc_t pd, size_t *scratch) {
-    const dnnl_memory_desc_t *s = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    size_t bytes = s ? dnnl_memory_desc_get_size(s) : 0;
+    const dnnl_memory_desc_t *s = D.dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t bytes = s ? D.dnnl_memory_desc_get_size(s) : 0;
     if (bytes > *scratch) *scratch = bytes;
     dnnl_primitive_t p;
-    DNNL_CHECK(dnnl_primitive_create(&p, pd));
+    DNNL_CHECK(D.dnnl_primitive_create(&p, pd));
     return p;
 }
 
@@ -143,11 +206,11 @@ static dnnl_primitive_t primitive_of(const_dnnl_primitive_desc_t pd, size_t *scr
 static dnnl_primitive_t weight_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
                                        void **buf) {
     dnnl_primitive_desc_t pd;
-    DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, NULL));
+    DNNL_CHECK(D.dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, NULL));
     dnnl_primitive_t p;
-    DNNL_CHECK(dnnl_primitive_create(&p, pd));
-    DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
-    if (buf) *buf = xmalloc_aligned(dnnl_memory_desc_get_size(to));
+    DNNL_CHECK(D.dnnl_primitive_create(&p, pd));
+    DNNL_CHECK(D.dnnl_primitive_desc_destroy(pd));
+    if (buf) *buf = xmalloc_aligned(D.dnnl_memory_desc_get_size(to));
     return p;
 }
 
@@ -166,52 +229,52 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     /* fp32 dW in the layout the kernel picks: with PyTorch's plain layout oneDNN 2.6
      * falls back to its reference code (ref:any, measured 50x slower) */
     md_weight(&ps->dw_any, cs, dnnl_f32, dnnl_format_tag_any);
-    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&ps->bias, 1, bd, dnnl_f32, dnnl_x));
+    DNNL_CHECK(D.dnnl_memory_desc_init_by_tag(&ps->bias, 1, bd, dnnl_f32, dnnl_x));
     dnnl_primitive_attr_t attr;
-    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
-    DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+    DNNL_CHECK(D.dnnl_primitive_attr_create(&attr));
+    DNNL_CHECK(D.dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
 
     dnnl_convolution_desc_t fd;
-    DNNL_CHECK(dnnl_convolution_forward_desc_init(
+    DNNL_CHECK(D.dnnl_convolution_forward_desc_init(
         &fd, cp->backward ? dnnl_forward_training : dnnl_forward_inference, dnnl_convolution_direct,
         &ps->x16, &w_any, &ps->bias, &ps->y32, strides, pad, pad));
     dnnl_primitive_desc_t fpd;
-    DNNL_CHECK(dnnl_primitive_desc_create(&fpd, &fd, attr, g_engine, NULL));
-    ps->w_fwd = *dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0);
+    DNNL_CHECK(D.dnnl_primitive_desc_create(&fpd, &fd, attr, g_engine, NULL));
+    ps->w_fwd = *D.dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0);
     ps->fwd = primitive_of(fpd, &ps->scratch_bytes);
     ps->w_fwd_reorder = weight_reorder(&ps->w32, &ps->w_fwd, &ps->w_fwd_buf);
     if (cp->backward) {
         if (cp->need_dx) {
             dnnl_convolution_desc_t dd;
-            DNNL_CHECK(dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dx32,
+            DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dx32,
                                                                 &w_any, &ps->dy16, strides, pad, pad));
             dnnl_primitive_desc_t dpd;
-            DNNL_CHECK(dnnl_primitive_desc_create(&dpd, &dd, attr, g_engine, fpd));
-            ps->w_bd = *dnnl_primitive_desc_query_md(dpd, dnnl_query_weights_md, 0);
+            DNNL_CHECK(D.dnnl_primitive_desc_create(&dpd, &dd, attr, g_engine, fpd));
+            ps->w_bd = *D.dnnl_primitive_desc_query_md(dpd, dnnl_query_weights_md, 0);
             ps->bwd_data = primitive_of(dpd, &ps->scratch_bytes);
             ps->w_bd_reorder = weight_reorder(&ps->w32, &ps->w_bd, &ps->w_bd_buf);
-            DNNL_CHECK(dnnl_primitive_desc_destroy(dpd));
+            DNNL_CHECK(D.dnnl_primitive_desc_destroy(dpd));
         }
         dnnl_convolution_desc_t wd;
-        DNNL_CHECK(dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &ps->x16,
+        DNNL_CHECK(D.dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &ps->x16,
                                                                &ps->dw_any, NULL, &ps->dy16, strides,
                                                                pad, pad));
         dnnl_primitive_desc_t wpd;
-        DNNL_CHECK(dnnl_primitive_desc_create(&wpd, &wd, attr, g_engine, fpd));
-        ps->dw_any = *dnnl_primitive_desc_query_md(wpd, dnnl_query_diff_weights_md, 0);
+        DNNL_CHECK(D.dnnl_primitive_desc_create(&wpd, &wd, attr, g_engine, fpd));
+        ps->dw_any = *D.dnnl_primitive_desc_query_md(wpd, dnnl_query_diff_weights_md, 0);
         ps->bwd_w = primitive_of(wpd, &ps->scratch_bytes);
         ps->dw_reorder = weight_reorder(&ps->dw_any, &ps->dw32, NULL);
-        DNNL_CHECK(dnnl_primitive_desc_destroy(wpd));
+        DNNL_CHECK(D.dnnl_primitive_desc_destroy(wpd));
     }
-    DNNL_CHECK(dnnl_primitive_desc_destroy(fpd));
-    DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+    DNNL_CHECK(D.dnnl_primitive_desc_destroy(fpd));
+    DNNL_CHECK(D.dnnl_primitive_attr_destroy(attr));
 }
 
 static void pass_destroy(DnnlPass *ps) {
     dnnl_primitive_t all[] = {ps->fwd,           ps->bwd_data,     ps->bwd_w,
                               ps->w_fwd_reorder, ps->w_bd_reorder, ps->dw_reorder};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (all[i]) dnnl_primitive_destroy(all[i]);
+        if (all[i]) D.dnnl_primitive_destroy(all[i]);
     free(ps->w_fwd_buf);
     free(ps->w_bd_buf);
 }
@@ -299,19 +362,19 @@ static void run(dnnl_primitive_t p, const DnnlPass *ps, const DnnlArg *args, int
     dnnl_memory_t mem[8];
     dnnl_memory_desc_t sd;
     dnnl_dims_t sdim = {(dnnl_dim_t)(ps->scratch_bytes ? ps->scratch_bytes : 1)};
-    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&sd, 1, sdim, dnnl_u8, dnnl_x));
+    DNNL_CHECK(D.dnnl_memory_desc_init_by_tag(&sd, 1, sdim, dnnl_u8, dnnl_x));
     int k = 0;
     for (; k < nargs; k++) {
-        DNNL_CHECK(dnnl_memory_create(&mem[k], args[k].md, g_engine, (void *)args[k].data));
+        DNNL_CHECK(D.dnnl_memory_create(&mem[k], args[k].md, g_engine, (void *)args[k].data));
         ex[k] = (dnnl_exec_arg_t){args[k].arg, mem[k]};
     }
-    DNNL_CHECK(dnnl_memory_create(&mem[k], &sd, g_engine, tls_buffer(DNNL_TLS_SCRATCH, ps->scratch_bytes)));
+    DNNL_CHECK(D.dnnl_memory_create(&mem[k], &sd, g_engine, tls_buffer(DNNL_TLS_SCRATCH, ps->scratch_bytes)));
     ex[k] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[k]};
     k++;
     dnnl_stream_t s = thread_stream();
-    DNNL_CHECK(dnnl_primitive_execute(p, s, k, ex));
-    DNNL_CHECK(dnnl_stream_wait(s));
-    for (int i = 0; i < k; i++) dnnl_memory_destroy(mem[i]);
+    DNNL_CHECK(D.dnnl_primitive_execute(p, s, k, ex));
+    DNNL_CHECK(D.dnnl_stream_wait(s));
+    for (int i = 0; i < k; i++) D.dnnl_memory_destroy(mem[i]);
 }
 
 static void reorder(dnnl_primitive_t r, const DnnlPass *ps, const dnnl_memory_desc_t *from,
@@ -377,7 +440,7 @@ static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wpart
         run(ps->bwd_data, ps, a, 3);
     }
     const uint16_t *x16 = packed(DNNL_TLS_X, nimg * in_img, c->x + img0 * in_img);
-    void *dw = tls_buffer(DNNL_TLS_DW, dnnl_memory_desc_get_size(&ps->dw_any));
+    void *dw = tls_buffer(DNNL_TLS_DW, D.dnnl_memory_desc_get_size(&ps->dw_any));
     const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, x16},
                          {DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
                          {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw}};
@@ -449,10 +512,10 @@ static const char *dnnl_isa_name(dnnl_cpu_isa_t isa) {
 }
 
 void cpu_dnnl_conv_entries(NetOps *t) {
-    if (!g_engine) DNNL_CHECK(dnnl_engine_create(&g_engine, dnnl_cpu, 0));
-    const dnnl_version_t *v = dnnl_version();
+    if (!g_engine) DNNL_CHECK(D.dnnl_engine_create(&g_engine, dnnl_cpu, 0));
+    const dnnl_version_t *v = D.dnnl_version();
     snprintf(g_backend, sizeof g_backend, "oneDNN %d.%d.%d, %s", v->major, v->minor, v->patch,
-             dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+             dnnl_isa_name(D.dnnl_get_effective_cpu_isa()));
     t->conv_plan = dnnl_conv_plan;
     t->conv_workspace_bytes = dnnl_conv_workspace_bytes;
     t->conv_plan_free = dnnl_conv_plan_free;

@@ -65,6 +65,7 @@ int cpu_bf16_features(void) {
 /* The bf16 table from the AVX-512 one, its convolutions replaced (conv_dnnl.c). */
 void cpu_dnnl_conv_entries(NetOps *t);
 const char *cpu_dnnl_conv_backend(void);
+const char *cpu_dnnl_load_error(void); /* NULL once oneDNN is loaded (dlopen) */
 
 const char *cpu_bf16_why_not(int isa) {
     if (!cpu_bf16_features())
@@ -76,7 +77,7 @@ const char *cpu_bf16_why_not(int isa) {
 #ifndef CIFAR_DNNL
     return "this build has no oneDNN (install libdnnl-dev and rebuild)";
 #else
-    return NULL;
+    return cpu_dnnl_load_error();
 #endif
 }
 

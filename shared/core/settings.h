@@ -18,7 +18,7 @@
  *
  * Not here: the launch protocol between the launcher and its workers (RANK, MASTER_ADDR,
  * CIFAR_RUN_ID, CIFAR_JOB_TOKEN, ...: comm.h's DistEnv), the libraries' paths
- * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB, CIFAR_GLOO_LIB). The test suite's fault injection is
+ * (CIFAR_CUDA_LIB, CIFAR_MPI_LIB, CIFAR_GLOO_LIB, CIFAR_DNNL_LIB). The test suite's fault injection is
  * not in the shipped commands at all: only the test build of cifar-train reads it
  * (tests/train_hooks.c, train/test_hooks.h). */
 #ifndef CIFAR_SETTINGS_H
