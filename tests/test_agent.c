@@ -17,6 +17,7 @@
  * --max-restarts counted for the whole job, the store's host lost (the others
  * end with one line naming HOST:PORT), strangers (garbage, a slowloris, 200
  * connections, another job, a wrong token) that change nothing. */
+#define _GNU_SOURCE /* accept4 in train/agent_store.c, included below */
 #include "../train/launcher.c"
 #include "../train/signals.c"
 #include "../train/worker_logs.c"

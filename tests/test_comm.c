@@ -354,6 +354,14 @@ static int rendezvous_rank_main(const char *dir) {
     }
     signal(SIGTERM, rv_on_stop);
     env.stop_signal = &g_rv_stop;
+    const char *big = getenv("TEST_COMM_EXCHANGE_ENTRY");
+    if (big) { /* a rank of a large world with entries of that size: rendezvous_exchange's bound */
+        size_t entry = (size_t)atol(big), len = (size_t)env.world_size * entry;
+        char *mine = xcalloc(len, 1), *theirs = xcalloc(len, 1);
+        rendezvous_exchange(&env, mine, theirs, entry, env.comm.timeout_s);
+        free(mine), free(theirs);
+        return 0;
+    }
     if (getenv("TEST_COMM_EXCHANGE")) return exchange_rank_main(&env, dir);
     unsigned char blob[RV_BLOB] = {0};
     if (env.rank == 0 && getrandom(blob, sizeof blob, 0) != (ssize_t)sizeof blob) {
@@ -590,6 +598,20 @@ static void test_exchange_strays(void) {
           "each reason named: %s", log0);
 }
 
+/* rendezvous_exchange's bound is rank 0's table, W * W * entry bytes: 200 ranks of
+ * Gloo-sized (136-byte) entries, 5.4 MB, are not refused (they were: the bound divided
+ * by the entry twice, W * entry <= 16 KiB). Rank 1 alone: it waits for rank 0, times out. */
+static void test_exchange_large_world(void) {
+    int port = free_local_port();
+    setenv("TEST_COMM_EXCHANGE_ENTRY", "136", 1);
+    pid_t r1 = rendezvous_spawn("big", 1, 200, port, "xch-big", "127.0.0.1", "1");
+    unsetenv("TEST_COMM_EXCHANGE_ENTRY");
+    int st = wait_status(r1);
+    const char *e = rv_text("rv-big-stderr");
+    CHECK(exited_with(st, 1) && strstr(e, "an exchange of") == NULL && strstr(e, "rank 0") != NULL,
+          "200 ranks of 136-byte entries: waits for rank 0 (%d): %s", st, e);
+}
+
 static void test_rendezvous_not_local(void) {
     int port = free_local_port();
     pid_t r0 = rendezvous_spawn("remote", 0, 2, port, "rv-remote", "192.0.2.7", "5");
@@ -786,6 +808,7 @@ int main(int argc, char **argv) {
     test_rendezvous_strays();
     test_rendezvous_not_local();
     test_exchange_strays();
+    test_exchange_large_world();
     int gloo = gloo_ready();
     for (int w = 2; w <= 3; w++) {
         test_collectives(w);

@@ -18,6 +18,7 @@
  * message, no restart after a permanent failure, SIGTERM then SIGKILL after the grace period, SIGTERM to the launcher,
  * SIGKILL to the launcher (PR_SET_PDEATHSIG), no worker left alive, argument
  * stripping. */
+#define _GNU_SOURCE /* accept4 in train/agent_store.c, included below */
 #include "../train/launcher.c"
 #include "../train/signals.c"
 #include "../train/worker_logs.c"

@@ -2,10 +2,10 @@
  * agent (agent_store.h: the wire format and the rounds). Poll-based and
  * non-blocking: a connection that is silent, slow, garbled or of another job is
  * dropped without delaying the others; nothing a peer sends can stop it. */
+#define _GNU_SOURCE /* accept4 */
 #include "agent_store.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -470,12 +470,11 @@ static void store_accept(AgentStore *s) {
     for (;;) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;
-        int fd = accept(s->lfd, (struct sockaddr *)&sa, &sl);
+        /* close-on-exec from the start: the agent's main thread forks and execs workers
+         * meanwhile, and a worker holding this socket would keep it open after the
+         * store closes it (the peer would not see its connection end) */
+        int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) return; /* EAGAIN, or the peer left */
-        if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
-            close(fd);
-            continue;
-        }
         int pending = 0, oldest = -1;
         for (int i = 0; i < s->nconn; i++)
             if (s->conn[i].fd >= 0 && !s->conn[i].authed) {

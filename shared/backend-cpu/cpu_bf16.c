@@ -67,17 +67,22 @@ void cpu_dnnl_conv_entries(NetOps *t);
 const char *cpu_dnnl_conv_backend(void);
 const char *cpu_dnnl_load_error(void); /* NULL once oneDNN is loaded (dlopen) */
 
+/* The reasons that do not depend on the CPU first (CIFAR_CPU_ISA, the build), so the
+ * refusal names the same reason on every machine (train.bats, .ci/run's DNNL=0 check). */
 const char *cpu_bf16_why_not(int isa) {
-    if (!cpu_bf16_features())
-        return "this CPU lacks AVX512-BF16 and AMX-BF16 (or the OS has not enabled them)";
     if (isa >= 0 && isa < CPU_ISA_AVX512)
         return isa == CPU_ISA_AVX2 ? "CIFAR_CPU_ISA=avx2 turns AVX-512 off"
                                    : "CIFAR_CPU_ISA=generic turns AVX-512 off";
-    if (cpu_isa_best() < CPU_ISA_AVX512) return "this CPU (or build) lacks the AVX-512 variant of the CPU ops";
 #ifndef CIFAR_DNNL
     return "this build has no oneDNN (install libdnnl-dev and rebuild)";
+#endif
+    if (!cpu_bf16_features())
+        return "this CPU lacks AVX512-BF16 and AMX-BF16 (or the OS has not enabled them)";
+    if (cpu_isa_best() < CPU_ISA_AVX512) return "this CPU (or build) lacks the AVX-512 variant of the CPU ops";
+#ifdef CIFAR_DNNL
+    return cpu_dnnl_load_error(); /* last: the library is loaded only where it can serve */
 #else
-    return cpu_dnnl_load_error();
+    return NULL;
 #endif
 }
 

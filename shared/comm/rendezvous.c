@@ -583,7 +583,7 @@ void rendezvous_share(const DistEnv *env, void *blob, size_t len, double timeout
 void rendezvous_exchange(const DistEnv *env, const void *mine, void *theirs, size_t entry,
                          double timeout_s) {
     const size_t w = (size_t)env->world_size, len = w * entry;
-    if (entry == 0 || entry > RENDEZVOUS_MAX_ENTRY || w > RENDEZVOUS_MAX_TABLE / len / entry)
+    if (entry == 0 || entry > RENDEZVOUS_MAX_ENTRY || w > RENDEZVOUS_MAX_TABLE / len) /* W * len bytes */
         die("rendezvous: an exchange of %zu-byte entries between %zu ranks (at most %d bytes, "
             "%zu MiB in all at rank 0)", entry, w, RENDEZVOUS_MAX_ENTRY, RENDEZVOUS_MAX_TABLE >> 20);
     if (w == 1) {
