@@ -8,9 +8,10 @@
 #     memory, as the anchors time theirs; the scaling between the two; the last round
 #     prints where the time of a step goes, per op;
 #   cifar-train --precision fp32 and --precision bf16 from an LMDB, 1 epoch of IMAGES
-#     synthetic images (data loading and augmentation included). bf16 only where the
-#     processor has AVX512-BF16 or AMX (else one line says it lacks them, and fp32
-#     only); where cifar-train refuses bf16 (exit 2), one line with its reason.
+#     synthetic images (its training steps, the first one, data loading and augmentation
+#     included; the evaluation not). bf16 only where the processor has AVX512-BF16 or
+#     AMX (else one line says it lacks them, and fp32 only); where cifar-train refuses
+#     bf16 (exit 2), one line with its reason.
 # Anchors (tests/bench/torch_anchor.py, the same network and step): Debian's PyTorch 1.13
 # eager (PYTHON_TORCH); with PYTHON_TORCH2 (a python with PyPI's torch 2.x) its eager,
 # --channels-last, --amp bf16 (autocast), --compile and the three together. Each anchor
