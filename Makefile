@@ -9,7 +9,7 @@
 #   make test         every test: C unit tests, then the bats suites, then what was skipped and why
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
 #   make plot RUN=dir training curves of a run: dir/metrics.jsonl -> dir/curves.png
-#   make bench        speed figures side by side with PyTorch (CPU)
+#   make bench        speed figures side by side with PyTorch (CPU), bf16 accuracy against fp32
 #   make fuzz         libFuzzer targets, each for FUZZ_SECONDS
 #   make test-asan    the unit tests and bats suites built with ASan+UBSan (build/asan/)
 #   make test-variants  the learning and tolerance tests under each CPU variant and other BLAS kernels
@@ -25,7 +25,8 @@ CUDA_ARCHS ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=
               -gencode=arch=compute_90,code=compute_90
 OPT ?= -O2
 PYTHON_TORCH ?= /usr/bin/python3
-# a python with PyPI's torch 2.x for make bench's second anchor (eager and torch.compile); empty: skipped
+# a python with PyPI's torch 2.x for make bench's PyTorch 2.x anchors (eager, --channels-last,
+# --amp bf16, --compile and all three); empty: skipped, each named in the output
 PYTHON_TORCH2 ?=
 
 # Debian packages, by the target that needs them (make pipeline: BUILD + PIPELINE;
@@ -249,7 +250,7 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(OBJ)/tests/%)
 GPU_TEST_BINS =
 FAULTINJECT = $(OBJ)/tests/libfaultinject.so
 
-.PHONY: proto all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-build test-variants test-asan test-valgrind pipeline bench bench-snapshots bench-gpu fuzz clean plot
+.PHONY: proto all build-info deps deps-check deps-pipeline deps-install install uninstall man test test-unit test-gpu test-bats test-build test-variants test-asan test-valgrind pipeline bench bench-accuracy bench-snapshots bench-gpu fuzz clean plot
 all: build-info $(COMMANDS:%=$(BIN)/%)
 
 build-info:
@@ -470,6 +471,10 @@ plot:
 
 bench: all test-build $(OBJ)/bench/bench_train $(OBJ)/bench/prep_floor $(OBJ)/tests/test_comm
 	BIN=$(abspath $(BIN)) TEST_BIN=$(abspath $(TEST_BIN)) BENCH_TRAIN=$(abspath $(OBJ)/bench/bench_train) BENCH_COMM=$(abspath $(OBJ)/tests/test_comm) PREP_FLOOR=$(abspath $(OBJ)/bench/prep_floor) PYTHON_TORCH=$(PYTHON_TORCH) PYTHON_TORCH2=$(PYTHON_TORCH2) tests/bench/bench.sh
+
+# Test accuracy after the same epochs, --precision bf16 against fp32 on the CPU (ACC_* settings)
+bench-accuracy: all
+	BIN=$(abspath $(BIN)) tests/bench/bench_accuracy.sh
 
 # Background snapshots alone: throughput with --save-interval 5s against off, work lost per SIGKILL
 bench-snapshots: all test-build

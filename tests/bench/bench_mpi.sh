@@ -20,7 +20,8 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 work=$(mktemp -d /tmp/cifar-bench-mpi.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-field() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" | head -1; }
+# shellcheck source=tests/bench/bench_lib.bash
+. "$here/bench_lib.bash"
 
 echo "== shared memory, Gloo and MPI (TCP): cifar-train, 2 ranks x 1 thread, 1 epoch of $IMAGES synthetic images, batch 256, $ROUNDS rounds"
 "$BIN/cifar-synth" "$work/data" --train "$IMAGES" --test 512 --seed 3 >/dev/null 2>&1

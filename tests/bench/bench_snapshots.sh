@@ -38,7 +38,8 @@ train() { # run-dir, args...
 }
 # images/s of a run folder: all its images over all its epochs' seconds
 ips() { awk -F'"seconds":' '{ split($2, a, ","); s += a[1]; n++ } END { printf "%.1f", n * 8192 / s }' "$1/metrics.jsonl"; }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# shellcheck source=tests/bench/bench_lib.bash
+. "$here/bench_lib.bash"
 checksum() { head -c 65536 "$1" | grep -ao '"data_checksum":"[0-9a-f]*"'; }
 step_of() { basename "$1" .safetensors | sed 's/^snapshot-0*//; s/^$/0/'; }
 
