@@ -249,7 +249,7 @@ static void test_round_env(void) {
                   r.group_rank == k / 2 && r.group_world == 3 && r.round == 0 && r.te_restart == 0 &&
                   strcmp(r.addr, "127.0.0.1") == 0 && r.port == r0.port && r.port != g_port &&
                   strcmp(r.run_id, r0.run_id) == 0 && strstr(r.run_id, "-r0") &&
-                  strcmp(r.job_id, "job-1") == 0,
+                  strcmp(r.job_id, "job-1-r0") == 0,
               "env: rank %d: %d %d %d %d %d %d %d %d %s %d %s %s", k, r.rank, r.world, r.local_rank,
               r.local_world, r.group_rank, r.group_world, r.round, r.te_restart, r.addr, r.port,
               r.run_id, r.job_id);

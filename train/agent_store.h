@@ -49,7 +49,8 @@
  * store's own agent must be among them). Node ranks: the store's agent is node 0
  * (it holds the run folder's lock and rank 0 runs beside the store), the others
  * in the order they first joined the job. MASTER_ADDR is HOST; MASTER_PORT a port
- * free on HOST when the round closes. A worker failure (FAILED) or a member lost
+ * free on HOST when the round closes; the workers' CIFAR_JOB_ID is the job id and the
+ * round (ID-rR: a worker of an earlier round is another job to this round's rank 0). A worker failure (FAILED) or a member lost
  * makes the round fail: STOP to every member, round R + 1 forms; more failed
  * rounds than --max-restarts, a PERMANENT report or a LEAVING agent END the job.
  * An agent that joins while a round of fewer than MAX nodes runs (a new node, or

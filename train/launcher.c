@@ -435,7 +435,9 @@ static char **worker_env(const LaunchOptions *o, int nproc, int port, int local_
     WORKER_VAR("GROUP_RANK=%d", o->node_rank);
     WORKER_VAR("GROUP_WORLD_SIZE=%d", o->nnodes);
     WORKER_VAR("CIFAR_RDZV_ROUND=%d", attempt);
-    if (job_id) WORKER_VAR("CIFAR_JOB_ID=%s", job_id);
+    /* the round in the workers' job identity: a worker left over from an earlier round
+     * is refused as another job by this round's rank 0, whatever port it tries */
+    if (job_id) WORKER_VAR("CIFAR_JOB_ID=%s-r%d", job_id, attempt);
     WORKER_VAR("MASTER_ADDR=%s", o->master_addr);
     WORKER_VAR("MASTER_PORT=%d", port);
     WORKER_VAR("CIFAR_RUN_ID=%s", run_id);
