@@ -526,6 +526,7 @@ static void test_parse_args(void) {
         const char *line, *want;
     } bad[] = {
         {"t --nnodes 3:2 --rdzv-endpoint h:1", "MIN above MAX"},
+        {"t --nnodes 2:2000 --rdzv-endpoint h:1", "serves at most 1024 nodes"},
         {"t --nnodes 1:2", "needs --rdzv-endpoint"},
         {"t --rdzv-backend etcd --rdzv-endpoint h:1", "only c10d"},
         {"t --rdzv-endpoint h:1 --node-rank 1", "--node-rank"},

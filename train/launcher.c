@@ -193,6 +193,11 @@ static int launcher_check_args(LaunchOptions *o, int addr_given, char *err, size
         return -1;
     }
     if (launcher_is_rendezvous(o)) {
+        if (o->nnodes > AGENT_MAX_AGENTS) {
+            snprintf(err, errlen, "--nnodes %d: the rendezvous store serves at most %d nodes",
+                     o->nnodes, AGENT_MAX_AGENTS);
+            return -1;
+        }
         if (o->node_rank_given || o->master_given) {
             snprintf(err, errlen, "--rdzv-endpoint with %s: the rounds give the node ranks and rank "
                      "0's address (--node-rank, --master-addr and --master-port are for static jobs)",
