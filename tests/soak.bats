@@ -75,5 +75,6 @@ workers_of() { # launcher pid: its worker pids, sorted
     [ "$(wc -l < "$dir/metrics.jsonl")" -eq "$EPOCHS" ]
     [ -z "$(ls -A "$dir" | grep -- '\.tmp-')" ]
     # No worker outlived the launcher, no shared-memory segment was left behind.
-    [ -z "$(pgrep -f -- "--run-dir $dir" || true)" ]
+    left=$(pgrep -f -- "--run-dir $dir" || [ $? -eq 1 ])   # 1: none; pgrep's own errors (2, 3) fail here
+    [ -z "$left" ]
 }
