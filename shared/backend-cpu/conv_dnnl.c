@@ -3,9 +3,12 @@
  * AVX512-BF16 and AMX kernels, picked by oneDNN for the running CPU). Built with
  * CIFAR_DNNL only (the Makefile probes oneDNN).
  *
- * Precision: each conv rounds its bf16 inputs (x, the weight, dy) to nearest even as it
- * packs them, accumulates in fp32 and writes fp32 (y, dx, dW); the bias and its
- * gradient (a double sum of the fp32 dy) stay fp32.
+ * Precision: the activations (x, y, dy, dx) are bf16 in the first half of their
+ * fp32-sized buffers, as every op of the bf16 table keeps them (ops_cpu_bf16.c); the
+ * conv reads x and dy as they are, rounds the fp32 weight to bf16 (nearest even) in
+ * oneDNN's reorder, accumulates in fp32 and rounds y and dx to bf16 (nearest even)
+ * as oneDNN writes them; dW is fp32, the bias fp32 and its gradient a double sum of
+ * the bf16 dy.
  *
  * Determinism (net_ops.h: bit-identical for any thread count): the batch is cut into
  * tiles of `tile` images fixed by the shapes (the remainder one image at a time); each
@@ -107,7 +110,7 @@ typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;     /* bwd_*: NULL when not planned */
     dnnl_primitive_t w_fwd_reorder, w_bd_reorder; /* PyTorch's fp32 weight -> its bf16 layout */
     dnnl_primitive_t dw_reorder; /* bwd_w's fp32 blocked dW -> PyTorch's layout (exact) */
-    dnnl_memory_desc_t x16, y32, dy16, dx32, w32, w_fwd, w_bd, dw32, dw_any, bias;
+    dnnl_memory_desc_t x16, y16, dy16, dx16, w32, w_fwd, w_bd, dw32, dw_any, bias;
     void *w_fwd_buf, *w_bd_buf;                /* the weight in that layout, per call */
     size_t scratch_bytes;
 } DnnlPass;
@@ -121,9 +124,9 @@ typedef struct {
     float *zero_bias;  /* for a conv without bias */
 } DnnlConvPlan;
 
-/* Per-thread packed inputs and oneDNN scratchpads, grown on demand (OpenMP threads
- * persist: nothing allocates in the loop once warm). */
-enum { DNNL_TLS_X, DNNL_TLS_DY, DNNL_TLS_DW, DNNL_TLS_SCRATCH, DNNL_TLS_SLOTS };
+/* Per-thread weight gradients in oneDNN's layout and oneDNN scratchpads, grown on
+ * demand (OpenMP threads persist: nothing allocates in the loop once warm). */
+enum { DNNL_TLS_DW, DNNL_TLS_SCRATCH, DNNL_TLS_SLOTS };
 static __thread void *tls_buf[DNNL_TLS_SLOTS];
 static __thread size_t tls_cap[DNNL_TLS_SLOTS];
 static __thread dnnl_stream_t tls_stream;
@@ -143,8 +146,9 @@ static dnnl_stream_t thread_stream(void) {
 }
 
 /* fp32 -> bf16, rounded to nearest even: bf16.h's bf16_from_float without its branch,
- * so that GCC vectorises it (AVX-512 is there whenever this runs; 8.6% of a bf16 step
- * with the branch). The same bits as bf16_from_float for every input (test_bn_nhwc). */
+ * so that GCC vectorises it (AVX-512 is there whenever this runs). The same bits as
+ * bf16_from_float for every input (test_bn_nhwc). The CPU engine packs the augmented
+ * batch with it (cpu_bf16_pack). */
 typedef uint32_t bits32_alias __attribute__((may_alias));
 #if defined(__clang__)
 #define PACK_FN __attribute__((target("arch=x86-64-v4"))) static
@@ -162,22 +166,15 @@ pack_bf16(size_t count, const float *src, uint16_t *restrict dst) {
     }
 }
 
-/* bq[o] = the sum over rows of dy[r][o], in double, in row order. */
+/* bq[o] = the sum over rows of the bf16 dy[r][o], in double, in row order. */
 PACK_FN void
-bias_partial(size_t rows, int cout, const float *restrict dy, double *restrict bq) {
+bias_partial(size_t rows, int cout, const uint16_t *restrict dy, double *restrict bq) {
     for (int o = 0; o < cout; o++) bq[o] = 0.0;
     for (size_t r = 0; r < rows; r++)
-        for (int o = 0; o < cout; o++) bq[o] += dy[r * cout + o];
+        for (int o = 0; o < cout; o++) bq[o] += (double)bf16_to_float(dy[r * cout + o]);
 }
 
-/* For tests: pack_bf16, to check it against bf16_from_float. */
 void cpu_dnnl_pack_bf16(size_t count, const float *src, uint16_t *dst) { pack_bf16(count, src, dst); }
-
-static const uint16_t *packed(int slot, size_t count, const float *src) {
-    uint16_t *dst = tls_buffer(slot, count * sizeof(uint16_t));
-    pack_bf16(count, src, dst);
-    return dst;
-}
 
 /* ------------------------------------------------------------------- plans */
 
@@ -220,8 +217,8 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     dnnl_memory_desc_t w_any;
     dnnl_dims_t bd = {cs->cout};
     md_nhwc(&ps->x16, n, cs->cin, cp->h, cp->w, dnnl_bf16);
-    md_nhwc(&ps->dx32, n, cs->cin, cp->h, cp->w, dnnl_f32);
-    md_nhwc(&ps->y32, n, cs->cout, cp->oh, cp->ow, dnnl_f32);
+    md_nhwc(&ps->dx16, n, cs->cin, cp->h, cp->w, dnnl_bf16);
+    md_nhwc(&ps->y16, n, cs->cout, cp->oh, cp->ow, dnnl_bf16);
     md_nhwc(&ps->dy16, n, cs->cout, cp->oh, cp->ow, dnnl_bf16);
     md_weight(&ps->w32, cs, dnnl_f32, dnnl_oihw);
     md_weight(&ps->dw32, cs, dnnl_f32, dnnl_oihw);
@@ -237,7 +234,7 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     dnnl_convolution_desc_t fd;
     DNNL_CHECK(D.dnnl_convolution_forward_desc_init(
         &fd, cp->backward ? dnnl_forward_training : dnnl_forward_inference, dnnl_convolution_direct,
-        &ps->x16, &w_any, &ps->bias, &ps->y32, strides, pad, pad));
+        &ps->x16, &w_any, &ps->bias, &ps->y16, strides, pad, pad));
     dnnl_primitive_desc_t fpd;
     DNNL_CHECK(D.dnnl_primitive_desc_create(&fpd, &fd, attr, g_engine, NULL));
     ps->w_fwd = *D.dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0);
@@ -246,7 +243,7 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     if (cp->backward) {
         if (cp->need_dx) {
             dnnl_convolution_desc_t dd;
-            DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dx32,
+            DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dx16,
                                                                 &w_any, &ps->dy16, strides, pad, pad));
             dnnl_primitive_desc_t dpd;
             DNNL_CHECK(D.dnnl_primitive_desc_create(&dpd, &dd, attr, g_engine, fpd));
@@ -347,6 +344,13 @@ static size_t dnnl_conv_workspace_bytes(void *ctx, void *plan) {
     return (size_t)tiles * (cp->cs.cout * sizeof(double) + weight_len(&cp->cs) * sizeof(float));
 }
 
+/* Weights stay in PyTorch's layout (fp32): export and import are copies. */
+static void dnnl_conv_weight_copy(void *ctx, void *plan, const float *src, float *dst) {
+    (void)ctx;
+    const DnnlConvPlan *cp = plan;
+    if (dst != src) memmove(dst, src, weight_len(&cp->cs) * sizeof(float));
+}
+
 /* ---------------------------------------------------------------- execution */
 
 typedef struct {
@@ -383,11 +387,14 @@ static void reorder(dnnl_primitive_t r, const DnnlPass *ps, const dnnl_memory_de
     run(r, ps, a, 2);
 }
 
+/* One call's arguments; the activations (x, y, dy, dx) as the bf16 they hold. */
 typedef struct {
     const DnnlConvPlan *cp;
     int n;
-    const float *x, *weight, *bias, *dy;
-    float *y, *dx, *dweight, *dbias;
+    const uint16_t *x, *dy;
+    uint16_t *y, *dx;
+    const float *weight, *bias;
+    float *dweight, *dbias;
     void *ws;
 } DnnlCall;
 
@@ -407,11 +414,10 @@ static void forward_body(void *arg) {
         int img0, nimg, pi;
         tile_at(cp, c->n, t, &img0, &nimg, &pi);
         const DnnlPass *ps = &cp->pass[pi];
-        const uint16_t *x16 = packed(DNNL_TLS_X, nimg * in_img, c->x + img0 * in_img);
-        const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, x16},
+        const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, c->x + img0 * in_img},
                              {DNNL_ARG_WEIGHTS, &ps->w_fwd, ps->w_fwd_buf},
                              {DNNL_ARG_BIAS, &ps->bias, c->bias ? c->bias : cp->zero_bias},
-                             {DNNL_ARG_DST, &ps->y32, c->y + img0 * out_img}};
+                             {DNNL_ARG_DST, &ps->y16, c->y + img0 * out_img}};
         run(ps->fwd, ps, a, 4);
     }
 }
@@ -419,11 +425,12 @@ static void forward_body(void *arg) {
 static void dnnl_conv_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
                               const float *bias, float *y, void *ws, size_t ws_bytes) {
     (void)ctx, (void)ws_bytes;
-    DnnlCall c = {.cp = plan, .n = n, .x = x, .weight = weight, .bias = bias, .y = y, .ws = ws};
+    DnnlCall c = {.cp = plan, .n = n, .x = (const uint16_t *)x, .weight = weight, .bias = bias,
+                  .y = (uint16_t *)y, .ws = ws};
     if (n > 0) ops_team_run(forward_body, &c);
 }
 
-/* Tile t's gradients: its dx, its weight partial, its bias partial (from the fp32 dy). */
+/* Tile t's gradients: its dx, its weight partial, its bias partial. */
 static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wparts) {
     const DnnlConvPlan *cp = c->cp;
     const ConvSpec *cs = &cp->cs;
@@ -431,22 +438,20 @@ static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wpart
     int img0, nimg, pi;
     tile_at(cp, c->n, t, &img0, &nimg, &pi);
     const DnnlPass *ps = &cp->pass[pi];
-    const float *dy = c->dy + img0 * out_img;
-    const uint16_t *dy16 = packed(DNNL_TLS_DY, nimg * out_img, dy);
+    const uint16_t *dy16 = c->dy + img0 * out_img;
     if (c->dx) {
         const DnnlArg a[] = {{DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
                              {DNNL_ARG_WEIGHTS, &ps->w_bd, ps->w_bd_buf},
-                             {DNNL_ARG_DIFF_SRC, &ps->dx32, c->dx + img0 * in_img}};
+                             {DNNL_ARG_DIFF_SRC, &ps->dx16, c->dx + img0 * in_img}};
         run(ps->bwd_data, ps, a, 3);
     }
-    const uint16_t *x16 = packed(DNNL_TLS_X, nimg * in_img, c->x + img0 * in_img);
     void *dw = tls_buffer(DNNL_TLS_DW, D.dnnl_memory_desc_get_size(&ps->dw_any));
-    const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, x16},
+    const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, c->x + img0 * in_img},
                          {DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
                          {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw}};
     run(ps->bwd_w, ps, a, 3);
     reorder(ps->dw_reorder, ps, &ps->dw_any, dw, &ps->dw32, wparts + (size_t)t * weight_len(cs));
-    bias_partial((size_t)nimg * cp->oh * cp->ow, cs->cout, dy, bparts + (size_t)t * cs->cout);
+    bias_partial((size_t)nimg * cp->oh * cp->ow, cs->cout, dy16, bparts + (size_t)t * cs->cout);
 }
 
 static void backward_body(void *arg) {
@@ -497,8 +502,9 @@ static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, con
         if (dbias) memset(dbias, 0, (size_t)cp->cs.cout * sizeof(float));
         return;
     }
-    DnnlCall c = {.cp = cp, .n = n, .x = x, .weight = weight, .dy = dy, .dx = dx,
-                  .dweight = dweight, .dbias = dbias, .ws = ws};
+    DnnlCall c = {.cp = cp, .n = n, .x = (const uint16_t *)x, .weight = weight,
+                  .dy = (const uint16_t *)dy, .dx = (uint16_t *)dx, .dweight = dweight,
+                  .dbias = dbias, .ws = ws};
     ops_team_run(backward_body, &c);
 }
 
@@ -522,7 +528,8 @@ void cpu_dnnl_conv_entries(NetOps *t) {
     t->conv_prepare = dnnl_conv_prepare;
     t->conv_forward = dnnl_conv_forward;
     t->conv_backward = dnnl_conv_backward;
-    /* weights stay in PyTorch's layout: conv_weight_export/import are the fp32 table's copies */
+    t->conv_weight_export = dnnl_conv_weight_copy;
+    t->conv_weight_import = dnnl_conv_weight_copy;
 }
 
 const char *cpu_dnnl_conv_backend(void) { return g_backend; }

@@ -62,7 +62,8 @@ int cpu_bf16_features(void) {
     return m;
 }
 
-/* The bf16 table from the AVX-512 one, its convolutions replaced (conv_dnnl.c). */
+/* The bf16 table: ops_cpu_bf16.c's (bf16 activations), its convolutions conv_dnnl.c's. */
+extern const NetOps net_cpu_ops_avx512_bf16act;
 void cpu_dnnl_conv_entries(NetOps *t);
 const char *cpu_dnnl_conv_backend(void);
 const char *cpu_dnnl_load_error(void); /* NULL once oneDNN is loaded (dlopen) */
@@ -92,8 +93,7 @@ const NetOps *net_cpu_ops_bf16(void) {
     static int made;
     if (cpu_bf16_why_not(-1)) return NULL;
     if (!__atomic_load_n(&made, __ATOMIC_ACQUIRE)) { /* made on one thread, before any team */
-        table = *net_cpu_ops_isa(CPU_ISA_AVX512);
-        table.name = "cpu-bf16";
+        table = net_cpu_ops_avx512_bf16act;
         cpu_dnnl_conv_entries(&table);
         __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
     }
@@ -120,5 +120,14 @@ const char *cpu_bf16_backend(void) {
     return cpu_dnnl_conv_backend();
 #else
     return "none";
+#endif
+}
+
+void cpu_bf16_pack(size_t count, const float *src, float *dst) {
+#ifdef CIFAR_DNNL
+    cpu_dnnl_pack_bf16(count, src, (uint16_t *)dst);
+#else
+    (void)count, (void)src, (void)dst;
+    die("cpu_bf16_pack: this build has no oneDNN, so no bf16 table (internal error)");
 #endif
 }

@@ -1,6 +1,8 @@
 /* cpu_bf16.h: --precision bf16 on the CPU: whether this CPU, OS and build can run it
- * (cpuid, xgetbv, arch_prctl), and its op table: the AVX-512 table with the
- * convolutions through oneDNN in bf16 (conv_dnnl.c). */
+ * (cpuid, xgetbv, arch_prctl), and its op table: every activation in bf16 (the first
+ * half of its fp32-sized buffer: ops_cpu_bf16.c), the convolutions through oneDNN in
+ * bf16 with fp32 accumulation (conv_dnnl.c); parameters, gradients, statistics and
+ * the head in fp32. */
 #ifndef CIFAR_CPU_BF16_H
 #define CIFAR_CPU_BF16_H
 
@@ -30,6 +32,11 @@ const NetOps *net_cpu_ops_pick_bf16(int isa);
 
 /* The bf16 table (NULL when cpu_bf16_why_not(isa) is not): for tests and benchmarks. */
 const NetOps *net_cpu_ops_bf16(void);
+
+/* The bf16 table's input: count floats of src (the augmented batch) rounded to bf16
+ * (nearest even, bf16.h's bits) into the first half of dst (count floats' room, not
+ * src: the two must not overlap), as every activation of that table is kept. */
+void cpu_bf16_pack(size_t count, const float *src, float *dst);
 
 /* What the bf16 convolutions run on, for the start line: "oneDNN 2.6.3 (avx512_core_bf16)". */
 const char *cpu_bf16_backend(void);

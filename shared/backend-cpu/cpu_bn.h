@@ -1,9 +1,22 @@
 /* cpu_bn.h: the batch-norm entries (cpu_bn_train, cpu_bn_relu_train, cpu_bn_add_relu_train,
  * cpu_bn_eval, cpu_bn_backward, cpu_bn_relu_backward).
  * Part of the CPU op table (ops_cpu_impl.h), instanced with it: no include guard,
- * included once per instance, after cpu_common.h. */
+ * included once per instance, after cpu_common.h. x, y, z, dy and dx are activations
+ * (opsi_ld/opsi_st, cpu_common.h); statistics, gamma/beta and their gradients real_t. */
 
 /* ------------------------------------------------------------- batchnorm */
+
+/* a1[ch] += x - x[0], a2[ch] += its square, in double, over rows [r0, r1) of x[][c]. */
+static inline __attribute__((always_inline)) void opsi_bn_stat_rows(int64_t r0, int64_t r1, const int c,
+                                                                    const real_t *x, double *a1, double *a2) {
+    for (int64_t r = r0; r < r1; r++) {
+        for (int ch = 0; ch < c; ch++) {
+            double d = (double)opsi_ld(x, r * c + ch) - (double)opsi_ld(x, ch);
+            a1[ch] += d;
+            a2[ch] += d * d;
+        }
+    }
+}
 
 /* Team. Training-mode statistics: per-channel sums of (x - x[0]) and of its square
  * in double over the fixed row blocks (the shift, the first row, keeps the one-pass
@@ -22,14 +35,8 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
         for (int ch = 0; ch < 2 * c; ch++) a1[ch] = 0.0;
-        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
-            const real_t *xr = x + r * c;
-            for (int ch = 0; ch < c; ch++) {
-                double d = (double)xr[ch] - (double)x[ch];
-                a1[ch] += d;
-                a2[ch] += d * d;
-            }
-        }
+        const int64_t r0 = opsi_block_start(rows, nb, b), r1 = opsi_block_start(rows, nb, b + 1);
+        OPSI_WITH_C(c, opsi_bn_stat_rows(r0, r1, C_, x, a1, a2));
     }
     /* every thread combines the partials in block order for its own copy of the affine */
     for (int ch = 0; ch < c; ch++) {
@@ -39,7 +46,7 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
             s2 += part[(size_t)b * 2 * c + c + ch];
         }
         double dm = s1 / rows;
-        double mean = (double)x[ch] + dm;
+        double mean = (double)opsi_ld(x, ch) + dm;
         double var = s2 / rows - dm * dm;
         if (var < 0) var = 0;
         double invstd = 1.0 / sqrt(var + (double)eps);
@@ -60,28 +67,32 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
 /* Team. y = x * aff[ch] + aff[c + ch], then max(., 0) when relu, or max(. + z, 0)
  * when z is given (NaN passes, as in PyTorch): the same arithmetic as the affine then
  * relu_forward or add_relu_forward, in one pass. */
-static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *aff, int relu,
-                                const real_t *z, real_t *y) {
+static inline __attribute__((always_inline)) void
+opsi_channel_affine_c(int64_t rows, const int c, const real_t *x, const real_t *aff, int relu,
+                      const real_t *z, real_t *y) {
     const real_t *scale = aff, *shift = aff + c;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const real_t *xr = x + r * c;
-        real_t *yr = y + r * c;
+        const int64_t r0 = r * c;
         if (z) {
-            const real_t *zr = z + r * c;
             for (int ch = 0; ch < c; ch++) {
-                real_t v = xr[ch] * scale[ch] + shift[ch];
-                real_t s = v + zr[ch];
-                yr[ch] = s <= 0 ? 0 : s;
+                real_t v = opsi_ld(x, r0 + ch) * scale[ch] + shift[ch];
+                real_t s = v + opsi_ld(z, r0 + ch);
+                opsi_st(y, r0 + ch, s <= 0 ? 0 : s);
             }
         } else if (relu)
             for (int ch = 0; ch < c; ch++) {
-                real_t v = xr[ch] * scale[ch] + shift[ch];
-                yr[ch] = v <= 0 ? 0 : v;
+                real_t v = opsi_ld(x, r0 + ch) * scale[ch] + shift[ch];
+                opsi_st(y, r0 + ch, v <= 0 ? 0 : v);
             }
         else
-            for (int ch = 0; ch < c; ch++) yr[ch] = xr[ch] * scale[ch] + shift[ch];
+            for (int ch = 0; ch < c; ch++) opsi_st(y, r0 + ch, opsi_ld(x, r0 + ch) * scale[ch] + shift[ch]);
     }
+}
+
+static void opsi_channel_affine(int64_t rows, int c, const real_t *x, const real_t *aff, int relu,
+                                const real_t *z, real_t *y) {
+    OPSI_WITH_C(c, opsi_channel_affine_c(rows, C_, x, aff, relu, z, y));
 }
 
 static void opsi_bn_forward_train(int rows, int c, const real_t *x, const real_t *gamma,
@@ -177,6 +188,35 @@ static void opsi_bn_bwd_coeffs(int rows, int c, int nb, int64_t cs, const double
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
 #endif
+/* a1[ch] += g, a2[ch] += g * (x - mean), in double, over rows [r0, r1); g as below. */
+static inline __attribute__((always_inline)) void
+opsi_bn_bwd_rows(int64_t r0, int64_t r1, const int c, const real_t *x, const real_t *y,
+                 const real_t *dy, const real_t *save_mean, const int relu, double *a1, double *a2) {
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i0 = r * c;
+        for (int ch = 0; ch < c; ch++) {
+            real_t g = relu ? (opsi_ld(y, i0 + ch) > 0 ? opsi_ld(dy, i0 + ch) : 0) : opsi_ld(dy, i0 + ch);
+            a1[ch] += g;
+            a2[ch] += (double)g * ((double)opsi_ld(x, i0 + ch) - save_mean[ch]);
+        }
+    }
+}
+
+/* Team. dx = k1*g + k2*x + k3 over every row. */
+static inline __attribute__((always_inline)) void
+opsi_bn_bwd_dx(int64_t rows, const int c, const real_t *x, const real_t *y, const real_t *dy,
+               const real_t *kc, const int relu, real_t *dx) {
+    const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t r0 = r * c;
+        for (int ch = 0; ch < c; ch++) {
+            real_t g = relu ? (opsi_ld(y, r0 + ch) > 0 ? opsi_ld(dy, r0 + ch) : 0) : opsi_ld(dy, r0 + ch);
+            opsi_st(dx, r0 + ch, k1[ch] * g + k2[ch] * opsi_ld(x, r0 + ch) + k3[ch]);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void
 opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t *gamma,
                  const real_t *save_mean, const real_t *save_invstd, const real_t *dy, real_t *dx,
@@ -192,15 +232,8 @@ opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * cs, *a2 = a1 + cs;
         for (int64_t ch = 0; ch < 2 * cs; ch++) a1[ch] = 0.0;
-        for (int64_t r = opsi_block_start(rows, nb, b); r < opsi_block_start(rows, nb, b + 1); r++) {
-            const real_t *xr = x + r * c, *dyr = dy + r * c;
-            const real_t *yr = relu ? y + r * c : NULL;
-            for (int ch = 0; ch < c; ch++) {
-                real_t g = relu ? (yr[ch] > 0 ? dyr[ch] : 0) : dyr[ch];
-                a1[ch] += g;
-                a2[ch] += (double)g * ((double)xr[ch] - save_mean[ch]);
-            }
-        }
+        const int64_t r0 = opsi_block_start(rows, nb, b), r1 = opsi_block_start(rows, nb, b + 1);
+        OPSI_WITH_C(c, opsi_bn_bwd_rows(r0, r1, C_, x, y, dy, save_mean, relu, a1, a2));
     }
     opsi_bn_bwd_coeffs(rows, c, nb, cs, part, gamma, save_mean, save_invstd,
                        first ? dgamma : NULL, dbeta, kc);
@@ -208,19 +241,7 @@ opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t
 #pragma omp barrier
         return; /* the partials (scratch) are read until here */
     }
-    {
-        const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const real_t *xr = x + r * c, *dyr = dy + r * c;
-            const real_t *yr = relu ? y + r * c : NULL;
-            real_t *dxr = dx + r * c;
-            for (int ch = 0; ch < c; ch++) {
-                real_t g = relu ? (yr[ch] > 0 ? dyr[ch] : 0) : dyr[ch];
-                dxr[ch] = k1[ch] * g + k2[ch] * xr[ch] + k3[ch];
-            }
-        }
-    }
+    OPSI_WITH_C(c, opsi_bn_bwd_dx(rows, C_, x, y, dy, kc, relu, dx));
 }
 
 static void opsi_bn_backward_plain(int rows, int c, const real_t *x, const real_t *gamma,

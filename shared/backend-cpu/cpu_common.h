@@ -3,6 +3,59 @@
  * per-thread scratch buffers. Part of ops_cpu_impl.h, instanced with it: no include
  * guard, included once per instance before the families. */
 
+/* Activations (what passes between ops: conv inputs and outputs, batch-norm, ReLU
+ * and add results, and their gradients) are read with opsi_ld and written with
+ * opsi_st, by element index: real_t, or, in the instance of the CPU's bf16 table
+ * (OPS_ACT_BF16, ops_cpu_bf16.c), bfloat16 in the first half of their fp32-sized
+ * buffers, as the CUDA engine's bf16 keeps them (backend-cuda/bn_nhwc.h's act_load
+ * and act_store). Widening is exact; narrowing rounds to nearest even with
+ * backend-cuda/bf16.h's bits, written without its branch so that the loops
+ * vectorise. Parameters, statistics and the head stay real_t. */
+#ifdef OPS_ACT_BF16
+
+static inline __attribute__((always_inline)) real_t opsi_ld(const real_t *p, int64_t i) {
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    real_t f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline __attribute__((always_inline)) void opsi_st(real_t *p, int64_t i, real_t v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    ((uint16_t *)p)[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+#else
+#define opsi_ld(p, i) ((p)[i])
+#define opsi_st(p, i, v) ((p)[i] = (v))
+#endif
+
+/* Runs `call` with C_ the channel count c, a compile-time constant for the network's
+ * widths (8, 16, 32, 64), in the bf16 table: the row loops of batch norm are written
+ * over C_, so GCC vectorises each row whole (with bf16 activations and a run-time c of
+ * 8 or 16 it ran them on their scalar tails, 2 to 3 times slower; the fp32 loops ran
+ * slower with the constants: both measured). */
+#ifdef OPS_ACT_BF16
+#define OPSI_WITH_C(c, call)                     \
+    do {                                         \
+        switch (c) {                             \
+        case 8: { const int C_ = 8; call; break; }   \
+        case 16: { const int C_ = 16; call; break; } \
+        case 32: { const int C_ = 32; call; break; } \
+        case 64: { const int C_ = 64; call; break; } \
+        default: { const int C_ = (c); call; break; } \
+        }                                        \
+    } while (0)
+#else /* fp32 and double: as fast without (measured), so one loop */
+#define OPSI_WITH_C(c, call)   \
+    do {                       \
+        const int C_ = (c);    \
+        call;                  \
+    } while (0)
+#endif
+
 /* Rows per reduction block and the cap on blocks: fixed, so the partition of a
  * reduction depends only on its size. */
 #define OPSI_BLOCK_ROWS 512
@@ -83,8 +136,10 @@ static real_t *opsi_tls_buffer(int slot, size_t elems) {
     return opsi_tls_buf[slot];
 }
 
+#ifndef OPS_ACT_BF16 /* the bf16 table's convolutions are conv_dnnl.c's */
 /* im2col columns, padded tiles: one tile at a time. */
 static real_t *opsi_col_buffer(size_t elems) { return opsi_tls_buffer(OPSI_TLS_COL, elems); }
+#endif
 
 /* A conv weight permuted for the kernels, or a BN's per-channel coefficients: every
  * thread of a team makes its own copy (a few thousand values) rather than wait at a

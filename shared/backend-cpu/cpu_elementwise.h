@@ -1,30 +1,34 @@
 /* cpu_elementwise.h: the element-wise and pooling entries (cpu_relu_forward, cpu_relu_backward,
  * cpu_add, cpu_add_relu, cpu_meanpool_forward, cpu_meanpool_backward).
  * Part of the CPU op table (ops_cpu_impl.h), instanced with it: no include guard,
- * included once per instance, after cpu_common.h. */
+ * included once per instance, after cpu_common.h. Activations through opsi_ld/opsi_st
+ * (cpu_common.h); the mean pool's output and its gradient are real_t (the head's). */
 
 /* ---------------------------------------------------------- elementwise */
 
 static void opsi_relu_forward(size_t n, const real_t *x, real_t *y) {
 #pragma omp for simd schedule(static)
-    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? 0 : x[i]; /* NaN passes, as in PyTorch */
+    for (size_t i = 0; i < n; i++) {
+        real_t v = opsi_ld(x, i);
+        opsi_st(y, i, v <= 0 ? 0 : v); /* NaN passes, as in PyTorch */
+    }
 }
 
 static void opsi_relu_backward(size_t n, const real_t *y, const real_t *dy, real_t *dx) {
 #pragma omp for simd schedule(static)
-    for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+    for (size_t i = 0; i < n; i++) opsi_st(dx, i, opsi_ld(y, i) > 0 ? opsi_ld(dy, i) : 0);
 }
 
 static void opsi_add_forward(size_t n, const real_t *a, const real_t *b, real_t *y) {
 #pragma omp for simd schedule(static)
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    for (size_t i = 0; i < n; i++) opsi_st(y, i, opsi_ld(a, i) + opsi_ld(b, i));
 }
 
 static void opsi_add_relu_forward(size_t n, const real_t *a, const real_t *b, real_t *y) {
 #pragma omp for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
-        real_t s = a[i] + b[i];
-        y[i] = s <= 0 ? 0 : s; /* NaN passes, as in PyTorch */
+        real_t s = opsi_ld(a, i) + opsi_ld(b, i);
+        opsi_st(y, i, s <= 0 ? 0 : s); /* NaN passes, as in PyTorch */
     }
 }
 
@@ -55,10 +59,10 @@ static void opsi_meanpool_forward(int n, int hw, int c, const real_t *x, real_t 
 #pragma omp for schedule(static)
     for (int i = 0; i < n; i++) {
         real_t *yi = y + (size_t)i * c;
-        const real_t *xi = x + (size_t)i * hw * c;
+        const int64_t xi = (int64_t)i * hw * c;
         for (int ch = 0; ch < c; ch++) yi[ch] = 0;
         for (int j = 0; j < hw; j++)
-            for (int ch = 0; ch < c; ch++) yi[ch] += xi[(size_t)j * c + ch];
+            for (int ch = 0; ch < c; ch++) yi[ch] += opsi_ld(x, xi + (int64_t)j * c + ch);
         for (int ch = 0; ch < c; ch++) yi[ch] /= (real_t)hw;
     }
 }
@@ -69,7 +73,7 @@ static void opsi_meanpool_backward(int n, int hw, int c, const real_t *dy, real_
     for (int i = 0; i < n; i++)
         for (int j = 0; j < hw; j++)
             for (int ch = 0; ch < c; ch++)
-                dx[((size_t)i * hw + j) * c + ch] = dy[(size_t)i * c + ch] * inv;
+                opsi_st(dx, ((int64_t)i * hw + j) * c + ch, dy[(size_t)i * c + ch] * inv);
 }
 
 static void cpu_meanpool_forward(void *ctx, int n, int hw, int c, const real_t *x, real_t *y) {

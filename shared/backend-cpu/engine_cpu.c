@@ -16,6 +16,7 @@
 typedef struct {
     float *params, *grads, *momentum, *buffers;
     float *batch_x;    /* max_batch * H*W*C */
+    float *batch_x16;  /* --precision bf16: the batch as the bf16 table reads it (else NULL) */
     int32_t *batch_y;
     float *logits;     /* max_batch * K */
     ModelRun *run;
@@ -23,14 +24,24 @@ typedef struct {
     float *ema_params, *ema_buffers; /* ema_decay > 0 only */
 } CpuEngine;
 
+/* The augmented batch of n images as the table reads it: bf16 for the bf16 table. */
+static const float *batch_input(Engine *e, int n) {
+    CpuEngine *c = e->impl;
+    if (!c->batch_x16) return c->batch_x;
+    const ModelConfig *mc = &e->cfg.model->cfg;
+    cpu_bf16_pack((size_t)n * mc->img_height * mc->img_width * mc->img_channels, c->batch_x,
+                  c->batch_x16);
+    return c->batch_x16;
+}
+
 static float cpu_train_step(Engine *e, const int64_t *idx, int n, int64_t epoch, int64_t step,
                             float lr, int *correct) {
     CpuEngine *c = e->impl;
     const Model *m = e->cfg.model;
     AugmentSpec spec = engine_augment_spec(e, epoch, 1);
     augment_split(&spec, &e->cfg.train, idx, n, c->batch_x, c->batch_y);
-    float loss = model_forward_backward(m, c->run, c->params, c->buffers, c->batch_x, c->batch_y, n,
-                                        e->cfg.label_smoothing, c->grads, correct);
+    float loss = model_forward_backward(m, c->run, c->params, c->buffers, batch_input(e, n), c->batch_y,
+                                        n, e->cfg.label_smoothing, c->grads, correct);
     comm_allreduce_mean(e->cfg.comm, c->grads, m->num_params);
     int32_t first_step = step == 0;
     net_cpu_ops()->sgd(NULL, m->num_params, c->params, c->grads, c->momentum, c->decay_mask, &lr,
@@ -50,7 +61,7 @@ static void cpu_eval_batch(Engine *e, const int64_t *idx, int n, double *loss_su
     const int k = m->fc_out;
     AugmentSpec spec = engine_augment_spec(e, 0, 0);
     augment_split(&spec, &e->cfg.test, idx, n, c->batch_x, c->batch_y);
-    model_forward_eval(m, c->run, c->params, c->buffers, c->batch_x, n, c->logits);
+    model_forward_eval(m, c->run, c->params, c->buffers, batch_input(e, n), n, c->logits);
     if (logits) memcpy(logits, c->logits, (size_t)n * k * sizeof(float));
     int hits = 0;
     float loss = 0;
@@ -117,6 +128,7 @@ static void cpu_destroy(Engine *e) {
     free(c->momentum);
     free(c->buffers);
     free(c->batch_x);
+    free(c->batch_x16);
     free(c->batch_y);
     free(c->logits);
     free(c->decay_mask);
@@ -170,6 +182,8 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     c->momentum = xmalloc_aligned(m->num_params * sizeof(float));
     c->buffers = xmalloc_aligned(m->num_buffers * sizeof(float));
     c->batch_x = xmalloc_aligned((size_t)cfg->max_batch * img * sizeof(float));
+    if (cfg->precision == PRECISION_BF16)
+        c->batch_x16 = xmalloc_aligned((size_t)cfg->max_batch * img * sizeof(float));
     c->batch_y = xmalloc_aligned((size_t)cfg->max_batch * sizeof(int32_t));
     c->logits = xmalloc_aligned((size_t)cfg->max_batch * m->fc_out * sizeof(float));
     /* No training split (cifar-eval): forward-only memory. */
@@ -177,7 +191,7 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
                                   : model_run_create_inference(m, cfg->max_batch);
     c->decay_mask = decay_mask_create(m);
     if (cfg->precision == PRECISION_BF16)
-        log_info_once("--precision bf16 on the CPU: the convolutions in bf16 with fp32 accumulation (%s)",
+        log_info_once("--precision bf16 on the CPU: activations and convolutions in bf16, fp32 accumulation (%s)",
                       cpu_bf16_backend());
     if (cfg->ema_decay > 0) {
         c->ema_params = xmalloc_aligned(m->num_params * sizeof(float));

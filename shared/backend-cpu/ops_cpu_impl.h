@@ -12,6 +12,9 @@
  *   NET_T(name)    the instance's name of a type (name, or name##D), as for net_ops.h
  *   OPS_GEMM       cblas_sgemm or cblas_dgemm
  *   OPS_CPU_TABLE  the name of the table this file defines, OPS_CPU_NAME its .name
+ * and, for the bf16 table's instance only (ops_cpu_bf16.c), OPS_ACT_BF16: the
+ * activations in bfloat16 (cpu_common.h's opsi_ld/opsi_st), no conv entries (the
+ * table's user fills them: conv_dnnl.c).
  *
  * Determinism: every reduction runs over blocks of rows whose boundaries depend on
  * the problem size only; per-block partial sums (in double) are combined in block
@@ -47,7 +50,9 @@ typedef NET_REAL real_t;
 /* The families, each in its own file (llm.c's llmc/ style): what an entry does is in
  * net_ops.h, how the CPU does it in the file of its family. */
 #include "backend-cpu/cpu_common.h"
+#ifndef OPS_ACT_BF16 /* the bf16 table's convolutions are conv_dnnl.c's */
 #include "backend-cpu/cpu_conv.h"
+#endif
 #include "backend-cpu/cpu_bn.h"
 #include "backend-cpu/cpu_elementwise.h"
 #include "backend-cpu/cpu_head.h"
@@ -87,6 +92,7 @@ const struct NET_T(NetOps) OPS_CPU_TABLE = {
     .release = cpu_release,
     .copy = cpu_copy,
     .team = cpu_team,
+#ifndef OPS_ACT_BF16
     .conv_plan = cpu_conv_plan,
     .conv_workspace_bytes = cpu_conv_workspace_bytes,
     .conv_plan_free = cpu_conv_plan_free,
@@ -95,6 +101,7 @@ const struct NET_T(NetOps) OPS_CPU_TABLE = {
     .conv_backward = cpu_conv_backward,
     .conv_weight_export = cpu_conv_weight_copy,
     .conv_weight_import = cpu_conv_weight_copy,
+#endif
     .bn_train = cpu_bn_train,
     .bn_relu_train = cpu_bn_relu_train,
     .bn_add_relu_train = cpu_bn_add_relu_train,

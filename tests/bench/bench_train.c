@@ -1,6 +1,6 @@
 /* bench_train: CPU training throughput of the seed model, with a per-op breakdown.
  *
- *   bench_train [--batch 256] [--threads 2] [--steps 20]
+ *   bench_train [--batch 256] [--threads 2] [--steps 20] [--precision fp32|bf16]
  *
  * Times whole steps (augmented batch -> forward -> backward -> SGD) on random
  * uint8 data already in memory, as tests/bench/torch_anchor.py does for
@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "core/omp_env.h"
 #include "backend-cpu/ops_cpu.h"
+#include "backend-cpu/cpu_bf16.h"
 #include "core/progress.h"
 #include "core/rng.h"
 
@@ -40,9 +41,19 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static int g_bf16; /* --precision bf16 */
+
+/* n floats in [-1, 1); with --precision bf16, 2n bf16 values in [-1, 1) in their
+ * place, so that an activation buffer holds valid bf16 wherever an op reads it (read
+ * as floats, every value is near the bf16 of its upper half: valid parameters too). */
 static float *random_floats(size_t n, uint64_t seed) {
+    size_t count = g_bf16 ? 2 * n : n;
+    float *v = xmalloc_aligned(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) v[i] = rng_uniform(seed, 9, i) * 2.0f - 1.0f;
+    if (!g_bf16) return v;
     float *p = xmalloc_aligned(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = rng_uniform(seed, 9, i) * 2.0f - 1.0f;
+    cpu_bf16_pack(count, v, p);
+    free(v);
     return p;
 }
 
@@ -133,15 +144,19 @@ static void time_head(const Model *m, int n) {
 int main(int argc, char **argv) {
     log_set_program("bench_train");
     omp_env_prefer_passive(argc, argv); /* as cifar-train does */
-    int batch = 256, threads = 2, steps = 20;
+    int batch = 256, threads = 2, steps = 20, bf16 = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--precision") && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
+            bf16 = !strcmp(argv[i + 1], "bf16");
         else die_usage("unknown option %s", argv[i]);
     }
     if (steps < 1 || batch < 1) die_usage("--steps and --batch must be at least 1");
     ops_set_threads(threads);
+    if (bf16) net_cpu_ops_pick_bf16(-1); /* exits 2 with the reason where it cannot run */
+    g_bf16 = bf16;
     ModelConfig cfg;
     model_config_seed(&cfg);
     cfg.img_channels = 3; cfg.img_height = 32; cfg.img_width = 32; cfg.num_classes = 10;
@@ -156,18 +171,20 @@ int main(int argc, char **argv) {
     int32_t *labels = xmalloc((size_t)N * sizeof(int32_t));
     for (size_t i = 0; i < (size_t)N * img; i++) data[i] = (uint8_t)(rng_u64(1, 8, i) & 255);
     for (int i = 0; i < N; i++) labels[i] = i % 10;
-    float *x = xmalloc_aligned((size_t)batch * img * 4);
+    float *x = xmalloc_aligned((size_t)batch * img * 4), *x16 = xmalloc_aligned((size_t)batch * img * 4);
     int32_t *y = xmalloc((size_t)batch * 4);
     int64_t *idx = xmalloc((size_t)batch * 8);
     ModelRun *run = model_run_create(&m, batch);
-    AugmentSpec as = {32, 32, 3, 4, 1, 0, 0, {0.485f, 0.456f, 0.406f, 0}, {0.229f, 0.224f, 0.225f, 1}};
+    AugmentSpec as = {.h = 32, .w = 32, .c = 3, .pad = 4, .flip = 1,
+                      .mean = {0.485f, 0.456f, 0.406f, 0}, .std = {0.229f, 0.224f, 0.225f, 1}};
     double t0 = 0, *step_s = xcalloc((size_t)steps + 1, sizeof(double));
     for (int s = -3; s < steps; s++) { /* 3 warm-up steps */
         if (s == 0) t0 = now_seconds();
         double ts = now_seconds();
         for (int i = 0; i < batch; i++) idx[i] = rng_below(2, 2, (uint64_t)(s + 3) * batch + i, N);
         augment_batch(&as, data, labels, idx, batch, x, y);
-        model_forward_backward(&m, run, params, bufs, x, y, batch, 0.0f, grads, NULL);
+        if (bf16) cpu_bf16_pack((size_t)batch * img, x, x16); /* as the CPU engine does */
+        model_forward_backward(&m, run, params, bufs, bf16 ? x16 : x, y, batch, 0.0f, grads, NULL);
         const float lr = 0.01f;
         const int32_t first = s == -3;
         net_cpu_ops()->sgd(NULL, m.num_params, params, grads, mom, NULL, &lr, 0.9f, 5e-4f, 0, &first);
