@@ -20,9 +20,7 @@
 
 #include "core/check.h"
 #include "core/settings.h"
-#include "backend-cpu/cpu_bf16.h"
 #include "backend-cpu/ops_cpu.h"
-#include "backend-cuda/bf16.h"
 #include "unit.h"
 #include "model/net.h"
 #include "cpu_double.h"
@@ -688,93 +686,6 @@ static void test_determinism(void) {
     free(dx); free(dwt); free(dy); free(x); free(wt); free(fdy);
 }
 
-/* ------------------------------------------------ bf16 (--precision bf16) */
-
-/* NULL, or why the bf16 cases do not run here ("CPU lacks AVX512-BF16" when cpuid
- * says so: the only reason a CPU build with oneDNN skips them). */
-static const char *bf16_not_run(void) {
-    if (!cpu_bf16_features()) return "CPU lacks AVX512-BF16 (and AMX-BF16)";
-    return cpu_bf16_why_not(-1);
-}
-
-/* Inputs rounded to bf16 (every float input of a case, both backends alike), so that
- * the bf16 table's packing is exact and the two differ by fp32 accumulation order
- * alone: the cases' own fp32 tolerances apply (docs/test-margins.md). */
-static void opc_upload_bf16(void *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
-    const float *s = src;
-    float *d = dst;
-    for (size_t i = 0; i < bytes / sizeof(float); i++) d[i] = bf16_to_float(bf16_from_float(s[i]));
-}
-
-/* The conv cases on the bf16 table against the AVX-512 fp32 table on the same bf16
- * values. Not the conv -> BN cases: they check a table's fused entries against the
- * composition of its plain ones, and the bf16 table has no fused entries (the walk
- * composes its plain convs, checked here); there the conv's dy is the BN's fp32 dx,
- * which the bf16 conv rounds and the fp32 one does not. */
-static void test_bf16_cases(void) {
-    const char *why = bf16_not_run();
-    if (why) {
-        printf("test_ops: NOT RUN: bf16 op cases: %s\n", why);
-        return;
-    }
-    const NetOps *t = net_cpu_ops_bf16();
-    printf("test_ops: bf16 op cases on %s (%s)\n", t->name, cpu_bf16_backend());
-    OpBackend ref = {"cpu-avx512", net_cpu_ops_isa(CPU_ISA_AVX512), NULL, opc_upload_bf16, opc_host_copy};
-    OpBackend dut = {t->name, t, NULL, opc_upload_bf16, opc_host_copy};
-    int ran = 0;
-    for (size_t i = 0; i < sizeof opc_cases / sizeof *opc_cases; i++) {
-        OpKind k = opc_cases[i].op;
-        if (k != OPC_CONV) continue;
-        opc_check(&opc_cases[i], &ref, &dut, 0);
-        ran++;
-    }
-    EXPECT(ran >= 5, "bf16: only %d conv cases in op_cases.h", ran);
-    printf("test_ops: bf16 op cases: %d conv cases compared\n", ran);
-}
-
-/* The bf16 convs (and the BN after them) bit-identical over two runs and with 1 and 2
- * threads, on a batch of several tiles and single images (67 images of 8x8: a tile
- * of 64, then 3 alone), and a 1x1 conv. */
-static void test_bf16_determinism(void) {
-    if (bf16_not_run()) {
-        printf("test_ops: NOT RUN: bf16 determinism: %s\n", bf16_not_run());
-        return;
-    }
-    const ConvSpec specs[2] = {{16, 16, 3, 1, 1}, {16, 32, 1, 1, 0}};
-    const NetOps *before = T;
-    T = net_cpu_ops_bf16();
-    for (int sp = 0; sp < 2; sp++) {
-        const ConvSpec *cs = &specs[sp];
-        int n = 67, h = 8, w = 8;
-        size_t nx = (size_t)n * h * w * cs->cin, ny = (size_t)n * h * w * cs->cout;
-        size_t nw = (size_t)cs->cout * cs->cin * cs->k * cs->k;
-        double *dx = drand_vec(nx, -1, 1), *dwt = drand_vec(nw, -0.1, 0.1), *dy = drand_vec(ny, -1, 1);
-        float *x = to_float(dx, nx), *wt = to_float(dwt, nw), *fdy = to_float(dy, ny);
-        float b[64] = {0};
-        DetOut o[3];
-        for (int k = 0; k < 3; k++) {
-            o[k].y = fvec(ny); o[k].dx = fvec(nx); o[k].dw = fvec(nw); o[k].db = fvec(cs->cout);
-            o[k].bny = fvec(ny); o[k].bndx = fvec(ny); o[k].bndg = fvec(cs->cout); o[k].bndb = fvec(cs->cout);
-        }
-        int threads = ops_threads();
-        ops_set_threads(2);
-        det_run(cs, n, h, w, x, wt, b, fdy, &o[0]);
-        det_run(cs, n, h, w, x, wt, b, fdy, &o[1]);
-        ops_set_threads(1);
-        det_run(cs, n, h, w, x, wt, b, fdy, &o[2]);
-        ops_set_threads(threads);
-        EXPECT(det_equal(&o[0], &o[1], ny, nx, nw, cs->cout), "bf16 determinism (k %d): two runs differ", cs->k);
-        EXPECT(det_equal(&o[0], &o[2], ny, nx, nw, cs->cout), "bf16 determinism (k %d): 1 and 2 threads differ", cs->k);
-        for (int k = 0; k < 3; k++) {
-            free(o[k].y); free(o[k].dx); free(o[k].dw); free(o[k].db);
-            free(o[k].bny); free(o[k].bndx); free(o[k].bndg); free(o[k].bndb);
-        }
-        free(dx); free(dwt); free(dy); free(x); free(wt); free(fdy);
-    }
-    T = before;
-}
-
 /* ------------------------------------------------- fused batchnorm + relu */
 
 static int same_bits(const float *a, const float *b, size_t n) {
@@ -858,9 +769,7 @@ int main(void) {
     use_best_isa();
     test_block();
     test_determinism();
-    test_bf16_determinism();
     test_isa_cases();
-    test_bf16_cases();
     test_fd_cases();
     return unit_report("test_ops");
 }
