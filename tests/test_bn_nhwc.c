@@ -123,13 +123,13 @@ static int bf16_check_bits(uint32_t u) {
     return got == bf16_reference(f);
 }
 
-/* The CPU bf16 convs' packing (backend-cpu/conv_dnnl.c): bf16.h's rounding bit for bit, on the values where
+/* The CPU bf16 table's batch packing (cpu_bf16_pack, backend-cpu/conv_dnnl.c): bf16.h's rounding bit for bit, on the values where
  * rounding goes wrong (ties both ways, carries into the exponent and to infinity,
  * denormals, NaNs, infinities) and on random bit patterns. */
 static void test_bf16_packing(void) {
 #ifdef CIFAR_DNNL
     if (cpu_bf16_why_not(-1)) { /* its AVX-512 code needs the CPU bf16 runs on */
-        printf("test_bn_nhwc: NOT RUN: the bf16 convs' packing: %s\n", cpu_bf16_why_not(-1));
+        printf("test_bn_nhwc: NOT RUN: the bf16 batch packing: %s\n", cpu_bf16_why_not(-1));
         return;
     }
     enum { N = 4096 };

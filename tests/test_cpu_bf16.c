@@ -57,6 +57,23 @@ static float *zeros(size_t n) {
     return v;
 }
 
+/* An output buffer of the bf16 table for n activations: the first half zero, the
+ * second half a canary (NaN bits) that no op may touch (expect_canary). */
+#define CANARY 0x7fc1u
+static float *out16(size_t n) {
+    float *p = zeros(n);
+    uint16_t *h = (uint16_t *)p;
+    for (size_t i = n; i < 2 * n; i++) h[i] = CANARY;
+    return p;
+}
+
+static void expect_canary(const char *what, const float *p, size_t n) {
+    const uint16_t *h = (const uint16_t *)p;
+    size_t bad = 0;
+    for (size_t i = n; i < 2 * n; i++) bad += h[i] != CANARY;
+    EXPECT(bad == 0, "%s: %zu values written past the %zu bf16 activations", what, bad, n);
+}
+
 /* The bf16 table's buffer of activations v (bf16 in the first half). */
 static float *packed(const float *v, size_t n) {
     float *p = zeros(n);
@@ -124,7 +141,7 @@ static const NetOps *F, *B; /* the fp32 reference and the bf16 table */
 static void test_elementwise(void) {
     const size_t n = 4099; /* not a multiple of any vector width */
     float *a = bf16_values(n, -2, 2), *b = bf16_values(n, -2, 2), *want = zeros(n);
-    float *a16 = packed(a, n), *b16 = packed(b, n), *got = zeros(n);
+    float *a16 = packed(a, n), *b16 = packed(b, n), *got = out16(n);
     F->relu_forward(NULL, n, a, want);
     B->relu_forward(NULL, n, a16, got);
     expect_rounded("relu_forward", got, want, n);
@@ -137,6 +154,7 @@ static void test_elementwise(void) {
     F->add_relu(NULL, n, a, b, want);
     B->add_relu(NULL, n, a16, b16, got);
     expect_rounded("add_relu", got, want, n);
+    expect_canary("element-wise ops", got, n);
     memcpy(got, a16, n * sizeof(float)); /* in place */
     B->relu_forward(NULL, n, got, got);
     F->relu_forward(NULL, n, a, want);
@@ -153,10 +171,11 @@ static void test_meanpool(void) {
     F->meanpool_forward(NULL, n, hw, c, x, want);
     B->meanpool_forward(NULL, n, hw, c, x16, got);
     expect_close("meanpool_forward (bf16 in, fp32 out)", got, want, ny, 1e-6, 1e-6);
-    float *dy = bf16_values(ny, -1, 1), *dxw = zeros(nx), *dx16 = zeros(nx);
+    float *dy = bf16_values(ny, -1, 1), *dxw = zeros(nx), *dx16 = out16(nx);
     F->meanpool_backward(NULL, n, hw, c, dy, dxw);
     B->meanpool_backward(NULL, n, hw, c, dy, dx16);
     expect_rounded("meanpool_backward (fp32 in, bf16 out)", dx16, dxw, nx);
+    expect_canary("meanpool_backward", dx16, nx);
     free(x); free(x16); free(want); free(got); free(dy); free(dxw); free(dx16);
 }
 
@@ -166,8 +185,9 @@ typedef struct {
     float *y, *mean, *invstd, *rmean, *rvar, *dx, *dgamma, *dbeta;
 } BnOut;
 
-static BnOut bn_out(size_t n, int c) {
-    BnOut o = {zeros(n), zeros(c), zeros(c), zeros(c), zeros(c), zeros(n), zeros(c), zeros(c)};
+static BnOut bn_out(size_t n, int c, int bf16) {
+    BnOut o = {bf16 ? out16(n) : zeros(n), zeros(c), zeros(c), zeros(c), zeros(c),
+               bf16 ? out16(n) : zeros(n), zeros(c), zeros(c)};
     for (int ch = 0; ch < c; ch++) o.rmean[ch] = 0.25f, o.rvar[ch] = 1.5f;
     return o;
 }
@@ -202,7 +222,7 @@ static void test_bn(int rows, int c) {
     float *gamma = bf16_values(c, 0.5f, 1.5f), *beta = bf16_values(c, -0.5f, 0.5f);
     float *x16 = packed(x, n), *z16 = packed(z, n), *dy16 = packed(dy, n);
     for (int kind = 0; kind < 3; kind++) {
-        BnOut want = bn_out(n, c), got = bn_out(n, c);
+        BnOut want = bn_out(n, c, 0), got = bn_out(n, c, 1);
         bn_run(F, kind, rows, c, x, z, gamma, beta, dy, &want);
         bn_run(B, kind, rows, c, x16, z16, gamma, beta, dy16, &got);
         char what[160];
@@ -213,23 +233,24 @@ static void test_bn(int rows, int c) {
         static const char *names[] = {"save_mean", "save_invstd", "running_mean", "running_var", "dgamma", "dbeta"};
         for (int k = 0; k < 6; k++) {
             snprintf(what, sizeof what, "%s rows %d c %d: %s", kinds[kind], rows, c, names[k]);
-            /* dgamma/dbeta: sums over rows of bf16 products, where the ReLU mask of a
-             * value that rounds to 0 may differ: a relative 1e-5 of their scale */
-            double atol = k >= 4 ? 1e-5 * max_abs(pairs[k][1], c) * 16 : 1e-6;
-            expect_close(what, pairs[k][0], pairs[k][1], c, atol, 1e-5);
+            expect_close(what, pairs[k][0], pairs[k][1], c, 1e-6, 1e-5);
         }
         snprintf(what, sizeof what, "%s rows %d c %d: dx", kinds[kind], rows, c);
         expect_act(what, got.dx, want.dx, n, 1e-3 * max_abs(want.dx, n));
+        snprintf(what, sizeof what, "%s rows %d c %d", kinds[kind], rows, c);
+        expect_canary(what, got.y, n);
+        expect_canary(what, got.dx, n);
         bn_free(&want);
         bn_free(&got);
     }
     /* eval: the running statistics */
-    float *rm = bf16_values(c, -0.5f, 0.5f), *rv = bf16_values(c, 0.5f, 2.0f), *ye = zeros(n), *ye16 = zeros(n);
+    float *rm = bf16_values(c, -0.5f, 0.5f), *rv = bf16_values(c, 0.5f, 2.0f), *ye = zeros(n), *ye16 = out16(n);
     F->bn_eval(NULL, rows, 1, c, x, gamma, beta, rm, rv, 1e-5f, ye);
     B->bn_eval(NULL, rows, 1, c, x16, gamma, beta, rm, rv, 1e-5f, ye16);
     char what[96];
     snprintf(what, sizeof what, "bn_eval rows %d c %d: y", rows, c);
     expect_act(what, ye16, ye, n, 1e-6);
+    expect_canary(what, ye16, n);
     free(rm); free(rv); free(ye); free(ye16);
     free(x); free(z); free(dy); free(gamma); free(beta); free(x16); free(z16); free(dy16);
 }
@@ -265,7 +286,7 @@ static void test_conv(const char *name, ConvSpec cs, int n, int h, int w, int ne
     }
     float *x16 = packed(x, nx), *dy16 = packed(dy, ny);
     ConvOut want = {zeros(ny), zeros(nx), zeros(nw), zeros(cs.cout)};
-    ConvOut got = {zeros(ny), zeros(nx), zeros(nw), zeros(cs.cout)};
+    ConvOut got = {out16(ny), out16(nx), zeros(nw), zeros(cs.cout)};
     conv_run(F, &cs, n, h, w, need_dx, x, wt16, bias, dy, &want);
     conv_run(B, &cs, n, h, w, need_dx, x16, wt, bias, dy16, &got);
     char what[128];
@@ -275,6 +296,9 @@ static void test_conv(const char *name, ConvSpec cs, int n, int h, int w, int ne
         snprintf(what, sizeof what, "conv %s: dx", name);
         expect_act(what, got.dx, want.dx, nx, 1e-3 * max_abs(want.dx, nx));
     }
+    snprintf(what, sizeof what, "conv %s", name);
+    expect_canary(what, got.y, ny);
+    expect_canary(what, got.dx, nx);
     snprintf(what, sizeof what, "conv %s: dweight", name);
     expect_close(what, got.dw, want.dw, nw, 1e-3 * max_abs(want.dw, nw), 0);
     snprintf(what, sizeof what, "conv %s: dbias", name);
@@ -287,6 +311,12 @@ static void test_conv(const char *name, ConvSpec cs, int n, int h, int w, int ne
 /* ------------------------------------------------------------ determinism */
 
 /* conv -> BN + ReLU forward, then their backward, on the bf16 table: every output's bits. */
+/* The floats chain_run writes. */
+static size_t chain_len(const ConvSpec *cs, int n, int h, int w) {
+    const size_t ny = (size_t)n * h * w * cs->cout; /* stride 1, same padding */
+    return 3 * ny + (size_t)n * h * w * cs->cin + (size_t)cs->cout * cs->cin * cs->k * cs->k + 7 * (size_t)cs->cout;
+}
+
 static void chain_run(const ConvSpec *cs, int n, int h, int w, const float *x16, const float *wt,
                       const float *dy16, float *out, size_t *len) {
     const int oh = conv_out_size(h, cs->k, cs->stride, cs->pad), ow = conv_out_size(w, cs->k, cs->stride, cs->pad);
@@ -333,7 +363,8 @@ static void test_determinism(void) {
         const size_t nw = (size_t)cs->cout * cs->cin * cs->k * cs->k;
         float *x = bf16_values(nx, -1, 1), *dy = bf16_values(ny, -1, 1), *wt = bf16_values(nw, -0.2f, 0.2f);
         float *x16 = packed(x, nx), *dy16 = packed(dy, ny);
-        size_t cap = 4 * ny + nx + nw + 8 * 64, len[3];
+        size_t cap = chain_len(cs, n, h, w), len[3];
+        EXPECT(cap == 3 * ny + nx + nw + 7 * (size_t)cs->cout, "determinism: chain_len (test error)");
         float *o[3];
         int threads = ops_threads();
         for (int k = 0; k < 3; k++) {
@@ -342,7 +373,7 @@ static void test_determinism(void) {
             chain_run(cs, n, h, w, x16, wt, dy16, o[k], &len[k]);
         }
         ops_set_threads(threads);
-        EXPECT(len[0] <= cap, "determinism: buffer too small (test error)");
+        EXPECT(len[0] == cap && len[1] == cap && len[2] == cap, "determinism: chain_len (test error)");
         EXPECT(!memcmp(o[0], o[1], len[0] * sizeof(float)), "bf16 determinism (k %d): two runs differ", cs->k);
         EXPECT(!memcmp(o[0], o[2], len[0] * sizeof(float)), "bf16 determinism (k %d): 1 and 2 threads differ", cs->k);
         printf("ok   bf16 determinism k %d: two runs and 1/2 threads bit-identical\n", cs->k);
@@ -366,6 +397,7 @@ int main(void) {
     test_meanpool();
     test_bn(4099, 8);
     test_bn(2048, 16);
+    test_bn(1024, 32);
     test_bn(512, 64);
     test_bn(7, 3);
     test_conv("stem 3x3/2", (ConvSpec){3, 16, 3, 2, 1}, 3, 16, 16, 0);

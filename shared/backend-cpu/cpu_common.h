@@ -90,7 +90,9 @@ static int64_t opsi_block_start(int64_t rows, int nb, int b) {
     return rows * b / nb;
 }
 
-/* Column sums of x[rows][c] into out (overwritten), in the fixed block order. Team. */
+/* Column sums of x[rows][c] into out (overwritten), in the fixed block order. Team.
+ * It and opsi_add_bias index real_t rows: the convs' and the head's (fp32 in every
+ * table), never an activation of the bf16 table. */
 static void opsi_colsums(int64_t rows, int c, const real_t *x, real_t *out) {
     int nb = opsi_block_count(rows);
     double *part = ops_team_scratch((size_t)nb * (size_t)c * sizeof(double));

@@ -45,7 +45,9 @@ static int g_bf16; /* --precision bf16 */
 
 /* n floats in [-1, 1); with --precision bf16, 2n bf16 values in [-1, 1) in their
  * place, so that an activation buffer holds valid bf16 wherever an op reads it (read
- * as floats, every value is near the bf16 of its upper half: valid parameters too). */
+ * as floats, every value is near the bf16 of its upper half: valid parameters too;
+ * the bytes are written through cpu_bf16_pack's uint16_t stores and read as floats
+ * by the ops in other translation units, a benchmark's input only). */
 static float *random_floats(size_t n, uint64_t seed) {
     size_t count = g_bf16 ? 2 * n : n;
     float *v = xmalloc_aligned(count * sizeof(float));
@@ -149,8 +151,11 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--precision") && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
+        else if (!strcmp(argv[i], "--precision")) {
+            if (strcmp(argv[i + 1], "fp32") && strcmp(argv[i + 1], "bf16"))
+                die_usage("--precision %s: fp32 or bf16", argv[i + 1]);
             bf16 = !strcmp(argv[i + 1], "bf16");
+        }
         else die_usage("unknown option %s", argv[i]);
     }
     if (steps < 1 || batch < 1) die_usage("--steps and --batch must be at least 1");
