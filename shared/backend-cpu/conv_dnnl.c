@@ -7,8 +7,9 @@
  * fp32-sized buffers, as every op of the bf16 table keeps them (ops_cpu_bf16.c); the
  * conv reads x and dy as they are, rounds the fp32 weight to bf16 (nearest even) in
  * oneDNN's reorder, accumulates in fp32 and rounds y and dx to bf16 (nearest even)
- * as oneDNN writes them; dW is fp32, the bias fp32 and its gradient a double sum of
- * the bf16 dy.
+ * as oneDNN writes them; dW is fp32, the bias fp32, and its gradient is oneDNN's
+ * fp32 sum of the bf16 dy per tile (in the weight-gradient pass), the tiles added in
+ * double.
  *
  * Determinism (net_ops.h: bit-identical for any thread count): the batch is cut into
  * tiles of `tile` images fixed by the shapes (the remainder one image at a time); each
@@ -166,14 +167,6 @@ pack_bf16(size_t count, const float *src, uint16_t *restrict dst) {
     }
 }
 
-/* bq[o] = the sum over rows of the bf16 dy[r][o], in double, in row order. */
-PACK_FN void
-bias_partial(size_t rows, int cout, const uint16_t *restrict dy, double *restrict bq) {
-    for (int o = 0; o < cout; o++) bq[o] = 0.0;
-    for (size_t r = 0; r < rows; r++)
-        for (int o = 0; o < cout; o++) bq[o] += (double)bf16_to_float(dy[r * cout + o]);
-}
-
 void cpu_dnnl_pack_bf16(size_t count, const float *src, uint16_t *dst) { pack_bf16(count, src, dst); }
 
 /* ------------------------------------------------------------------- plans */
@@ -254,7 +247,7 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
         }
         dnnl_convolution_desc_t wd;
         DNNL_CHECK(D.dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &ps->x16,
-                                                               &ps->dw_any, NULL, &ps->dy16, strides,
+                                                               &ps->dw_any, &ps->bias, &ps->dy16, strides,
                                                                pad, pad));
         dnnl_primitive_desc_t wpd;
         DNNL_CHECK(D.dnnl_primitive_desc_create(&wpd, &wd, attr, g_engine, fpd));
@@ -332,7 +325,7 @@ static void tile_at(const DnnlConvPlan *cp, int n, int t, int *img0, int *nimg, 
     *pass = t < full ? 0 : cp->npass - 1;
 }
 
-/* The workspace: per tile a double bias partial and an fp32 weight partial. */
+/* The workspace: per tile an fp32 bias partial and an fp32 weight partial. */
 static size_t weight_len(const ConvSpec *cs) { return (size_t)cs->cout * cs->cin * cs->k * cs->k; }
 
 static size_t dnnl_conv_workspace_bytes(void *ctx, void *plan) {
@@ -341,7 +334,7 @@ static size_t dnnl_conv_workspace_bytes(void *ctx, void *plan) {
     int64_t tiles = cp->max_n / cp->tile + cp->tile - 1;
     if (tiles > cp->max_n) tiles = cp->max_n;
     if (tiles < 1) tiles = 1;
-    return (size_t)tiles * (cp->cs.cout * sizeof(double) + weight_len(&cp->cs) * sizeof(float));
+    return (size_t)tiles * (cp->cs.cout + weight_len(&cp->cs)) * sizeof(float);
 }
 
 /* Weights stay in PyTorch's layout (fp32): export and import are copies. */
@@ -431,7 +424,7 @@ static void dnnl_conv_forward(void *ctx, void *plan, int n, const float *x, cons
 }
 
 /* Tile t's gradients: its dx, its weight partial, its bias partial. */
-static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wparts) {
+static void backward_tile(const DnnlCall *c, int t, float *bparts, float *wparts) {
     const DnnlConvPlan *cp = c->cp;
     const ConvSpec *cs = &cp->cs;
     const size_t in_img = (size_t)cp->h * cp->w * cs->cin, out_img = (size_t)cp->oh * cp->ow * cs->cout;
@@ -448,10 +441,10 @@ static void backward_tile(const DnnlCall *c, int t, double *bparts, float *wpart
     void *dw = tls_buffer(DNNL_TLS_DW, D.dnnl_memory_desc_get_size(&ps->dw_any));
     const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, c->x + img0 * in_img},
                          {DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
-                         {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw}};
-    run(ps->bwd_w, ps, a, 3);
+                         {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw},
+                         {DNNL_ARG_DIFF_BIAS, &ps->bias, bparts + (size_t)t * cs->cout}};
+    run(ps->bwd_w, ps, a, 4);
     reorder(ps->dw_reorder, ps, &ps->dw_any, dw, &ps->dw32, wparts + (size_t)t * weight_len(cs));
-    bias_partial((size_t)nimg * cp->oh * cp->ow, cs->cout, dy16, bparts + (size_t)t * cs->cout);
 }
 
 static void backward_body(void *arg) {
@@ -460,8 +453,7 @@ static void backward_body(void *arg) {
     const ConvSpec *cs = &cp->cs;
     const int tiles = tile_count(cp, c->n);
     const size_t wlen = weight_len(cs);
-    double *bparts = c->ws;
-    float *wparts = (float *)(bparts + (size_t)tiles * cs->cout);
+    float *bparts = c->ws, *wparts = bparts + (size_t)tiles * cs->cout;
     if (c->dx) {
 #pragma omp single
         for (int i = 0; i < cp->npass; i++) {
