@@ -34,15 +34,8 @@
 #include "backend-cpu/ops_cpu.h"
 #include "core/check.h"
 #include "unit.h"
+#include "unit_close.h"
 
-static uint64_t g_seed = 0x9E3779B97F4A7C15ull;
-
-static float urand(float lo, float hi) {
-    g_seed ^= g_seed << 13;
-    g_seed ^= g_seed >> 7;
-    g_seed ^= g_seed << 17;
-    return lo + (hi - lo) * (float)((g_seed >> 11) * (1.0 / 9007199254740992.0));
-}
 
 static float *vec(size_t n, float lo, float hi) {
     float *v = xmalloc((n ? n : 1) * sizeof(float));
@@ -56,23 +49,6 @@ static float *copy_of(const float *v, size_t n) {
     return c;
 }
 
-/* |got - want| <= atol + rtol*|want| everywhere (NaN fails). */
-static void expect_close(const char *what, const float *got, const float *want, size_t n, double atol,
-                         double rtol) {
-    size_t bad = 0, at = 0;
-    double worst = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - (double)want[i]);
-        if (!(e <= atol + rtol * fabs((double)want[i]))) {
-            if (!bad) at = i;
-            bad++;
-        }
-        if (e > worst) worst = e;
-    }
-    EXPECT(bad == 0, "%s: %zu of %zu off, first [%zu] got %.8g want %.8g", what, bad, n, at,
-           n ? got[at] : 0.0f, n ? want[at] : 0.0f);
-    if (!bad) printf("ok   %s (max err %.3g over %zu)\n", what, worst, n);
-}
 
 /* ---- bfloat16: the activations as the kernels store them ---- */
 

@@ -32,15 +32,8 @@
 #include "backend-cuda/bf16.h"
 #include "core/check.h"
 #include "unit.h"
+#include "unit_close.h"
 
-static uint64_t g_seed = 0x2545F4914F6CDD1Dull;
-
-static float urand(float lo, float hi) {
-    g_seed ^= g_seed << 13;
-    g_seed ^= g_seed >> 7;
-    g_seed ^= g_seed << 17;
-    return lo + (hi - lo) * (float)((g_seed >> 11) * (1.0 / 9007199254740992.0));
-}
 
 static float round_bf16(float v) { return bf16_to_float(bf16_from_float(v)); }
 
@@ -89,23 +82,6 @@ static float *unpacked(const float *p, size_t n) {
     return v;
 }
 
-/* |got - want| <= atol + rtol * |want| everywhere (NaN fails). */
-static void expect_close(const char *what, const float *got, const float *want, size_t n, double atol,
-                         double rtol) {
-    size_t bad = 0, at = 0;
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - (double)want[i]);
-        if (!(e <= atol + rtol * fabs((double)want[i]))) {
-            if (!bad) at = i;
-            bad++;
-        }
-        if (e > worst) worst = e;
-    }
-    EXPECT(bad == 0, "%s: %zu of %zu off, first [%zu] got %.8g want %.8g", what, bad, n, at,
-           n ? got[at] : 0.0f, n ? want[at] : 0.0f);
-    if (!bad) printf("ok   %s (max err %.3g over %zu)\n", what, worst, n);
-}
 
 /* The bf16 buffer got holds exactly the bf16 rounding of every want. */
 static void expect_rounded(const char *what, const float *got16, const float *want, size_t n) {
