@@ -20,6 +20,7 @@
 
 #include "core/check.h"
 #include "core/settings.h"
+#include "backend-cpu/cpu_bf16.h"
 #include "backend-cpu/ops_cpu.h"
 #include "unit.h"
 #include "model/net.h"
@@ -32,9 +33,17 @@
  * one the commands use. */
 static const NetOps *T;
 
-/* 0 when the CPU lacks variant isa. */
+/* The tables under test: each instruction-set variant, then (TEST_DNNL) the AVX-512
+ * one with oneDNN's fp32 convolutions (net_cpu_ops_dnnl), the default where oneDNN loads. */
+enum { TEST_DNNL = CPU_ISA_COUNT, TEST_TABLES };
+
+static const NetOps *test_table(int isa) {
+    return isa == TEST_DNNL ? net_cpu_ops_dnnl() : net_cpu_ops_isa(isa);
+}
+
+/* 0 when the CPU (or the build, or the machine's oneDNN) lacks table isa. */
 static int use_isa(int isa) {
-    T = net_cpu_ops_isa(isa);
+    T = test_table(isa);
     return T != NULL;
 }
 
@@ -45,15 +54,21 @@ static void use_best_isa(void) { T = net_cpu_ops(); }
 static void test_isa_cases(void) {
     OpBackend base = {"cpu-baseline", net_cpu_ops_isa(CPU_ISA_BASELINE), NULL, opc_host_copy,
                       opc_host_copy};
-    for (int isa = CPU_ISA_AVX2; isa < CPU_ISA_COUNT; isa++) {
-        const NetOps *t = net_cpu_ops_isa(isa);
+    for (int isa = CPU_ISA_AVX2; isa < TEST_TABLES; isa++) {
+        const NetOps *t = test_table(isa);
         if (!t) {
-            printf("test_ops: SKIP ISA cases for variant %d: this CPU lacks it\n", isa);
+            printf("test_ops: NOT RUN: ISA cases for table %d: this CPU (or oneDNN) lacks it\n", isa);
             continue;
         }
         OpBackend v = {t->name, t, NULL, opc_host_copy, opc_host_copy};
         opc_check_all(&base, &v, 0);
     }
+}
+
+/* 1 when CIFAR_CPU_CONV says own. */
+static int getenv_own(void) {
+    const char *v = getenv("CIFAR_CPU_CONV");
+    return v && strcmp(v, "own") == 0;
 }
 
 /* The exit status of a child that sets CIFAR_CPU_ISA=value and picks the default
@@ -90,17 +105,33 @@ static void test_isa_env(void) {
                    names[isa], status);
         else
             EXPECT(status == 0, "CIFAR_CPU_ISA=%s: exit %d, 0 expected", names[isa], status);
+        /* the AVX-512 pick comes with oneDNN's fp32 convs where they load, unless
+         * CIFAR_CPU_CONV=own */
+        const NetOps *want = isa == CPU_ISA_AVX512 && net_cpu_ops_dnnl() && !getenv_own() ? net_cpu_ops_dnnl()
+                                                                                          : net_cpu_ops_isa(isa);
         if (isa <= best)
-            EXPECT(net_cpu_ops_pick(isa) == net_cpu_ops_isa(isa) && net_cpu_ops() == net_cpu_ops_isa(isa),
+            EXPECT(net_cpu_ops_pick(isa) == want && net_cpu_ops() == want,
                    "the pick of variant %d is not the table net_cpu_ops() returns", isa);
+    }
+    if (best == CPU_ISA_AVX512) { /* CIFAR_CPU_CONV=own: the plain table */
+        char *conv = getenv("CIFAR_CPU_CONV") ? xstrdup(getenv("CIFAR_CPU_CONV")) : NULL;
+        setenv("CIFAR_CPU_CONV", "own", 1);
+        EXPECT(net_cpu_ops_pick(CPU_ISA_AVX512) == net_cpu_ops_isa(CPU_ISA_AVX512),
+               "CIFAR_CPU_CONV=own: the AVX-512 pick is not the plain table");
+        if (conv) setenv("CIFAR_CPU_CONV", conv, 1);
+        else unsetenv("CIFAR_CPU_CONV");
+        free(conv);
     }
     int status = isa_env_child_status("avx9000");
     EXPECT(status == 2, "CIFAR_CPU_ISA=avx9000: exit %d, 2 expected", status);
+    setenv("CIFAR_CPU_CONV", "sgemm", 1); /* a malformed CIFAR_CPU_CONV: exit 2 too */
+    status = isa_env_child_status("");
+    EXPECT(status == 2, "CIFAR_CPU_CONV=sgemm: exit %d, 2 expected", status);
+    unsetenv("CIFAR_CPU_CONV");
     if (saved) setenv("CIFAR_CPU_ISA", saved, 1);
     else unsetenv("CIFAR_CPU_ISA");
     free(saved);
-    for (int isa = 0; isa <= best; isa++) /* back to this process's own pick */
-        if (net_cpu_ops_isa(isa) == before) net_cpu_ops_pick(isa);
+    net_cpu_ops_use(before); /* back to this process's own pick */
 }
 
 /* Every backward of the case table on the CPU's op table in double against finite
@@ -260,7 +291,7 @@ static void test_conv_one(int cin, int cout, int k, int s, int p, int n, int h, 
     float *fx = to_float(c.x, c.nx), *fw = to_float(c.wt, c.nw), *fb = to_float(c.b, cout);
     float *fr = to_float(c.r, c.ny), *fy = fvec(c.ny), *fdx = fvec(c.nx), *fdw = fvec(c.nw);
     float *fdb = fvec((size_t)cout);
-    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+    for (int isa = 0; isa < TEST_TABLES; isa++) {
         if (!use_isa(isa)) continue;
         void *plan = T->conv_plan(NULL, &c.cs, n, h, w, 1, 1);
         size_t ws_bytes = T->conv_workspace_bytes(NULL, plan);
@@ -333,7 +364,7 @@ static void test_batchnorm_float(int rows, int c) {
     float *fx = to_float(t.x, n), *fg = to_float(t.g, c), *fb = to_float(t.b, c);
     float *fr = to_float(t.r, n), *fy = fvec(n), *fm = fvec(c), *fi = fvec(c), *frm = fvec(c);
     float *frv = fvec(c), *fdx = fvec(n), *fdg = fvec(c), *fdb = fvec(c);
-    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+    for (int isa = 0; isa < TEST_TABLES; isa++) {
         if (!use_isa(isa)) continue;
         T->bn_train(NULL, rows, 1, c, fx, fg, fb, fy, fm, fi, frm, frv, 0.1f, 1e-5f);
         T->bn_backward(NULL, rows, 1, c, fx, fg, fm, fi, fr, fdx, fdg, fdb);
@@ -705,7 +736,7 @@ static void test_bn_relu_equal(int rows, int c) {
     float *rm1 = fvec(c), *rm2 = fvec(c), *rv1 = fvec(c), *rv2 = fvec(c);
     float *dx1 = fvec(n), *dx2 = fvec(n), *dg1 = fvec(c), *dg2 = fvec(c), *db1 = fvec(c);
     float *db2 = fvec(c), *mask = fvec(n);
-    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+    for (int isa = 0; isa < TEST_TABLES; isa++) {
         if (!use_isa(isa)) continue;
         for (int ch = 0; ch < c; ch++) rm1[ch] = rm2[ch] = 0.5f, rv1[ch] = rv2[ch] = 2.0f;
         T->bn_train(NULL, rows, 1, c, x, g, b, y1, m1, i1, rm1, rv1, 0.1f, 1e-5f);
@@ -761,7 +792,7 @@ int main(void) {
     test_elementwise();
     test_meanpool();
     test_linear();
-    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) /* the float loss and optimizer in every variant */
+    for (int isa = 0; isa < TEST_TABLES; isa++) /* the float loss and optimizer in every variant */
         if (use_isa(isa)) {
             test_xent();
             test_sgd();

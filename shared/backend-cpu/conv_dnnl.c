@@ -109,9 +109,9 @@ static char g_backend[96] = "oneDNN";
 /* The primitives of one image count. */
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;     /* bwd_*: NULL when not planned */
-    dnnl_primitive_t w_fwd_reorder, w_bd_reorder; /* PyTorch's fp32 weight -> its bf16 layout */
+    dnnl_primitive_t w_fwd_reorder, w_bd_reorder; /* PyTorch's fp32 weight -> its layout and type */
     dnnl_primitive_t dw_reorder; /* bwd_w's fp32 blocked dW -> PyTorch's layout (exact) */
-    dnnl_memory_desc_t x16, y16, dy16, dx16, w32, w_fwd, w_bd, dw32, dw_any, bias;
+    dnnl_memory_desc_t xa, ya, dya, dxa, w32, w_fwd, w_bd, dw32, dw_any, bias; /* *a: activations */
     void *w_fwd_buf, *w_bd_buf;                /* the weight in that layout, per call */
     size_t scratch_bytes;
 } DnnlPass;
@@ -123,6 +123,8 @@ typedef struct {
     int npass;         /* 2 when tile > 1: pass[1] runs single images */
     DnnlPass pass[2];
     float *zero_bias;  /* for a conv without bias */
+    dnnl_data_type_t act; /* the activations' type: dnnl_bf16 (the bf16 table) or dnnl_f32 */
+    size_t act_bytes;     /* bytes per activation: 2 or 4 */
 } DnnlConvPlan;
 
 /* Per-thread weight gradients in oneDNN's layout and oneDNN scratchpads, grown on
@@ -209,13 +211,13 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     dnnl_dims_t strides = {cs->stride, cs->stride}, pad = {cs->pad, cs->pad};
     dnnl_memory_desc_t w_any;
     dnnl_dims_t bd = {cs->cout};
-    md_nhwc(&ps->x16, n, cs->cin, cp->h, cp->w, dnnl_bf16);
-    md_nhwc(&ps->dx16, n, cs->cin, cp->h, cp->w, dnnl_bf16);
-    md_nhwc(&ps->y16, n, cs->cout, cp->oh, cp->ow, dnnl_bf16);
-    md_nhwc(&ps->dy16, n, cs->cout, cp->oh, cp->ow, dnnl_bf16);
+    md_nhwc(&ps->xa, n, cs->cin, cp->h, cp->w, cp->act);
+    md_nhwc(&ps->dxa, n, cs->cin, cp->h, cp->w, cp->act);
+    md_nhwc(&ps->ya, n, cs->cout, cp->oh, cp->ow, cp->act);
+    md_nhwc(&ps->dya, n, cs->cout, cp->oh, cp->ow, cp->act);
     md_weight(&ps->w32, cs, dnnl_f32, dnnl_oihw);
     md_weight(&ps->dw32, cs, dnnl_f32, dnnl_oihw);
-    md_weight(&w_any, cs, dnnl_bf16, dnnl_format_tag_any);
+    md_weight(&w_any, cs, cp->act, dnnl_format_tag_any);
     /* fp32 dW in the layout the kernel picks: with PyTorch's plain layout oneDNN 2.6
      * falls back to its reference code (ref:any, measured 50x slower) */
     md_weight(&ps->dw_any, cs, dnnl_f32, dnnl_format_tag_any);
@@ -227,7 +229,7 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     dnnl_convolution_desc_t fd;
     DNNL_CHECK(D.dnnl_convolution_forward_desc_init(
         &fd, cp->backward ? dnnl_forward_training : dnnl_forward_inference, dnnl_convolution_direct,
-        &ps->x16, &w_any, &ps->bias, &ps->y16, strides, pad, pad));
+        &ps->xa, &w_any, &ps->bias, &ps->ya, strides, pad, pad));
     dnnl_primitive_desc_t fpd;
     DNNL_CHECK(D.dnnl_primitive_desc_create(&fpd, &fd, attr, g_engine, NULL));
     ps->w_fwd = *D.dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0);
@@ -236,8 +238,8 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     if (cp->backward) {
         if (cp->need_dx) {
             dnnl_convolution_desc_t dd;
-            DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dx16,
-                                                                &w_any, &ps->dy16, strides, pad, pad));
+            DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dxa,
+                                                                &w_any, &ps->dya, strides, pad, pad));
             dnnl_primitive_desc_t dpd;
             DNNL_CHECK(D.dnnl_primitive_desc_create(&dpd, &dd, attr, g_engine, fpd));
             ps->w_bd = *D.dnnl_primitive_desc_query_md(dpd, dnnl_query_weights_md, 0);
@@ -246,8 +248,8 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
             DNNL_CHECK(D.dnnl_primitive_desc_destroy(dpd));
         }
         dnnl_convolution_desc_t wd;
-        DNNL_CHECK(D.dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &ps->x16,
-                                                               &ps->dw_any, &ps->bias, &ps->dy16, strides,
+        DNNL_CHECK(D.dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &ps->xa,
+                                                               &ps->dw_any, &ps->bias, &ps->dya, strides,
                                                                pad, pad));
         dnnl_primitive_desc_t wpd;
         DNNL_CHECK(D.dnnl_primitive_desc_create(&wpd, &wd, attr, g_engine, fpd));
@@ -278,10 +280,11 @@ static int tile_images(int max_n, int oh, int ow) {
     return (int)(t < max_n ? t : max_n > 0 ? max_n : 1);
 }
 
-static void *dnnl_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
-                            int need_dx) {
-    (void)ctx;
+static void *plan_create(const ConvSpec *cs, int max_n, int h, int w, int backward, int need_dx,
+                         dnnl_data_type_t act) {
     DnnlConvPlan *cp = xcalloc(1, sizeof *cp);
+    cp->act = act;
+    cp->act_bytes = act == dnnl_bf16 ? 2 : 4;
     cp->cs = *cs;
     cp->max_n = max_n;
     cp->h = h;
@@ -300,6 +303,12 @@ static void *dnnl_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int
     if (cp->npass == 2) pass_create(cp, &cp->pass[1], 1);
     omp_set_num_threads(threads);
     return cp;
+}
+
+static void *dnnl_conv_plan(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                            int need_dx) {
+    (void)ctx;
+    return plan_create(cs, max_n, h, w, backward, need_dx, dnnl_bf16);
 }
 
 static void dnnl_conv_plan_free(void *ctx, void *plan) {
@@ -380,12 +389,12 @@ static void reorder(dnnl_primitive_t r, const DnnlPass *ps, const dnnl_memory_de
     run(r, ps, a, 2);
 }
 
-/* One call's arguments; the activations (x, y, dy, dx) as the bf16 they hold. */
+/* One call's arguments; the activations (x, y, dy, dx) as bytes (plan->act_bytes each). */
 typedef struct {
     const DnnlConvPlan *cp;
     int n;
-    const uint16_t *x, *dy;
-    uint16_t *y, *dx;
+    const char *x, *dy;
+    char *y, *dx;
     const float *weight, *bias;
     float *dweight, *dbias;
     void *ws;
@@ -395,7 +404,8 @@ static void forward_body(void *arg) {
     const DnnlCall *c = arg;
     const DnnlConvPlan *cp = c->cp;
     const ConvSpec *cs = &cp->cs;
-    const size_t in_img = (size_t)cp->h * cp->w * cs->cin, out_img = (size_t)cp->oh * cp->ow * cs->cout;
+    const size_t in_img = (size_t)cp->h * cp->w * cs->cin * cp->act_bytes;
+    const size_t out_img = (size_t)cp->oh * cp->ow * cs->cout * cp->act_bytes;
     const int tiles = tile_count(cp, c->n);
 #pragma omp single
     for (int i = 0; i < cp->npass; i++) {
@@ -407,10 +417,10 @@ static void forward_body(void *arg) {
         int img0, nimg, pi;
         tile_at(cp, c->n, t, &img0, &nimg, &pi);
         const DnnlPass *ps = &cp->pass[pi];
-        const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, c->x + img0 * in_img},
+        const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->xa, c->x + img0 * in_img},
                              {DNNL_ARG_WEIGHTS, &ps->w_fwd, ps->w_fwd_buf},
                              {DNNL_ARG_BIAS, &ps->bias, c->bias ? c->bias : cp->zero_bias},
-                             {DNNL_ARG_DST, &ps->y16, c->y + img0 * out_img}};
+                             {DNNL_ARG_DST, &ps->ya, c->y + img0 * out_img}};
         run(ps->fwd, ps, a, 4);
     }
 }
@@ -418,8 +428,8 @@ static void forward_body(void *arg) {
 static void dnnl_conv_forward(void *ctx, void *plan, int n, const float *x, const float *weight,
                               const float *bias, float *y, void *ws, size_t ws_bytes) {
     (void)ctx, (void)ws_bytes;
-    DnnlCall c = {.cp = plan, .n = n, .x = (const uint16_t *)x, .weight = weight, .bias = bias,
-                  .y = (uint16_t *)y, .ws = ws};
+    DnnlCall c = {.cp = plan, .n = n, .x = (const char *)x, .weight = weight, .bias = bias,
+                  .y = (char *)y, .ws = ws};
     if (n > 0) ops_team_run(forward_body, &c);
 }
 
@@ -427,20 +437,21 @@ static void dnnl_conv_forward(void *ctx, void *plan, int n, const float *x, cons
 static void backward_tile(const DnnlCall *c, int t, float *bparts, float *wparts) {
     const DnnlConvPlan *cp = c->cp;
     const ConvSpec *cs = &cp->cs;
-    const size_t in_img = (size_t)cp->h * cp->w * cs->cin, out_img = (size_t)cp->oh * cp->ow * cs->cout;
+    const size_t in_img = (size_t)cp->h * cp->w * cs->cin * cp->act_bytes;
+    const size_t out_img = (size_t)cp->oh * cp->ow * cs->cout * cp->act_bytes;
     int img0, nimg, pi;
     tile_at(cp, c->n, t, &img0, &nimg, &pi);
     const DnnlPass *ps = &cp->pass[pi];
-    const uint16_t *dy16 = c->dy + img0 * out_img;
+    const char *dy = c->dy + img0 * out_img;
     if (c->dx) {
-        const DnnlArg a[] = {{DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
+        const DnnlArg a[] = {{DNNL_ARG_DIFF_DST, &ps->dya, dy},
                              {DNNL_ARG_WEIGHTS, &ps->w_bd, ps->w_bd_buf},
-                             {DNNL_ARG_DIFF_SRC, &ps->dx16, c->dx + img0 * in_img}};
+                             {DNNL_ARG_DIFF_SRC, &ps->dxa, c->dx + img0 * in_img}};
         run(ps->bwd_data, ps, a, 3);
     }
     void *dw = tls_buffer(DNNL_TLS_DW, D.dnnl_memory_desc_get_size(&ps->dw_any));
-    const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->x16, c->x + img0 * in_img},
-                         {DNNL_ARG_DIFF_DST, &ps->dy16, dy16},
+    const DnnlArg a[] = {{DNNL_ARG_SRC, &ps->xa, c->x + img0 * in_img},
+                         {DNNL_ARG_DIFF_DST, &ps->dya, dy},
                          {DNNL_ARG_DIFF_WEIGHTS, &ps->dw_any, dw},
                          {DNNL_ARG_DIFF_BIAS, &ps->bias, bparts + (size_t)t * cs->cout}};
     run(ps->bwd_w, ps, a, 4);
@@ -494,8 +505,8 @@ static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, con
         if (dbias) memset(dbias, 0, (size_t)cp->cs.cout * sizeof(float));
         return;
     }
-    DnnlCall c = {.cp = cp, .n = n, .x = (const uint16_t *)x, .weight = weight,
-                  .dy = (const uint16_t *)dy, .dx = (uint16_t *)dx, .dweight = dweight,
+    DnnlCall c = {.cp = cp, .n = n, .x = (const char *)x, .weight = weight,
+                  .dy = (const char *)dy, .dx = (char *)dx, .dweight = dweight,
                   .dbias = dbias, .ws = ws};
     ops_team_run(backward_body, &c);
 }
@@ -525,6 +536,20 @@ void cpu_dnnl_conv_entries(NetOps *t) {
 }
 
 const char *cpu_dnnl_conv_backend(void) { return g_backend; }
+
+/* The fp32 table's convs (cpu_bf16.h's net_cpu_ops_dnnl): the same plans and tiles
+ * with fp32 activations, so the same determinism. */
+static void *dnnl_conv_plan_f32(void *ctx, const ConvSpec *cs, int max_n, int h, int w, int backward,
+                                int need_dx) {
+    (void)ctx;
+    return plan_create(cs, max_n, h, w, backward, need_dx, dnnl_f32);
+}
+
+void cpu_dnnl_conv_entries_f32(NetOps *t) {
+    cpu_dnnl_conv_entries(t);
+    t->conv_plan = dnnl_conv_plan_f32;
+}
+
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int conv_dnnl_unused;

@@ -65,6 +65,7 @@ int cpu_bf16_features(void) {
 /* The bf16 table: ops_cpu_bf16.c's (bf16 activations), its convolutions conv_dnnl.c's. */
 extern const NetOps net_cpu_ops_avx512_bf16act;
 void cpu_dnnl_conv_entries(NetOps *t);
+void cpu_dnnl_conv_entries_f32(NetOps *t);
 const char *cpu_dnnl_conv_backend(void);
 const char *cpu_dnnl_load_error(void); /* NULL once oneDNN is loaded (dlopen) */
 
@@ -95,6 +96,23 @@ const NetOps *net_cpu_ops_bf16(void) {
     if (!__atomic_load_n(&made, __ATOMIC_ACQUIRE)) { /* made on one thread, before any team */
         table = net_cpu_ops_avx512_bf16act;
         cpu_dnnl_conv_entries(&table);
+        __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
+    }
+    return &table;
+#else
+    return NULL;
+#endif
+}
+
+const NetOps *net_cpu_ops_dnnl(void) {
+#ifdef CIFAR_DNNL
+    static NetOps table;
+    static int made;
+    if (cpu_isa_best() < CPU_ISA_AVX512 || cpu_dnnl_load_error()) return NULL;
+    if (!__atomic_load_n(&made, __ATOMIC_ACQUIRE)) { /* made on one thread, before any team */
+        table = *net_cpu_ops_isa(CPU_ISA_AVX512);
+        table.name = "cpu-avx512-onednn";
+        cpu_dnnl_conv_entries_f32(&table);
         __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
     }
     return &table;

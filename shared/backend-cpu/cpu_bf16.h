@@ -30,6 +30,13 @@ const char *cpu_bf16_why_not(int isa);
  * cannot run here. */
 const NetOps *net_cpu_ops_pick_bf16(int isa);
 
+/* The fp32 AVX-512 table with oneDNN's fp32 convolutions (conv_dnnl.c; the same tiles
+ * as bf16, so as deterministic): 2-2.6x faster than its own im2col + sgemm on the seed
+ * model (PERFORMANCE.md). NULL where this build has no oneDNN, libdnnl.so.2 does not
+ * load or the CPU lacks AVX-512. net_cpu_ops_pick picks it for the AVX-512 variant
+ * unless CIFAR_CPU_CONV=own. */
+const NetOps *net_cpu_ops_dnnl(void);
+
 /* The bf16 table (NULL when cpu_bf16_why_not(isa) is not): for tests and benchmarks. */
 const NetOps *net_cpu_ops_bf16(void);
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend-cpu/ops_cpu.h"
+#include "backend-cpu/cpu_bf16.h"
 #include "core/check.h"
 #include "core/settings.h"
 
@@ -70,6 +71,10 @@ const NetOps *net_cpu_ops_pick(int isa) {
                   isa < CPU_ISA_COUNT ? settings_cpu_isa_names[isa] : "?", settings_cpu_isa_names[best],
                   settings_cpu_isa_names[best]);
     const NetOps *t = net_cpu_ops_isa(isa);
+    Settings settings;
+    settings_from_env(&settings);
+    if (isa == CPU_ISA_AVX512 && !settings.cpu_conv_own && net_cpu_ops_dnnl())
+        t = net_cpu_ops_dnnl(); /* oneDNN's fp32 convs where faster (cpu_bf16.h) */
     net_cpu_ops_use(t);
     return t;
 }

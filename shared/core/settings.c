@@ -19,6 +19,16 @@ static int settings_cpu_isa(void) {
     die_usage("CIFAR_CPU_ISA=%s: unknown variant (generic, avx2, avx512)", want);
 }
 
+/* CIFAR_CPU_CONV: unset, empty or "auto" (the fp32 table's convolutions through oneDNN
+ * on the layers where it is faster, where oneDNN loads: backend-cpu/cpu_bf16.h), or
+ * "own" (the table's own im2col + sgemm everywhere). 1 for own. */
+static int settings_cpu_conv_own(void) {
+    const char *v = getenv("CIFAR_CPU_CONV");
+    if (!v || !v[0] || strcmp(v, "auto") == 0) return 0;
+    if (strcmp(v, "own") == 0) return 1;
+    die_usage("CIFAR_CPU_CONV=%s: expected auto or own", v);
+}
+
 /* A flag: 1 when the variable is "1", 0 when "0", else the default. */
 static int settings_flag(const char *name, int dflt) {
     const char *v = getenv(name);
@@ -57,6 +67,7 @@ static void settings_cuda_data(Settings *s) {
 void settings_from_env(Settings *s) {
     memset(s, 0, sizeof *s);
     s->cpu_isa = settings_cpu_isa();
+    s->cpu_conv_own = settings_cpu_conv_own();
     s->data_in_memory = settings_flag("CIFAR_DATA_IN_MEMORY", 0);
     settings_cuda_data(s);
     s->cuda_graph = settings_flag("CIFAR_CUDA_GRAPH", 1);

@@ -30,6 +30,7 @@ typedef enum { SETTINGS_DATA_AUTO, SETTINGS_DATA_RESIDENT, SETTINGS_DATA_STREAM 
 
 typedef struct {
     int cpu_isa;                    /* CIFAR_CPU_ISA: -1 unset, else 0 generic, 1 avx2, 2 avx512 */
+    int cpu_conv_own;               /* CIFAR_CPU_CONV=own: the fp32 convs never through oneDNN */
     int data_in_memory;             /* CIFAR_DATA_IN_MEMORY */
     SettingsDataMode cuda_data;     /* CIFAR_CUDA_DATA */
     int cuda_data_chunk;            /* its N (stream:N), else 0 */
