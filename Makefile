@@ -4,7 +4,7 @@
 #   make CUDA=0       CPU-only build
 #   make MPI=0        without the MPI communicator (default: built when mpicc links a probe)
 #   make GLOO=0       without the Gloo communicator (default: built when g++ links a probe with libgloo)
-#   make DNNL=0       without oneDNN (--precision bf16 on the CPU; default: built when a probe links)
+#   make DNNL=0       without oneDNN (the AVX-512 fp32 convs and --precision bf16 on the CPU; default: built when a probe links)
 #   make deps         install the Debian packages the project needs (apt-get as root)
 #   make test         every test: C unit tests, then the bats suites, then what was skipped and why
 #   make pipeline     synthetic (or DATA=dir) dataset -> prep | train | eval
@@ -138,10 +138,11 @@ GLOO_PROBE := $(shell printf '#include <gloo/transport/tcp/device.h>\nint main()
 override GLOO := $(GLOO_PROBE)
 endif
 
-# ---- oneDNN detection (--precision bf16 on the CPU: shared/backend-cpu/conv_dnnl.c) ----
+# ---- oneDNN detection (the AVX-512 fp32 convs, --precision bf16 on the CPU: shared/backend-cpu/conv_dnnl.c) ----
 # Compile and link a probe against libdnnl (Debian's libdnnl-dev 2.x: the C API of
 # dnnl.h with the convolution descriptors of 2.x); without it the build and every
-# command still work and --precision bf16 on the CPU says why it is unavailable.
+# command still work (fp32 with the own convs) and --precision bf16 on the CPU says why
+# it is unavailable.
 DNNL ?= auto
 ifeq ($(DNNL),auto)
 DNNL_PROBE := $(shell printf '\043include <dnnl.h>\nint main(void){dnnl_convolution_desc_t d; (void)d; return dnnl_version()->major < 2;}\n' > /tmp/cifar-dnnl-probe-$$$$.c && \
@@ -162,8 +163,8 @@ CFLAGS += $(CFLAGS_BASE)
 LDLIBS = -lpng -lturbojpeg -llmdb -lcjson -lopenblas -lprotobuf-c -lm -lpthread
 LDFLAGS += -fopenmp
 ifeq ($(DNNL),1)
-# oneDNN's headers only: conv_dnnl.c dlopens libdnnl.so.2 when bf16 is asked for, so
-# the commands run where libdnnl2 is absent (bf16 then says why)
+# oneDNN's headers only: conv_dnnl.c dlopens libdnnl.so.2 when the AVX-512 variant is
+# picked, so the commands run where libdnnl2 is absent (bf16 then says why)
 CFLAGS += -DCIFAR_DNNL
 # ... except in the ASan build (make test-asan sets DNNL_AT_START=1): LeakSanitizer's
 # exit check cannot stop the world once oneDNN (its static TLS) was dlopened late

@@ -83,6 +83,11 @@ train_bg() { # output file, run-dir, extra args...
     assert_output --partial "CIFAR_CUDA_DATA=junk: expected auto, resident, stream or stream:N"
     run compgen -G "$BATS_TEST_TMPDIR/r/snapshot-*"
     assert_failure
+    CIFAR_CPU_CONV=junk run train "$BATS_TEST_TMPDIR/r" --epochs 1 --device cpu
+    assert_failure 2
+    assert_output --partial "CIFAR_CPU_CONV=junk: expected auto or own"
+    run compgen -G "$BATS_TEST_TMPDIR/r/snapshot-*"
+    assert_failure
 }
 
 # The learning claim: clearly above chance (0.1 for 10 classes; 256 test images, so

@@ -76,7 +76,8 @@ run_blas() { # OpenBLAS core type
         echo "variants: NOT RUN: OPENBLAS_CORETYPE=$1: OpenBLAS runs ${got:-an unknown kernel} instead"
         return 0
     fi
-    run_config "OPENBLAS_CORETYPE=$1" OPENBLAS_CORETYPE="$1"
+    # the own convolutions: their GEMMs are what another OpenBLAS kernel changes
+    run_config "OPENBLAS_CORETYPE=$1 CIFAR_CPU_CONV=own" OPENBLAS_CORETYPE="$1" CIFAR_CPU_CONV=own
 }
 
 own=$(blas_core)
@@ -84,6 +85,8 @@ echo "variants: this CPU's OpenBLAS kernel is ${own:-unknown}"
 run_isa generic
 run_isa avx2
 run_isa avx512
+# the AVX-512 variant's own convolutions (its default runs them through oneDNN where it loads)
+run_config "CIFAR_CPU_ISA=avx512 CIFAR_CPU_CONV=own" CIFAR_CPU_ISA=avx512 CIFAR_CPU_CONV=own
 run_blas Sandybridge
 if [ "$own" != Haswell ]; then
     run_blas Haswell

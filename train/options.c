@@ -130,8 +130,6 @@ static const char *usage_text =
     "                         the GPU, MPI or Gloo library, if not beside the command\n"
     "  CIFAR_DNNL_LIB=PATH    oneDNN: the CPU's convolutions (AVX-512) and --precision bf16\n"
     "                         on the CPU (default libdnnl.so.2)\n"
-    "  CIFAR_CPU_CONV=auto|own  fp32 convolutions through oneDNN where it loads (auto), or\n"
-    "                         the own im2col + sgemm (own)\n"
     "  GLOO_SOCKET_IFNAME=IF  the network interface --comm gloo listens on (default: the\n"
     "                         address this machine reaches MASTER_ADDR from)\n"
     "  OMP_WAIT_POLICY, GOMP_SPINCOUNT  override the OpenMP wait policy chosen at start;\n"

@@ -1,9 +1,10 @@
-/* conv_dnnl.c: the convolutions of the CPU's bf16 table (cpu_bf16.h) through oneDNN
- * (Debian's libdnnl-dev 2.6, the library PyTorch's CPU convolutions use; its
- * AVX512-BF16 and AMX kernels, picked by oneDNN for the running CPU). Built with
- * CIFAR_DNNL only (the Makefile probes oneDNN).
+/* conv_dnnl.c: convolutions through oneDNN (Debian's libdnnl-dev 2.6, the library
+ * PyTorch's CPU convolutions use; its kernels picked by oneDNN for the running CPU:
+ * AVX-512, AVX512-BF16, AMX), for two tables of cpu_bf16.h: the bf16 table's, and the
+ * fp32 AVX-512 table's (net_cpu_ops_dnnl: every layer, fp32 activations and weights,
+ * fp32 accumulation). Built with CIFAR_DNNL only (the Makefile probes oneDNN).
  *
- * Precision: the activations (x, y, dy, dx) are bf16 in the first half of their
+ * bf16 precision: the activations (x, y, dy, dx) are bf16 in the first half of their
  * fp32-sized buffers, as every op of the bf16 table keeps them (ops_cpu_bf16.c); the
  * conv reads x and dy as they are, rounds the fp32 weight to bf16 (nearest even) in
  * oneDNN's reorder, accumulates in fp32 and rounds y and dx to bf16 (nearest even)
@@ -37,13 +38,14 @@
     do {                                                                                       \
         dnnl_status_t st_ = (call);                                                            \
         if (st_ != dnnl_success)                                                               \
-            die("oneDNN: %s: %s (internal error) ---> HINT: --precision fp32 runs without oneDNN", \
+            die("oneDNN: %s: %s ---> HINT: CIFAR_CPU_CONV=own with --precision fp32 runs without oneDNN", \
                 #call, D.dnnl_status2str(st_));                                                  \
     } while (0)
 
 /* oneDNN is loaded at run time, as the MPI, Gloo and CUDA libraries are: a binary
- * built with its headers runs where libdnnl2 is absent, and --precision bf16 then
- * says why (cpu_dnnl_load_error). CIFAR_DNNL_LIB names another file. */
+ * built with its headers runs where libdnnl2 is absent (fp32 with the own convs), and
+ * --precision bf16 then says why (cpu_dnnl_load_error). CIFAR_DNNL_LIB names another
+ * file. */
 #define DNNL_FUNCTIONS(X) \
     X(dnnl_convolution_backward_data_desc_init) \
     X(dnnl_convolution_backward_weights_desc_init) \
@@ -228,7 +230,7 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
 
     dnnl_convolution_desc_t fd;
     DNNL_CHECK(D.dnnl_convolution_forward_desc_init(
-        &fd, cp->backward ? dnnl_forward_training : dnnl_forward_inference, dnnl_convolution_direct,
+        &fd, dnnl_forward_training, dnnl_convolution_direct, /* one kernel for training and eval */
         &ps->xa, &w_any, &ps->bias, &ps->ya, strides, pad, pad));
     dnnl_primitive_desc_t fpd;
     DNNL_CHECK(D.dnnl_primitive_desc_create(&fpd, &fd, attr, g_engine, NULL));

@@ -127,7 +127,7 @@ const NetOps *net_cpu_ops_pick_bf16(int isa) {
         die_usage("--precision bf16 on the CPU: %s ---> HINT: use --precision fp32 (or tf32, "
                   "the same on the CPU), or a CPU with AVX512-BF16 or AMX",
                   why);
-    net_cpu_ops_pick(CPU_ISA_AVX512);
+    net_cpu_ops_pick_conv(CPU_ISA_AVX512, 1); /* the AVX-512 variant; its convs are replaced */
     const NetOps *t = net_cpu_ops_bf16();
     net_cpu_ops_use(t);
     return t;

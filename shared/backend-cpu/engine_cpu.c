@@ -174,7 +174,8 @@ Engine *engine_create_cpu(const EngineConfig *cfg) {
     if (cfg->precision == PRECISION_BF16) /* device.c refused it where it cannot run */
         net_cpu_ops_pick_bf16(cfg->settings.cpu_isa);
     else
-        net_cpu_ops_pick(cfg->settings.cpu_isa); /* CIFAR_CPU_ISA's variant, else the best */
+        net_cpu_ops_pick_conv(cfg->settings.cpu_isa, /* CIFAR_CPU_ISA's variant, else the best */
+                              cfg->settings.cpu_conv_own);
     ops_set_threads(cfg->threads);
     size_t img = (size_t)mc->img_height * mc->img_width * mc->img_channels;
     c->params = xmalloc_aligned(m->num_params * sizeof(float));

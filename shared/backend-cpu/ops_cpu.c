@@ -61,7 +61,9 @@ const NetOps *net_cpu_ops_isa(int isa) {
 /* The table net_cpu_ops() returns from now on (NULL until one is picked). */
 static const NetOps *cpu_picked;
 
-const NetOps *net_cpu_ops_pick(int isa) {
+const NetOps *net_cpu_ops_pick(int isa) { return net_cpu_ops_pick_conv(isa, settings_cpu_conv_own()); }
+
+const NetOps *net_cpu_ops_pick_conv(int isa, int conv_own) {
     int best = (int)cpu_isa_best();
     if (isa < 0) isa = best;
     /* a forced variant never falls back to another */
@@ -71,10 +73,8 @@ const NetOps *net_cpu_ops_pick(int isa) {
                   isa < CPU_ISA_COUNT ? settings_cpu_isa_names[isa] : "?", settings_cpu_isa_names[best],
                   settings_cpu_isa_names[best]);
     const NetOps *t = net_cpu_ops_isa(isa);
-    Settings settings;
-    settings_from_env(&settings);
-    if (isa == CPU_ISA_AVX512 && !settings.cpu_conv_own && net_cpu_ops_dnnl())
-        t = net_cpu_ops_dnnl(); /* oneDNN's fp32 convs where faster (cpu_bf16.h) */
+    if (isa == CPU_ISA_AVX512 && !conv_own && net_cpu_ops_dnnl())
+        t = net_cpu_ops_dnnl(); /* oneDNN's fp32 convs, every layer (cpu_bf16.h) */
     net_cpu_ops_use(t);
     return t;
 }

@@ -40,6 +40,10 @@ const NetOps *net_cpu_ops_isa(int isa);
  * (CIFAR_CPU_ISA) when it starts; without a pick, net_cpu_ops()'s first call picks
  * CIFAR_CPU_ISA's (core/settings.h), else the best. */
 const NetOps *net_cpu_ops_pick(int isa);
+/* The same with the convolutions' choice given (Settings.cpu_conv_own): for the AVX-512
+ * variant, oneDNN's fp32 convs (cpu_bf16.h's net_cpu_ops_dnnl) unless conv_own or
+ * oneDNN does not load. net_cpu_ops_pick reads CIFAR_CPU_CONV for it. */
+const NetOps *net_cpu_ops_pick_conv(int isa, int conv_own);
 /* Makes t the table net_cpu_ops() returns (cpu_bf16.h's pick of the bf16 table). */
 void net_cpu_ops_use(const NetOps *t);
 

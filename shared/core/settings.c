@@ -19,10 +19,10 @@ static int settings_cpu_isa(void) {
     die_usage("CIFAR_CPU_ISA=%s: unknown variant (generic, avx2, avx512)", want);
 }
 
-/* CIFAR_CPU_CONV: unset, empty or "auto" (the fp32 table's convolutions through oneDNN
- * on the layers where it is faster, where oneDNN loads: backend-cpu/cpu_bf16.h), or
- * "own" (the table's own im2col + sgemm everywhere). 1 for own. */
-static int settings_cpu_conv_own(void) {
+/* CIFAR_CPU_CONV: unset, empty or "auto" (the AVX-512 variant's fp32 convolutions
+ * through oneDNN, every layer, where it loads: backend-cpu/cpu_bf16.h), or "own" (the
+ * table's own im2col + sgemm). 1 for own. */
+int settings_cpu_conv_own(void) {
     const char *v = getenv("CIFAR_CPU_CONV");
     if (!v || !v[0] || strcmp(v, "auto") == 0) return 0;
     if (strcmp(v, "own") == 0) return 1;

@@ -1,9 +1,11 @@
 /* settings.h: the CIFAR_* tuning variables of the commands, read and checked in one
  * place (settings_from_env, once, at the start of a worker or of cifar-eval) into a
  * Settings that the commands hand on: the engines get it in EngineConfig.settings,
- * the data loading its one field. Nothing below the commands reads these variables.
+ * the data loading its one field. Nothing below the commands reads these variables
+ * (but net_cpu_ops()'s lazy pick, for tests and benchmarks that make no engine).
  *
  *   CIFAR_CPU_ISA=V          the CPU ops' variant: generic | avx2 | avx512 (default: the best)
+ *   CIFAR_CPU_CONV=own       the AVX-512 variant's fp32 convs without oneDNN (default auto)
  *   CIFAR_DATA_IN_MEMORY=1   copy each split to memory (default: read in place from the map)
  *   CIFAR_CUDA_DATA=M        auto (default) | resident | stream | stream:N (N records at a time)
  *   CIFAR_CUDA_GRAPH=0       no CUDA graph: every GPU step eager
@@ -60,6 +62,8 @@ extern const char *const settings_cpu_isa_names[3];
 /* The variables above, checked (a malformed value stops with a message naming it; an
  * unknown CIFAR_CPU_ISA with exit status 2, as bad usage). */
 void settings_from_env(Settings *s);
+/* CIFAR_CPU_CONV alone (1 for own; malformed: exit 2), for the CPU backend's lazy pick. */
+int settings_cpu_conv_own(void);
 
 /* The variables for the commands' --help (and so their man pages). */
 #define SETTINGS_HELP                                                                       \
@@ -67,6 +71,9 @@ void settings_from_env(Settings *s);
     "  CIFAR_CPU_ISA=V        the CPU ops' instruction-set variant: generic | avx2 | avx512\n" \
     "                         (default: the best this CPU runs; one it lacks exits 2;\n"    \
     "                         generic and avx2 refuse cifar-train --precision bf16)\n"     \
+    "  CIFAR_CPU_CONV=own     the AVX-512 variant's fp32 convs without oneDNN (default\n"  \
+    "                         auto: through oneDNN where libdnnl.so.2, or CIFAR_DNNL_LIB,\n" \
+    "                         loads)\n"                                                       \
     "  CIFAR_DATA_IN_MEMORY=1 copy each split to memory instead of reading it in place\n"   \
     "  CIFAR_CUDA_DATA=M      GPU data: auto (default) | resident | stream | stream:N\n"     \
     "  CIFAR_CUDA_GRAPH=0     no CUDA graph: every GPU step eager\n"                         \
