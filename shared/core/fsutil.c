@@ -111,9 +111,40 @@ static int fs_refuse_kind(const char *path, const char *kind, char *err, size_t 
     return -1;
 }
 
+/* The temporaries being written, for fs_unlink_temps_now: a slot is 0 (free), 1 (being
+ * filled or emptied) or 2 (its path complete). A process writes a few at a time (the
+ * snapshot writer's, the metrics'); one begun when every slot is taken is not listed. */
+#define FS_TEMP_SLOTS 8
+static char fs_temp_paths[FS_TEMP_SLOTS][4160];
+static int fs_temp_state[FS_TEMP_SLOTS];
+
+static int fs_temp_register(const char *tmp) {
+    for (int i = 0; i < FS_TEMP_SLOTS; i++) {
+        int free_slot = 0;
+        if (__atomic_compare_exchange_n(&fs_temp_state[i], &free_slot, 1, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+            snprintf(fs_temp_paths[i], sizeof fs_temp_paths[i], "%s", tmp);
+            __atomic_store_n(&fs_temp_state[i], 2, __ATOMIC_RELEASE);
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void fs_temp_unregister(FsAtomic *a) {
+    if (a->slot >= 0) __atomic_store_n(&fs_temp_state[a->slot], 0, __ATOMIC_RELEASE);
+    a->slot = -1;
+}
+
+void fs_unlink_temps_now(void) {
+    for (int i = 0; i < FS_TEMP_SLOTS; i++)
+        if (__atomic_load_n(&fs_temp_state[i], __ATOMIC_ACQUIRE) == 2) unlink(fs_temp_paths[i]);
+}
+
 int fs_atomic_begin(FsAtomic *a, const char *path, char *err, size_t errlen) {
     a->fd = -1;
     a->flags = 0;
+    a->slot = -1;
     if (snprintf(a->path, sizeof a->path, "%s", path) >= (int)sizeof a->path)
         return fs_err(err, errlen, "cannot create", path, ENAMETOOLONG);
     fs_temp_name(path, a->tmp, sizeof a->tmp);
@@ -121,6 +152,7 @@ int fs_atomic_begin(FsAtomic *a, const char *path, char *err, size_t errlen) {
     if (kind) return fs_refuse_kind(path, kind, err, errlen);
     a->fd = fs_temp_create(a->tmp);
     if (a->fd < 0) return fs_err(err, errlen, "cannot create", a->tmp, errno);
+    a->slot = fs_temp_register(a->tmp);
     /* The name a library can reopen without trusting the folder's entry. */
     snprintf(a->reopen, sizeof a->reopen, "/proc/self/fd/%d", a->fd);
     if (access(a->reopen, F_OK) != 0) snprintf(a->reopen, sizeof a->reopen, "%s", a->tmp);
@@ -133,6 +165,7 @@ void fs_atomic_abort(FsAtomic *a) {
         unlink(a->tmp);
     }
     a->fd = -1;
+    fs_temp_unregister(a);
 }
 
 int fs_atomic_commit(FsAtomic *a, char *err, size_t errlen) {
@@ -148,9 +181,11 @@ int fs_atomic_commit(FsAtomic *a, char *err, size_t errlen) {
     if (rc != 0) {
         int saved = errno;
         unlink(a->tmp);
+        fs_temp_unregister(a);
         errno = saved;
         return -1;
     }
+    fs_temp_unregister(a);
     if (!(a->flags & FS_ATOMIC_DEFER_SYNC) && fs_fsync_parent(a->path) != 0)
         return fs_err(err, errlen, "renamed, but cannot fsync the folder of", a->path, errno);
     return 0;

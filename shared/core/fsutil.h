@@ -46,11 +46,16 @@ int fs_write_atomic_flags(const char *path, FsWriteFn write, void *ctx, int flag
  * and renames it with the same checks and messages, abort closes and removes it. */
 typedef struct {
     int fd, flags;
+    int slot; /* its entry in the table fs_unlink_temps_now reads, or -1 */
     char path[4096], tmp[4160], reopen[4160];
 } FsAtomic;
 int fs_atomic_begin(FsAtomic *a, const char *path, char *err, size_t errlen);
 int fs_atomic_commit(FsAtomic *a, char *err, size_t errlen);
 void fs_atomic_abort(FsAtomic *a);
+/* Unlinks every temporary an FsAtomic of this process is writing now (begun, neither
+ * committed nor aborted): async-signal-safe, for a fatal handler that _exits (the
+ * dataset's SIGBUS), so that no half-written temporary outlives the process. */
+void fs_unlink_temps_now(void);
 /* fs_write_atomic of one buffer. */
 int fs_write_atomic_buf(const char *path, const void *buf, size_t len, char *err, size_t errlen);
 /* fs_write_atomic_buf that reports a failure (check_fail) and exits. */

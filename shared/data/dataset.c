@@ -649,6 +649,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx) {
         if (g_guards[i].end && a >= g_guards[i].start && a < g_guards[i].end) {
             ssize_t w = write(STDERR_FILENO, g_guards[i].msg, g_guards[i].len);
             (void)w;
+            fs_unlink_temps_now(); /* a snapshot being written must not outlive us */
             _exit(1);
         }
     }
