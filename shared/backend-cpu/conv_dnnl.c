@@ -549,6 +549,7 @@ static void *dnnl_conv_plan_f32(void *ctx, const ConvSpec *cs, int max_n, int h,
 
 void cpu_dnnl_conv_entries_f32(NetOps *t) {
     cpu_dnnl_conv_entries(t);
+    t->name = "cpu-avx512-onednn";
     t->conv_plan = dnnl_conv_plan_f32;
 }
 

@@ -88,17 +88,25 @@ const char *cpu_bf16_why_not(int isa) {
 #endif
 }
 
+#ifdef CIFAR_DNNL
+/* *table, made once from base with its convs replaced by with_convs (on one thread,
+ * before any team: the picks run at start). */
+static const NetOps *table_once(NetOps *table, int *made, const NetOps *base, void (*with_convs)(NetOps *)) {
+    if (!__atomic_load_n(made, __ATOMIC_ACQUIRE)) {
+        *table = *base;
+        with_convs(table);
+        __atomic_store_n(made, 1, __ATOMIC_RELEASE);
+    }
+    return table;
+}
+#endif
+
 const NetOps *net_cpu_ops_bf16(void) {
 #ifdef CIFAR_DNNL
     static NetOps table;
     static int made;
     if (cpu_bf16_why_not(-1)) return NULL;
-    if (!__atomic_load_n(&made, __ATOMIC_ACQUIRE)) { /* made on one thread, before any team */
-        table = net_cpu_ops_avx512_bf16act;
-        cpu_dnnl_conv_entries(&table);
-        __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
-    }
-    return &table;
+    return table_once(&table, &made, &net_cpu_ops_avx512_bf16act, cpu_dnnl_conv_entries);
 #else
     return NULL;
 #endif
@@ -109,13 +117,7 @@ const NetOps *net_cpu_ops_dnnl(void) {
     static NetOps table;
     static int made;
     if (cpu_isa_best() < CPU_ISA_AVX512 || cpu_dnnl_load_error()) return NULL;
-    if (!__atomic_load_n(&made, __ATOMIC_ACQUIRE)) { /* made on one thread, before any team */
-        table = *net_cpu_ops_isa(CPU_ISA_AVX512);
-        table.name = "cpu-avx512-onednn";
-        cpu_dnnl_conv_entries_f32(&table);
-        __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
-    }
-    return &table;
+    return table_once(&table, &made, net_cpu_ops_isa(CPU_ISA_AVX512), cpu_dnnl_conv_entries_f32);
 #else
     return NULL;
 #endif
