@@ -382,6 +382,8 @@ int main(void) {
     test_conv("3x3/2", (ConvSpec){16, 16, 3, 2, 1}, 4, 8, 8, 1);
     test_conv("projection 1x1/2", (ConvSpec){16, 64, 1, 2, 0}, 3, 8, 8, 1);
     test_conv("16->16 3x3, 67 images (tiles and single images)", (ConvSpec){16, 16, 3, 1, 1}, 67, 8, 8, 1);
+    /* pointwise: dW (and, where oneDNN runs it on AMX, dx) by a matmul (conv_dnnl.c) */
+    test_conv("16->64 1x1, 67 images (tiles and single images)", (ConvSpec){16, 64, 1, 1, 0}, 67, 8, 8, 1);
     test_determinism();
     return unit_report("test_cpu_bf16");
 }
