@@ -384,6 +384,8 @@ int main(void) {
     test_conv("16->16 3x3, 67 images (tiles and single images)", (ConvSpec){16, 16, 3, 1, 1}, 67, 8, 8, 1);
     /* pointwise: dW (and, where oneDNN runs it on AMX, dx) by a matmul (conv_dnnl.c) */
     test_conv("16->64 1x1, 67 images (tiles and single images)", (ConvSpec){16, 64, 1, 1, 0}, 67, 8, 8, 1);
+    /* rows and channels not multiples of bias_grad's 64-row, 64-channel blocks */
+    test_conv("24->72 1x1 7x7", (ConvSpec){24, 72, 1, 1, 0}, 5, 7, 7, 1);
     test_determinism();
     return unit_report("test_cpu_bf16");
 }

@@ -9,8 +9,8 @@
  * conv reads x and dy as they are, rounds the fp32 weight to bf16 (nearest even) in
  * oneDNN's reorder, accumulates in fp32 and rounds y and dx to bf16 (nearest even)
  * as oneDNN writes them; dW is fp32, the bias fp32, and its gradient is oneDNN's
- * fp32 sum of the bf16 dy per tile (in the weight-gradient pass), the tiles added in
- * double.
+ * fp32 sum of the bf16 dy per tile (in the weight-gradient pass; for pointwise convs,
+ * whose gradients are matmuls, bias_grad's), the tiles added in double.
  *
  * Determinism (net_ops.h: bit-identical for any thread count): the batch is cut into
  * tiles of `tile` images fixed by the shapes (the remainder one image at a time); each
@@ -325,7 +325,8 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     ps->fwd = primitive_of(fpd, &ps->scratch_bytes);
     ps->w_fwd_reorder = weight_reorder(&ps->w32, &ps->w_fwd, &ps->w_fwd_buf);
     if (cp->backward) {
-        if (cp->need_dx && !(is_pointwise(cs) && data_grad_matmul_create(cp, ps, n, attr))) {
+        if (cp->need_dx && !(is_pointwise(cs) && cp->act == dnnl_bf16 &&
+                              data_grad_matmul_create(cp, ps, n, attr))) {
             ps->w_bd_src = ps->w32;
             dnnl_convolution_desc_t dd;
             DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dxa,
