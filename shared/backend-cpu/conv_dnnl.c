@@ -325,8 +325,11 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
     ps->fwd = primitive_of(fpd, &ps->scratch_bytes);
     ps->w_fwd_reorder = weight_reorder(&ps->w32, &ps->w_fwd, &ps->w_fwd_buf);
     if (cp->backward) {
-        if (cp->need_dx && !(is_pointwise(cs) && cp->act == dnnl_bf16 &&
-                              data_grad_matmul_create(cp, ps, n, attr))) {
+        /* the matmuls for bf16 only: with fp32 activations the weight gradient's measured
+         * no faster over a whole step (AVX-512, 2 threads: 4,483-4,551 against
+         * 4,433-4,521 images/s), and oneDNN 2.6 has no fp32 matmul on AMX */
+        const int pointwise_bf16 = is_pointwise(cs) && cp->act == dnnl_bf16;
+        if (cp->need_dx && !(pointwise_bf16 && data_grad_matmul_create(cp, ps, n, attr))) {
             ps->w_bd_src = ps->w32;
             dnnl_convolution_desc_t dd;
             DNNL_CHECK(D.dnnl_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ps->dxa,
@@ -338,9 +341,7 @@ static void pass_create(DnnlConvPlan *cp, DnnlPass *ps, int n) {
             ps->w_bd_reorder = weight_reorder(&ps->w_bd_src, &ps->w_bd, &ps->w_bd_buf);
             DNNL_CHECK(D.dnnl_primitive_desc_destroy(dpd));
         }
-        /* bf16 only: with fp32 activations the matmul measured no faster over a whole
-         * step (AVX-512, 2 threads: 4,483-4,551 against 4,433-4,521 images/s) */
-        if (is_pointwise(cs) && cp->act == dnnl_bf16) weight_grad_matmul_create(cp, ps, n, attr);
+        if (pointwise_bf16) weight_grad_matmul_create(cp, ps, n, attr);
         else weight_grad_conv_create(ps, fpd, attr, strides, pad);
     }
     DNNL_CHECK(D.dnnl_primitive_desc_destroy(fpd));
@@ -518,26 +519,20 @@ static void dnnl_conv_forward(void *ctx, void *plan, int n, const float *x, cons
     if (n > 0) ops_team_run(forward_body, &c);
 }
 
-/* The bias gradient of one tile, out[ch] = the sum of dy[.][ch] over its rows: fp32 sums
- * of 64 rows (AVX-512 vectors over the channels), added in double in row order. */
+/* The bias gradient of one tile of bf16 dy (the pointwise matmuls are bf16 only), out[ch]
+ * = the sum of dy[.][ch] over its rows: fp32 sums of 64 rows (AVX-512 vectors over the
+ * channels), added in double in row order. */
 enum { BIAS_ROWS = 64, BIAS_CHANNELS = 64 };
 AVX512_FN void
-bias_grad_rows(int64_t rows, int c, const char *dy, int bf16, double *acc) {
-    const uint16_t *d16 = (const uint16_t *)dy;
-    const float *d32 = (const float *)dy;
+bias_grad_rows(int64_t rows, int c, const uint16_t *dy, double *acc) {
     for (int ch = 0; ch < c; ch++) acc[ch] = 0.0;
     for (int64_t r0 = 0; r0 < rows; r0 += BIAS_ROWS) {
         int64_t r1 = r0 + BIAS_ROWS < rows ? r0 + BIAS_ROWS : rows;
         for (int c0 = 0; c0 < c; c0 += BIAS_CHANNELS) {
             int cw = c - c0 < BIAS_CHANNELS ? c - c0 : BIAS_CHANNELS;
             float s[BIAS_CHANNELS] = {0};
-            for (int64_t r = r0; r < r1; r++) {
-                const int64_t i = r * c + c0;
-                if (bf16)
-                    for (int j = 0; j < cw; j++) s[j] += bf16_to_float(d16[i + j]);
-                else
-                    for (int j = 0; j < cw; j++) s[j] += d32[i + j];
-            }
+            for (int64_t r = r0; r < r1; r++)
+                for (int j = 0; j < cw; j++) s[j] += bf16_to_float(dy[r * c + c0 + j]);
             for (int j = 0; j < cw; j++) acc[c0 + j] += s[j];
         }
     }
@@ -546,7 +541,7 @@ bias_grad_rows(int64_t rows, int c, const char *dy, int bf16, double *acc) {
 static void bias_grad(const DnnlConvPlan *cp, const char *dy, int64_t rows, float *out) {
     const int c = cp->cs.cout;
     double *acc = tls_buffer(DNNL_TLS_BIAS, (size_t)c * sizeof(double));
-    bias_grad_rows(rows, c, dy, cp->act == dnnl_bf16, acc);
+    bias_grad_rows(rows, c, (const uint16_t *)dy, acc);
     for (int ch = 0; ch < c; ch++) out[ch] = (float)acc[ch];
 }
 
