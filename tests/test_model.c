@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/net.h"
+#include "backend-cpu/cpu_bf16.h"
 #include "backend-cpu/ops_cpu.h"
 #include "core/rng.h"
 
@@ -674,6 +675,49 @@ static void test_optional_entries(void) {
     model_free(&m);
 }
 
+/* The CPU's bf16 table sets the folded block backward (cpu_bn.h's keep entry,
+ * conv_dnnl.c's conv_backward_acc: the conv's dx into a buffer, then the table's add):
+ * it must train bit for bit as the same table without them (the plain block
+ * backward). NOT RUN where the CPU or the build has no bf16 table. */
+static void test_bf16_folded(void) {
+    const NetOps *bf16 = net_cpu_ops_bf16();
+    if (!bf16) {
+        printf("NOT RUN bf16 folded block backward: %s\n", cpu_bf16_why_not(-1));
+        return;
+    }
+    EXPECT(bf16->bn_relu_backward_keep && bf16->conv_backward_acc,
+           "the bf16 table lacks the folded block backward");
+    Model m;
+    build_seed_cifar(&m);
+    const int n = 13, steps = 2;
+    StepIn in = step_inputs(&m, n, 14, 8, 3);
+    float *x16 = xmalloc_aligned((size_t)n * 32 * 32 * 3 * sizeof(float));
+    cpu_bf16_pack((size_t)n * 32 * 32 * 3, in.x, x16);
+    NetOps plain = *bf16;
+    plain.bn_relu_backward_keep = NULL;
+    plain.conv_backward_acc = NULL;
+    const NetOps *tables[2] = {&plain, bf16};
+    StepOut out[2];
+    for (int r = 0; r < 2; r++) {
+        step_out_alloc(&m, &out[r]);
+        train_steps(&m, tables[r], 2, in.params, in.buffers, x16, in.labels, n, steps, &out[r]);
+    }
+    EXPECT(isfinite(out[0].loss) && out[1].loss == out[0].loss, "bf16 folded: loss %.9g, plain %.9g",
+           out[1].loss, out[0].loss);
+    EXPECT(memcmp(out[1].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
+           "bf16 folded: gradients differ from the plain path");
+    EXPECT(memcmp(out[1].params, out[0].params, m.num_params * sizeof(float)) == 0,
+           "bf16 folded: weights differ from the plain path");
+    EXPECT(memcmp(out[1].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
+           "bf16 folded: BN statistics differ from the plain path");
+    printf("%s bf16 table's folded block backward = its plain path, bit for bit\n",
+           g_failures ? "FAIL" : "ok  ");
+    for (int r = 0; r < 2; r++) step_out_free(&out[r]);
+    free(x16);
+    step_inputs_free(&in);
+    model_free(&m);
+}
+
 /* ---- the plans' flags (net_ops.h's conv_plan: backward, need_dx): the stem's
  * backward stops at its weights (its input is the image), so its plan must ask for
  * no input gradient: a GPU table then searches and sizes no backward-data algorithm
@@ -755,6 +799,7 @@ int main(void) {
     test_net_inference_only();
     test_threads_bit_identical();
     test_optional_entries();
+    test_bf16_folded();
     test_plan_need_dx();
     return unit_report("test_model");
 }

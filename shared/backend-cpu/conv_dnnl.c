@@ -141,9 +141,10 @@ typedef struct {
     size_t act_bytes;     /* bytes per activation: 2 or 4 */
 } DnnlConvPlan;
 
-/* Per-thread weight gradients in oneDNN's layout and oneDNN scratchpads, grown on
+/* Per-thread weight gradients in oneDNN's layout, oneDNN scratchpads, bias sums and
+ * one tile's dx (conv_backward_acc), grown on
  * demand (OpenMP threads persist: nothing allocates in the loop once warm). */
-enum { DNNL_TLS_DW, DNNL_TLS_SCRATCH, DNNL_TLS_BIAS, DNNL_TLS_SLOTS };
+enum { DNNL_TLS_DW, DNNL_TLS_SCRATCH, DNNL_TLS_BIAS, DNNL_TLS_DX, DNNL_TLS_SLOTS };
 static __thread void *tls_buf[DNNL_TLS_SLOTS];
 static __thread size_t tls_cap[DNNL_TLS_SLOTS];
 static __thread dnnl_stream_t tls_stream;
@@ -484,6 +485,7 @@ typedef struct {
     const float *weight, *bias;
     float *dweight, *dbias;
     void *ws;
+    int acc; /* dx += the gradient of x (conv_backward_acc) */
 } DnnlCall;
 
 static void forward_body(void *arg) {
@@ -545,7 +547,23 @@ static void bias_grad(const DnnlConvPlan *cp, const char *dy, int64_t rows, floa
     for (int ch = 0; ch < c; ch++) out[ch] = (float)acc[ch];
 }
 
-/* Tile t's gradients: its dx, its weight partial, its bias partial. */
+/* dx[i] = tmp[i] + dx[i] in fp32, rounded to bf16 as the bf16 table's add rounds
+ * (tmp, the conv's dx, first: the plain path's add(cur, dshort) order). */
+AVX512_FN void
+add_into_bf16(size_t count, const uint16_t *tmp, uint16_t *restrict dx) {
+    for (size_t i = 0; i < count; i++) {
+        float s = bf16_to_float(tmp[i]) + bf16_to_float(dx[i]);
+        uint32_t v;
+        memcpy(&v, &s, sizeof v);
+        uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
+        uint32_t quiet_nan = (v >> 16) | 0x0040u;
+        dx[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    }
+}
+
+/* Tile t's gradients: its dx (acc: added into dx, from a per-thread copy of the tile
+ * that is still in cache, so the add costs no pass over memory), its weight partial,
+ * its bias partial. */
 static void backward_tile(const DnnlCall *c, int t, float *bparts, float *wparts) {
     const DnnlConvPlan *cp = c->cp;
     const ConvSpec *cs = &cp->cs;
@@ -556,13 +574,18 @@ static void backward_tile(const DnnlCall *c, int t, float *bparts, float *wparts
     const DnnlPass *ps = &cp->pass[pi];
     const char *dy = c->dy + img0 * out_img;
     if (c->dx) {
+        char *dx = c->dx + img0 * in_img;
+        char *out = c->acc ? tls_buffer(DNNL_TLS_DX, (size_t)nimg * in_img) : dx;
         const DnnlArg conv[] = {{DNNL_ARG_DIFF_DST, &ps->dya, dy},
                                 {DNNL_ARG_WEIGHTS, &ps->w_bd, ps->w_bd_buf},
-                                {DNNL_ARG_DIFF_SRC, &ps->dxa, c->dx + img0 * in_img}};
+                                {DNNL_ARG_DIFF_SRC, &ps->dxa, out}};
         const DnnlArg mm[] = {{DNNL_ARG_SRC, &ps->mm_dy, dy},
                               {DNNL_ARG_WEIGHTS, &ps->w_bd, ps->w_bd_buf},
-                              {DNNL_ARG_DST, &ps->mm_dx, c->dx + img0 * in_img}};
+                              {DNNL_ARG_DST, &ps->mm_dx, out}};
         run(ps->bwd_data, ps, ps->mm_d ? mm : conv, 3);
+        if (c->acc)
+            add_into_bf16((size_t)nimg * in_img / sizeof(uint16_t), (const uint16_t *)out,
+                          (uint16_t *)dx);
     }
     float *wpart = wparts + (size_t)t * weight_len(cs), *bpart = bparts + (size_t)t * cs->cout;
     if (ps->mm_w) {
@@ -616,10 +639,9 @@ static void backward_body(void *arg) {
 #pragma omp barrier
 }
 
-static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
-                               const float *dy, float *dx, float *dweight, float *dbias, void *ws,
-                               size_t ws_bytes) {
-    (void)ctx;
+static void conv_backward(void *plan, int n, const float *x, const float *weight, const float *dy,
+                          float *dx, float *dweight, float *dbias, void *ws, size_t ws_bytes,
+                          int acc) {
     const DnnlConvPlan *cp = plan;
     if (!cp->backward) die("model: conv backward on an inference plan (internal error)");
     if (dx && !cp->need_dx) die("model: conv backward with a dx on a plan made without need_dx (internal error)");
@@ -631,8 +653,26 @@ static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, con
     }
     DnnlCall c = {.cp = cp, .n = n, .x = (const char *)x, .weight = weight,
                   .dy = (const char *)dy, .dx = (char *)dx, .dweight = dweight,
-                  .dbias = dbias, .ws = ws};
+                  .dbias = dbias, .ws = ws, .acc = acc};
     ops_team_run(backward_body, &c);
+}
+
+static void dnnl_conv_backward(void *ctx, void *plan, int n, const float *x, const float *weight,
+                               const float *dy, float *dx, float *dweight, float *dbias, void *ws,
+                               size_t ws_bytes) {
+    (void)ctx;
+    conv_backward(plan, n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes, 0);
+}
+
+/* net_ops.h's conv_backward_acc, for the bf16 table (whose bn_relu_backward_keep goes
+ * with it): the same bits as conv_backward into a buffer, then the table's add. */
+static void dnnl_conv_backward_acc(void *ctx, void *plan, int n, const float *x,
+                                   const float *weight, const float *dy, float *dx, float *dweight,
+                                   float *dbias, void *ws, size_t ws_bytes) {
+    (void)ctx;
+    const DnnlConvPlan *cp = plan;
+    if (cp->act != dnnl_bf16 || !dx) die("model: conv_backward_acc on an fp32 plan or without dx (internal error)");
+    conv_backward(plan, n, x, weight, dy, dx, dweight, dbias, ws, ws_bytes, 1);
 }
 
 /* oneDNN's name of the instructions its kernels use here. */
@@ -655,6 +695,7 @@ void cpu_dnnl_conv_entries(NetOps *t) {
     t->conv_prepare = dnnl_conv_prepare;
     t->conv_forward = dnnl_conv_forward;
     t->conv_backward = dnnl_conv_backward;
+    t->conv_backward_acc = dnnl_conv_backward_acc;
     t->conv_weight_export = dnnl_conv_weight_copy;
     t->conv_weight_import = dnnl_conv_weight_copy;
 }
@@ -673,6 +714,7 @@ void cpu_dnnl_conv_entries_f32(NetOps *t) {
     cpu_dnnl_conv_entries(t);
     t->name = "cpu-avx512-onednn";
     t->conv_plan = dnnl_conv_plan_f32;
+    t->conv_backward_acc = NULL; /* the plain block backward, as the other fp32 tables */
 }
 
 #else

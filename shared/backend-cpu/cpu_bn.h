@@ -1,5 +1,6 @@
 /* cpu_bn.h: the batch-norm entries (cpu_bn_train, cpu_bn_relu_train, cpu_bn_add_relu_train,
- * cpu_bn_eval, cpu_bn_backward, cpu_bn_relu_backward).
+ * cpu_bn_eval, cpu_bn_backward, cpu_bn_relu_backward; the bf16 table's
+ * cpu_bn_relu_backward_keep).
  * Part of the CPU op table (ops_cpu_impl.h), instanced with it: no include guard,
  * included once per instance, after cpu_common.h. x, y, z, dy and dx are activations
  * (opsi_ld/opsi_st, cpu_common.h); statistics, gamma/beta and their gradients real_t. */
@@ -202,10 +203,11 @@ opsi_bn_bwd_rows(int64_t r0, int64_t r1, const int c, const real_t *x, const rea
     }
 }
 
-/* Team. dx = k1*g + k2*x + k3 over every row. */
+/* Team. dx = k1*g + k2*x + k3 over every row; keep: g written back into dy (the
+ * folded block backward's masked gradient, the bits relu_backward would write). */
 static inline __attribute__((always_inline)) void
-opsi_bn_bwd_dx(int64_t rows, const int c, const real_t *x, const real_t *y, const real_t *dy,
-               const real_t *kc, const int relu, real_t *dx) {
+opsi_bn_bwd_dx(int64_t rows, const int c, const real_t *x, const real_t *y, real_t *dy,
+               const real_t *kc, const int relu, const int keep, real_t *dx) {
     const real_t *k1 = kc, *k2 = kc + c, *k3 = kc + 2 * c;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
@@ -213,14 +215,15 @@ opsi_bn_bwd_dx(int64_t rows, const int c, const real_t *x, const real_t *y, cons
         for (int ch = 0; ch < c; ch++) {
             real_t g = relu ? (opsi_ld(y, r0 + ch) > 0 ? opsi_ld(dy, r0 + ch) : 0) : opsi_ld(dy, r0 + ch);
             opsi_st(dx, r0 + ch, k1[ch] * g + k2[ch] * opsi_ld(x, r0 + ch) + k3[ch]);
+            if (keep) opsi_st(dy, r0 + ch, g);
         }
     }
 }
 
 static inline __attribute__((always_inline)) void
 opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t *gamma,
-                 const real_t *save_mean, const real_t *save_invstd, const real_t *dy, real_t *dx,
-                 real_t *dgamma, real_t *dbeta, const int relu) {
+                 const real_t *save_mean, const real_t *save_invstd, real_t *dy, real_t *dx,
+                 real_t *dgamma, real_t *dbeta, const int relu, const int keep) {
     int nb = opsi_block_count(rows);
     /* a2 at least 16 doubles past a1: for narrow layers (8 channels) GCC's run-time
      * overlap check fails otherwise and the loop runs scalar, on a branch */
@@ -241,21 +244,34 @@ opsi_bn_backward(int rows, int c, const real_t *x, const real_t *y, const real_t
 #pragma omp barrier
         return; /* the partials (scratch) are read until here */
     }
-    OPSI_WITH_C(c, opsi_bn_bwd_dx(rows, C_, x, y, dy, kc, relu, dx));
+    OPSI_WITH_C(c, opsi_bn_bwd_dx(rows, C_, x, y, dy, kc, relu, keep, dx));
 }
 
 static void opsi_bn_backward_plain(int rows, int c, const real_t *x, const real_t *gamma,
                                    const real_t *save_mean, const real_t *save_invstd,
                                    const real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
-    opsi_bn_backward(rows, c, x, NULL, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 0);
+    /* dy is only read (keep 0) */
+    opsi_bn_backward(rows, c, x, NULL, gamma, save_mean, save_invstd, (real_t *)dy, dx, dgamma,
+                     dbeta, 0, 0);
 }
 
 static void opsi_bn_relu_backward(int rows, int c, const real_t *x, const real_t *y,
                                   const real_t *gamma, const real_t *save_mean,
                                   const real_t *save_invstd, const real_t *dy, real_t *dx,
                                   real_t *dgamma, real_t *dbeta) {
-    opsi_bn_backward(rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 1);
+    opsi_bn_backward(rows, c, x, y, gamma, save_mean, save_invstd, (real_t *)dy, dx, dgamma,
+                     dbeta, 1, 0);
 }
+
+#ifdef OPS_ACT_BF16
+/* The bf16 table's folded block backward (net_ops.h's bn_relu_backward_keep). */
+static void opsi_bn_relu_backward_keep(int rows, int c, const real_t *x, const real_t *y,
+                                       const real_t *gamma, const real_t *save_mean,
+                                       const real_t *save_invstd, real_t *dy, real_t *dx,
+                                       real_t *dgamma, real_t *dbeta) {
+    opsi_bn_backward(rows, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma, dbeta, 1, 1);
+}
+#endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
@@ -276,3 +292,14 @@ static void cpu_bn_relu_backward(void *ctx, int n, int hw, int c, const real_t *
     OPSI_TEAM(opsi_bn_relu_backward(n * hw, c, x, y, gamma, save_mean, save_invstd, dy, dx, dgamma,
                                     dbeta));
 }
+
+#ifdef OPS_ACT_BF16
+static void cpu_bn_relu_backward_keep(void *ctx, int n, int hw, int c, const real_t *x,
+                                      const real_t *y, const real_t *gamma,
+                                      const real_t *save_mean, const real_t *save_invstd,
+                                      real_t *dy, real_t *dx, real_t *dgamma, real_t *dbeta) {
+    (void)ctx;
+    OPSI_TEAM(opsi_bn_relu_backward_keep(n * hw, c, x, y, gamma, save_mean, save_invstd, dy, dx,
+                                         dgamma, dbeta));
+}
+#endif

@@ -84,7 +84,8 @@ static void cpu_team(void *ctx, void (*body)(void *arg), void *arg) {
 }
 
 /* The optional folded block backward (bn_relu_backward_keep, conv_backward_acc) is
- * left NULL: the walk runs the plain block backward on the CPU. */
+ * left NULL, so the walk runs the plain block backward, but in the bf16 table, whose
+ * user (conv_dnnl.c) gives the conv_backward_acc that goes with its keep entry. */
 const struct NET_T(NetOps) OPS_CPU_TABLE = {
     .name = OPS_CPU_NAME,
     .align = OPSI_ALIGN,
@@ -108,6 +109,9 @@ const struct NET_T(NetOps) OPS_CPU_TABLE = {
     .bn_eval = cpu_bn_eval,
     .bn_backward = cpu_bn_backward,
     .bn_relu_backward = cpu_bn_relu_backward,
+#ifdef OPS_ACT_BF16
+    .bn_relu_backward_keep = cpu_bn_relu_backward_keep,
+#endif
     .relu_forward = cpu_relu_forward,
     .relu_backward = cpu_relu_backward,
     .add = cpu_add,

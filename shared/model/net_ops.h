@@ -148,7 +148,7 @@ struct NET_T(NetOps) {
                              const NET_REAL *save_invstd, NET_REAL *dy, NET_REAL *dx,
                              NET_REAL *dgamma, NET_REAL *dbeta);
     /* Optional, both or neither (NULL: net_impl.h's plain block backward, with a ReLU
-     * backward pass and a residual add per block; the CPU tables leave them NULL): the
+     * backward pass and a residual add per block; the CPU's fp32 tables leave them NULL): the
      * block's output ReLU and its residual add folded into backward.
      *   bn_relu_backward_keep: bn_relu_backward (y: here the block output, the ReLU
      *     after the residual add) that also writes the masked dy back into dy (dx !=
