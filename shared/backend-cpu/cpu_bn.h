@@ -20,70 +20,110 @@ static inline __attribute__((always_inline)) void opsi_bn_stat_rows(int64_t r0, 
 }
 
 #ifdef OPS_ACT_BF16
-/* The bf16 table's row loops of the statistics, for channel counts that are multiples
- * of 8, in AVX-512 (the table is built for x86-64-v4): per channel the same sums in
- * the same row order as the scalar loops, in double, 8 channels a vector, the sums in
- * registers. GCC's vectoriser left the 8-channel ReLU backward's loop scalar and
- * stored every row's sums (measured with perf: the hottest code of a bf16 step). */
+/* The bf16 table's row loops of the statistics (8, 16, 32, 48 or 64 channels) in
+ * AVX-512 (the table is built for x86-64-v4): 16 fp32 lanes a vector over the rows'
+ * elements taken flat, summed in fp32 over OPSI_BN_CHUNK vectors of each lane (32 to
+ * 64 rows), those sums added in double in row order. So per channel the sums of the
+ * scalar loops with their rounding changed only inside a chunk (about 1e-7 relative;
+ * test_cpu_bf16 holds them within 1e-5 of the fp32 table's), the same for any thread
+ * count (the row blocks are fixed). Measured with perf, the double-only loops were the
+ * hottest code of a bf16 step: GCC's vectoriser had left the 8-channel ReLU backward
+ * scalar, and the converts to double took most of the rest. */
 #include <immintrin.h>
 
-/* 8 bf16 values at p, widened to fp32 (exact). */
-static inline __attribute__((always_inline)) __m256 opsi_ld8(const real_t *p, int64_t i) {
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+enum { OPSI_PHASES_MAX = 4, OPSI_BN_CHUNK = 32 };
+#define OPSI_BN_VEC(c) ((c) == 8 || ((c) % 16 == 0 && (c) <= 16 * OPSI_PHASES_MAX))
+
+/* 16 bf16 values from element i of p (the lanes of m; the others 0), widened to fp32
+ * (exact). */
+static inline __attribute__((always_inline)) __m512 opsi_ld16(const real_t *p, int64_t i, __mmask16 m) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-enum { OPSI_VEC_MAX = 8 }; /* up to 64 channels in registers */
+/* Vector k of a row block (16 elements, flat from its first row) holds channels
+ * (16 * (k mod P) + lane) mod c: P phases (1 for 8 channels, two rows a vector). */
+static inline __attribute__((always_inline)) int opsi_bn_phases(const int c) { return c == 8 ? 1 : c / 16; }
 
+/* The lanes of each phase of per-channel values v. */
+static inline __attribute__((always_inline)) void opsi_bn_pattern(const int c, const float *v, __m512 *out) {
+    for (int j = 0; j < opsi_bn_phases(c); j++) {
+        float t[16];
+        for (int l = 0; l < 16; l++) t[l] = v[(16 * j + l) % c];
+        out[j] = _mm512_loadu_ps(t);
+    }
+}
+
+/* d (8 channels a vector) += the fp32 sums f of every phase, in lane order; f = 0. */
+static inline __attribute__((always_inline)) void opsi_bn_flush(const int c, __m512 *f, __m512d *d) {
+    for (int j = 0; j < opsi_bn_phases(c); j++) {
+        const int lo = (16 * j) % c / 8, hi = (16 * j + 8) % c / 8;
+        d[lo] = _mm512_add_pd(d[lo], _mm512_cvtps_pd(_mm512_castps512_ps256(f[j])));
+        d[hi] = _mm512_add_pd(d[hi], _mm512_cvtps_pd(_mm512_extractf32x8_ps(f[j], 1)));
+        f[j] = _mm512_setzero_ps();
+    }
+}
+
+/* One vector (lanes m) at element i: bwd: f1 += g, f2 += g * (x - p) with g = relu ?
+ * (y > 0 ? dy : 0) : dy; else f1 += x - p, f2 += its square. */
+static inline __attribute__((always_inline)) void
+opsi_bn_sums_step(const int bwd, const int relu, const real_t *x, const real_t *y, const real_t *dy,
+                  int64_t i, __mmask16 m, __m512 p, __m512 *f1, __m512 *f2) {
+    __m512 d = _mm512_maskz_sub_ps(m, opsi_ld16(x, i, m), p);
+    if (!bwd) {
+        *f1 = _mm512_add_ps(*f1, d);
+        *f2 = _mm512_fmadd_ps(d, d, *f2);
+        return;
+    }
+    __m512 g = opsi_ld16(dy, i, m);
+    if (relu) g = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(opsi_ld16(y, i, m), _mm512_setzero_ps(), _CMP_GT_OQ), g);
+    *f1 = _mm512_add_ps(*f1, g);
+    *f2 = _mm512_fmadd_ps(g, d, *f2);
+}
+
+/* a1, a2 += the sums of opsi_bn_sums_step over rows [r0, r1) of c channels; p: the
+ * per-channel values subtracted from x (the first row, or the mean). */
+static inline __attribute__((always_inline)) void
+opsi_bn_sums_vec(int64_t r0, int64_t r1, const int c, const int bwd, const int relu, const real_t *x,
+                 const real_t *y, const real_t *dy, const float *p, double *a1, double *a2) {
+    const int P = opsi_bn_phases(c);
+    __m512 pat[OPSI_PHASES_MAX], f1[OPSI_PHASES_MAX], f2[OPSI_PHASES_MAX];
+    __m512d d1[2 * OPSI_PHASES_MAX], d2[2 * OPSI_PHASES_MAX];
+    opsi_bn_pattern(c, p, pat);
+    for (int j = 0; j < P; j++) f1[j] = f2[j] = _mm512_setzero_ps();
+    for (int v = 0; v < c / 8; v++) d1[v] = _mm512_loadu_pd(a1 + 8 * v), d2[v] = _mm512_loadu_pd(a2 + 8 * v);
+    const int64_t base = r0 * c, nel = (r1 - r0) * c, nvec = nel / 16, nper = nvec / P;
+    for (int64_t q0 = 0; q0 < nper; q0 += OPSI_BN_CHUNK) {
+        const int64_t q1 = q0 + OPSI_BN_CHUNK < nper ? q0 + OPSI_BN_CHUNK : nper;
+        for (int64_t q = q0; q < q1; q++)
+            for (int j = 0; j < P; j++)
+                opsi_bn_sums_step(bwd, relu, x, y, dy, base + 16 * (q * P + j), 0xffff, pat[j], &f1[j], &f2[j]);
+        opsi_bn_flush(c, f1, d1);
+        opsi_bn_flush(c, f2, d2);
+    }
+    /* c = 16 P: a row is P vectors, so nvec = nper P; 8 channels: an odd row count
+     * leaves 8 elements, of phase 0 (P = 1) */
+    if (nel % 16) opsi_bn_sums_step(bwd, relu, x, y, dy, base + 16 * nvec, 0x00ff, pat[0], &f1[0], &f2[0]);
+    opsi_bn_flush(c, f1, d1);
+    opsi_bn_flush(c, f2, d2);
+    for (int v = 0; v < c / 8; v++) _mm512_storeu_pd(a1 + 8 * v, d1[v]), _mm512_storeu_pd(a2 + 8 * v, d2[v]);
+}
+
+/* opsi_bn_stat_rows in these loops. */
 static inline __attribute__((always_inline)) void
 opsi_bn_stat_rows_vec(int64_t r0, int64_t r1, const int c, const real_t *x, double *a1, double *a2) {
-    const int nv = c / 8;
-    __m512d s1[OPSI_VEC_MAX], s2[OPSI_VEC_MAX], x0[OPSI_VEC_MAX];
-    for (int v = 0; v < nv; v++) {
-        s1[v] = _mm512_loadu_pd(a1 + 8 * v);
-        s2[v] = _mm512_loadu_pd(a2 + 8 * v);
-        x0[v] = _mm512_cvtps_pd(opsi_ld8(x, 8 * v));
-    }
-    for (int64_t r = r0; r < r1; r++)
-        for (int v = 0; v < nv; v++) {
-            __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(opsi_ld8(x, r * c + 8 * v)), x0[v]);
-            s1[v] = _mm512_add_pd(s1[v], d);
-            s2[v] = _mm512_add_pd(s2[v], _mm512_mul_pd(d, d));
-        }
-    for (int v = 0; v < nv; v++) {
-        _mm512_storeu_pd(a1 + 8 * v, s1[v]);
-        _mm512_storeu_pd(a2 + 8 * v, s2[v]);
-    }
+    float x0[16 * OPSI_PHASES_MAX];
+    for (int ch = 0; ch < c; ch++) x0[ch] = opsi_ld(x, ch);
+    opsi_bn_sums_vec(r0, r1, c, 0, 0, x, NULL, NULL, x0, a1, a2);
 }
 
-/* a1 += g, a2 += g * (x - mean) (see opsi_bn_bwd_rows), g = relu ? (y > 0 ? dy : 0) : dy. */
+/* opsi_bn_bwd_rows in these loops. */
 static inline __attribute__((always_inline)) void
 opsi_bn_bwd_rows_vec(int64_t r0, int64_t r1, const int c, const real_t *x, const real_t *y,
                      const real_t *dy, const real_t *save_mean, const int relu, double *a1,
                      double *a2) {
-    const int nv = c / 8;
-    __m512d s1[OPSI_VEC_MAX], s2[OPSI_VEC_MAX], m[OPSI_VEC_MAX];
-    for (int v = 0; v < nv; v++) {
-        s1[v] = _mm512_loadu_pd(a1 + 8 * v);
-        s2[v] = _mm512_loadu_pd(a2 + 8 * v);
-        m[v] = _mm512_cvtps_pd(_mm256_loadu_ps(save_mean + 8 * v));
-    }
-    for (int64_t r = r0; r < r1; r++)
-        for (int v = 0; v < nv; v++) {
-            const int64_t i = r * c + 8 * v;
-            __m256 g = opsi_ld8(dy, i);
-            if (relu) g = _mm256_maskz_mov_ps(_mm256_cmp_ps_mask(opsi_ld8(y, i), _mm256_setzero_ps(), _CMP_GT_OQ), g);
-            __m512d gd = _mm512_cvtps_pd(g);
-            __m512d xm = _mm512_sub_pd(_mm512_cvtps_pd(opsi_ld8(x, i)), m[v]);
-            s1[v] = _mm512_add_pd(s1[v], gd);
-            s2[v] = _mm512_add_pd(s2[v], _mm512_mul_pd(gd, xm));
-        }
-    for (int v = 0; v < nv; v++) {
-        _mm512_storeu_pd(a1 + 8 * v, s1[v]);
-        _mm512_storeu_pd(a2 + 8 * v, s2[v]);
-    }
+    opsi_bn_sums_vec(r0, r1, c, 1, relu, x, y, dy, save_mean, a1, a2);
 }
-#define OPSI_BN_VEC(c) ((c) % 8 == 0 && (c) <= 8 * OPSI_VEC_MAX)
 #else
 #define OPSI_BN_VEC(c) 0
 #define opsi_bn_stat_rows_vec opsi_bn_stat_rows
