@@ -7,12 +7,13 @@
 
 /* ------------------------------------------------------------- batchnorm */
 
-/* a1[ch] += x - x[0], a2[ch] += its square, in double, over rows [r0, r1) of x[][c]. */
+/* a1[ch] += x - shift[ch], a2[ch] += its square, in double, over rows [r0, r1) of x[][c]. */
 static inline __attribute__((always_inline)) void opsi_bn_stat_rows(int64_t r0, int64_t r1, const int c,
-                                                                    const real_t *x, double *a1, double *a2) {
+                                                                    const real_t *x, const real_t *shift,
+                                                                    double *a1, double *a2) {
     for (int64_t r = r0; r < r1; r++) {
         for (int ch = 0; ch < c; ch++) {
-            double d = (double)opsi_ld(x, r * c + ch) - (double)opsi_ld(x, ch);
+            double d = (double)opsi_ld(x, r * c + ch) - (double)shift[ch];
             a1[ch] += d;
             a2[ch] += d * d;
         }
@@ -20,18 +21,20 @@ static inline __attribute__((always_inline)) void opsi_bn_stat_rows(int64_t r0, 
 }
 
 #ifdef OPS_ACT_BF16
-/* The bf16 table's row loops of the statistics (8, 16, 32, 48 or 64 channels) in
- * AVX-512 (the table is built for x86-64-v4): 16 fp32 lanes a vector over the rows'
- * elements taken flat, summed in fp32 over OPSI_BN_CHUNK vectors of each lane (32 to
- * 64 rows), those sums added in double in row order. So per channel the sums of the
- * scalar loops with their rounding changed only inside a chunk (about 1e-7 relative;
- * test_cpu_bf16 holds them within 1e-5 of the fp32 table's), the same for any thread
- * count (the row blocks are fixed). Measured with perf, the double-only loops were the
- * hottest code of a bf16 step: GCC's vectoriser had left the 8-channel ReLU backward
- * scalar, and the converts to double took most of the rest. */
+/* The bf16 table's row loops of the statistics in AVX-512 (the table is built for
+ * x86-64-v4), for 8, 16, 32, 48 or 64 channels: the sums (forward: of x - shift and
+ * its square; backward: of g and g (x - mean)) over the rows' elements taken flat, 16
+ * fp32 lanes a vector (two rows of 8 channels), each lane summed in fp32 over
+ * OPSI_BN_CHUNK vectors (32 to 64 rows), those sums added in double in row order
+ * within the fixed row blocks (so the same for any thread count): about 1e-7 of the
+ * sum of the terms' magnitudes (test_cpu_bf16). The forward's shift is the mean of the
+ * first rows (opsi_bn_shift), so the one-pass variance does not amplify that error
+ * (it would by 1 + (mean - shift)^2 / var). Measured with perf, GCC's loops in double
+ * were the hottest code of a bf16 step: it left the 8-channel ReLU backward scalar,
+ * stored every row's sums, and the converts to double took most of the rest. */
 #include <immintrin.h>
 
-enum { OPSI_PHASES_MAX = 4, OPSI_BN_CHUNK = 32 };
+enum { OPSI_PHASES_MAX = 4, OPSI_BN_CHUNK = 32, OPSI_BN_SHIFT_ROWS = 64 };
 #define OPSI_BN_VEC(c) ((c) == 8 || ((c) % 16 == 0 && (c) <= 16 * OPSI_PHASES_MAX))
 
 /* 16 bf16 values from element i of p (the lanes of m; the others 0), widened to fp32
@@ -82,7 +85,7 @@ opsi_bn_sums_step(const int bwd, const int relu, const real_t *x, const real_t *
 }
 
 /* a1, a2 += the sums of opsi_bn_sums_step over rows [r0, r1) of c channels; p: the
- * per-channel values subtracted from x (the first row, or the mean). */
+ * per-channel values subtracted from x (the shift, or the mean). */
 static inline __attribute__((always_inline)) void
 opsi_bn_sums_vec(int64_t r0, int64_t r1, const int c, const int bwd, const int relu, const real_t *x,
                  const real_t *y, const real_t *dy, const float *p, double *a1, double *a2) {
@@ -111,10 +114,9 @@ opsi_bn_sums_vec(int64_t r0, int64_t r1, const int c, const int bwd, const int r
 
 /* opsi_bn_stat_rows in these loops. */
 static inline __attribute__((always_inline)) void
-opsi_bn_stat_rows_vec(int64_t r0, int64_t r1, const int c, const real_t *x, double *a1, double *a2) {
-    float x0[16 * OPSI_PHASES_MAX];
-    for (int ch = 0; ch < c; ch++) x0[ch] = opsi_ld(x, ch);
-    opsi_bn_sums_vec(r0, r1, c, 0, 0, x, NULL, NULL, x0, a1, a2);
+opsi_bn_stat_rows_vec(int64_t r0, int64_t r1, const int c, const real_t *x, const real_t *shift,
+                      double *a1, double *a2) {
+    opsi_bn_sums_vec(r0, r1, c, 0, 0, x, NULL, NULL, shift, a1, a2);
 }
 
 /* opsi_bn_bwd_rows in these loops. */
@@ -130,9 +132,28 @@ opsi_bn_bwd_rows_vec(int64_t r0, int64_t r1, const int c, const real_t *x, const
 #define opsi_bn_bwd_rows_vec opsi_bn_bwd_rows
 #endif
 
-/* Team. Training-mode statistics: per-channel sums of (x - x[0]) and of its square
- * in double over the fixed row blocks (the shift, the first row, keeps the one-pass
- * variance free of cancellation), combined in block order; saves mean and invstd,
+/* The per-channel shift of the statistics' sums, which keeps the one-pass variance free
+ * of cancellation: the first row; in the bf16 table's fp32 loops (OPSI_BN_VEC), the
+ * mean of the first OPSI_BN_SHIFT_ROWS rows (in double, rounded to fp32), nearer the
+ * mean than one row (see there). */
+static void opsi_bn_shift(int rows, int c, const real_t *x, real_t *shift) {
+    (void)rows; /* in the bf16 table's instance only */
+#ifdef OPS_ACT_BF16
+    if (OPSI_BN_VEC(c) && rows > 0) {
+        const int k = rows < OPSI_BN_SHIFT_ROWS ? rows : OPSI_BN_SHIFT_ROWS;
+        for (int ch = 0; ch < c; ch++) {
+            double s = 0.0;
+            for (int r = 0; r < k; r++) s += opsi_ld(x, (int64_t)r * c + ch);
+            shift[ch] = (real_t)(s / k);
+        }
+        return;
+    }
+#endif
+    for (int ch = 0; ch < c; ch++) shift[ch] = opsi_ld(x, ch);
+}
+
+/* Team. Training-mode statistics: per-channel sums of (x - shift) and of its square
+ * in double over the fixed row blocks (opsi_bn_shift), combined in block order; saves mean and invstd,
  * updates the running ones (thread 0), and returns the per-channel affine (aff[0..c)
  * scale, aff[c..2c) shift; the calling thread's copy) that maps x to y. */
 static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, const real_t *gamma,
@@ -142,14 +163,18 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
     int nb = opsi_block_count(rows);
     double *part = ops_team_scratch((size_t)nb * 2 * (size_t)c * sizeof(double));
     real_t *aff = opsi_thread_copy(OPSI_TLS_STATS, (size_t)c * 2);
+    /* every thread its own copy of the shift, in aff's second half: the loop below
+     * reads channel ch's before it writes that channel's affine shift there */
+    real_t *shift = aff + c;
+    opsi_bn_shift(rows, c, x, shift);
     const int first = omp_get_thread_num() == 0; /* writes the statistics */
 #pragma omp for schedule(static)
     for (int b = 0; b < nb; b++) {
         double *a1 = part + (size_t)b * 2 * c, *a2 = a1 + c;
         for (int ch = 0; ch < 2 * c; ch++) a1[ch] = 0.0;
         const int64_t r0 = opsi_block_start(rows, nb, b), r1 = opsi_block_start(rows, nb, b + 1);
-        if (OPSI_BN_VEC(c)) OPSI_WITH_C(c, opsi_bn_stat_rows_vec(r0, r1, C_, x, a1, a2));
-        else OPSI_WITH_C(c, opsi_bn_stat_rows(r0, r1, C_, x, a1, a2));
+        if (OPSI_BN_VEC(c)) OPSI_WITH_C(c, opsi_bn_stat_rows_vec(r0, r1, C_, x, shift, a1, a2));
+        else OPSI_WITH_C(c, opsi_bn_stat_rows(r0, r1, C_, x, shift, a1, a2));
     }
     /* every thread combines the partials in block order for its own copy of the affine */
     for (int ch = 0; ch < c; ch++) {
@@ -159,7 +184,7 @@ static const real_t *opsi_bn_train_affine(int rows, int c, const real_t *x, cons
             s2 += part[(size_t)b * 2 * c + c + ch];
         }
         double dm = s1 / rows;
-        double mean = (double)opsi_ld(x, ch) + dm;
+        double mean = (double)shift[ch] + dm;
         double var = s2 / rows - dm * dm;
         if (var < 0) var = 0;
         double invstd = 1.0 / sqrt(var + (double)eps);
