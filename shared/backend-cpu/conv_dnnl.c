@@ -10,7 +10,9 @@
  * oneDNN's reorder, accumulates in fp32 and rounds y and dx to bf16 (nearest even)
  * as oneDNN writes them; dW is fp32, the bias fp32, and its gradient is oneDNN's
  * fp32 sum of the bf16 dy per tile (in the weight-gradient pass; for pointwise convs,
- * whose gradients are matmuls, bias_grad's), the tiles added in double.
+ * whose gradients are matmuls, bias_grad's), the tiles added in double. The bf16
+ * table's conv_backward_acc (its folded block backward, net_ops.h) adds each tile's dx
+ * into dx from a per-thread copy, rounded as the table's add rounds.
  *
  * Determinism (net_ops.h: bit-identical for any thread count): the batch is cut into
  * tiles of `tile` images fixed by the shapes (the remainder one image at a time); each
