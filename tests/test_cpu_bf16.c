@@ -256,8 +256,8 @@ static void test_bn(int rows, int c, int outlier) {
  * row blocks fixed by the shapes; cpu_bn.h's AVX-512 loops within them). */
 static void test_bn_threads(int rows, int c) {
     const size_t n = (size_t)rows * c;
-    float *x16 = packed(bf16_values(n, -1, 3), n), *z16 = packed(bf16_values(n, -1, 1), n);
-    float *dy16 = packed(bf16_values(n, -1, 1), n);
+    float *x = bf16_values(n, -1, 3), *z = bf16_values(n, -1, 1), *dy = bf16_values(n, -1, 1);
+    float *x16 = packed(x, n), *z16 = packed(z, n), *dy16 = packed(dy, n);
     float *gamma = bf16_values(c, 0.5f, 1.5f), *beta = bf16_values(c, -0.5f, 0.5f);
     const int saved = ops_threads();
     for (int kind = 0; kind < 3; kind++) {
@@ -280,7 +280,7 @@ static void test_bn_threads(int rows, int c) {
     }
     ops_set_threads(saved);
     printf("ok   bf16 batch norm rows %d c %d: 1, 2 and 3 threads bit-identical\n", rows, c);
-    free(x16); free(z16); free(dy16); free(gamma); free(beta);
+    free(x); free(z); free(dy); free(x16); free(z16); free(dy16); free(gamma); free(beta);
 }
 
 /* ------------------------------------------------------------ convolutions */
