@@ -478,6 +478,19 @@ static void step_out_alloc(const Model *m, StepOut *o) {
     o->buffers = xmalloc(m->num_buffers * sizeof(float));
 }
 
+/* got trained bit for bit as want: loss (finite), gradients, weights, BN statistics. */
+static void expect_same_training(const Model *m, const StepOut *got, const StepOut *want,
+                                 const char *name, const char *against) {
+    EXPECT(isfinite(want->loss) && got->loss == want->loss, "%s: loss %.9g, %s %.9g", name,
+           got->loss, against, want->loss);
+    EXPECT(memcmp(got->grads, want->grads, m->num_params * sizeof(float)) == 0,
+           "%s: gradients differ from %s", name, against);
+    EXPECT(memcmp(got->params, want->params, m->num_params * sizeof(float)) == 0,
+           "%s: weights differ from %s", name, against);
+    EXPECT(memcmp(got->buffers, want->buffers, m->num_buffers * sizeof(float)) == 0,
+           "%s: BN statistics differ from %s", name, against);
+}
+
 static void step_out_free(StepOut *o) {
     free(o->grads);
     free(o->params);
@@ -512,16 +525,7 @@ static void test_threads_bit_identical(void) {
     }
     EXPECT(isfinite(out[0].loss) && memcmp(out[0].params, in.params, m.num_params * sizeof(float)) != 0,
            "training did not move the weights (loss %g)", out[0].loss);
-    for (int r = 1; r < RUNS; r++) {
-        EXPECT(out[r].loss == out[0].loss, "%s: loss %.9g, 1 thread %.9g", runs[r].name,
-               out[r].loss, out[0].loss);
-        EXPECT(memcmp(out[r].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
-               "%s: gradients differ from 1 thread", runs[r].name);
-        EXPECT(memcmp(out[r].params, out[0].params, m.num_params * sizeof(float)) == 0,
-               "%s: weights differ from 1 thread", runs[r].name);
-        EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
-               "%s: BN statistics differ from 1 thread", runs[r].name);
-    }
+    for (int r = 1; r < RUNS; r++) expect_same_training(&m, &out[r], &out[0], runs[r].name, "1 thread");
     for (int r = 0; r < RUNS; r++) step_out_free(&out[r]);
     step_inputs_free(&in);
     model_free(&m);
@@ -654,14 +658,7 @@ static void test_optional_entries(void) {
                g_fused_fwd_calls, g_fused_bwd_calls, fwd, bwd);
     }
     for (int r = 1; r < 4; r++) {
-        EXPECT(isfinite(out[0].loss) && out[r].loss == out[0].loss, "%s: loss %.9g, plain %.9g",
-               names[r], out[r].loss, out[0].loss);
-        EXPECT(memcmp(out[r].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
-               "%s: gradients differ from the plain path", names[r]);
-        EXPECT(memcmp(out[r].params, out[0].params, m.num_params * sizeof(float)) == 0,
-               "%s: weights differ from the plain path", names[r]);
-        EXPECT(memcmp(out[r].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
-               "%s: BN statistics differ from the plain path", names[r]);
+        expect_same_training(&m, &out[r], &out[0], names[r], "the plain path");
         EXPECT(memcmp(logits[r], logits[0], (size_t)n * m.fc_out * sizeof(float)) == 0,
                "%s: inference logits differ from the plain path", names[r]);
         printf("%s %s (%d blocks, %d projections, %d convs) = plain path, bit for bit\n",
@@ -702,14 +699,7 @@ static void test_bf16_folded(void) {
         step_out_alloc(&m, &out[r]);
         train_steps(&m, tables[r], 2, in.params, in.buffers, x16, in.labels, n, steps, &out[r]);
     }
-    EXPECT(isfinite(out[0].loss) && out[1].loss == out[0].loss, "bf16 folded: loss %.9g, plain %.9g",
-           out[1].loss, out[0].loss);
-    EXPECT(memcmp(out[1].grads, out[0].grads, m.num_params * sizeof(float)) == 0,
-           "bf16 folded: gradients differ from the plain path");
-    EXPECT(memcmp(out[1].params, out[0].params, m.num_params * sizeof(float)) == 0,
-           "bf16 folded: weights differ from the plain path");
-    EXPECT(memcmp(out[1].buffers, out[0].buffers, m.num_buffers * sizeof(float)) == 0,
-           "bf16 folded: BN statistics differ from the plain path");
+    expect_same_training(&m, &out[1], &out[0], "bf16 folded", "the plain path");
     printf("%s bf16 table's folded block backward = its plain path, bit for bit\n",
            g_failures ? "FAIL" : "ok  ");
     for (int r = 0; r < 2; r++) step_out_free(&out[r]);

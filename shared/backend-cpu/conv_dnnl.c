@@ -175,15 +175,17 @@ typedef uint32_t bits32_alias __attribute__((may_alias));
 #else
 #define AVX512_FN __attribute__((target("arch=x86-64-v4"), optimize("O3"))) static
 #endif
+/* The bf16 bits of the fp32 bits v, rounded to nearest even (NaN quieted). */
+static inline __attribute__((always_inline)) uint16_t bf16_bits_rounded(uint32_t v) {
+    uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (v >> 16) | 0x0040u;
+    return (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
 AVX512_FN void
 pack_bf16(size_t count, const float *src, uint16_t *restrict dst) {
     const bits32_alias *u = (const bits32_alias *)src;
-    for (size_t i = 0; i < count; i++) {
-        uint32_t v = u[i];
-        uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
-        uint32_t quiet_nan = (v >> 16) | 0x0040u;
-        dst[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-    }
+    for (size_t i = 0; i < count; i++) dst[i] = bf16_bits_rounded(u[i]);
 }
 
 void cpu_dnnl_pack_bf16(size_t count, const float *src, uint16_t *dst) { pack_bf16(count, src, dst); }
@@ -557,9 +559,7 @@ add_into_bf16(size_t count, const uint16_t *tmp, uint16_t *restrict dx) {
         float s = bf16_to_float(tmp[i]) + bf16_to_float(dx[i]);
         uint32_t v;
         memcpy(&v, &s, sizeof v);
-        uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
-        uint32_t quiet_nan = (v >> 16) | 0x0040u;
-        dx[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+        dx[i] = bf16_bits_rounded(v);
     }
 }
 
