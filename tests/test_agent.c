@@ -69,16 +69,19 @@ static int worker_main(void) {
     g_wround = atoi(env_or("CIFAR_RDZV_ROUND"));
     g_wrank = atoi(env_or("RANK"));
     signal(SIGTERM, worker_on_term);
-    char path[512];
+    /* written under another name, then renamed: the test reads the record as soon as
+     * its name exists, so it must never see it half written */
+    char path[512], tmp[520];
     snprintf(path, sizeof path, "%s/r%d-k%d", g_wdir, g_wround, g_wrank);
-    FILE *f = fopen(path, "w");
+    snprintf(tmp, sizeof tmp, "%s/.r%d-k%d.tmp", g_wdir, g_wround, g_wrank);
+    FILE *f = fopen(tmp, "w");
     if (!f) return 90;
     fprintf(f, "%s %s %s %s %s %s %s %s %s %s %s %s %d %d\n", env_or("RANK"), env_or("WORLD_SIZE"),
             env_or("LOCAL_RANK"), env_or("LOCAL_WORLD_SIZE"), env_or("GROUP_RANK"),
             env_or("GROUP_WORLD_SIZE"), env_or("CIFAR_RDZV_ROUND"),
             env_or("TORCHELASTIC_RESTART_COUNT"), env_or("MASTER_ADDR"), env_or("MASTER_PORT"),
             env_or("CIFAR_RUN_ID"), env_or("CIFAR_JOB_ID"), (int)getpid(), (int)getppid());
-    fclose(f);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) return 90;
     for (int i = 0; i < 600 && !file_there("go-r%d", g_wround, 0); i++) usleep(100 * 1000);
     snprintf(path, sizeof path, "%s/fail-r%d-k%d", g_wdir, g_wround, g_wrank);
     FILE *fail = fopen(path, "r");
